@@ -1,0 +1,20 @@
+// The subcommands of `epmoe`. Each registers its flags on the CLI11 app and returns it with the
+// function that runs it after parsing (exit code 0; errors are thrown as epmoe::Error).
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace epmoe {
+
+struct Command {
+  CLI::App* app;            // the subcommand, to ask whether it was chosen
+  std::function<int()> run;
+};
+
+Command register_info(CLI::App& app);
+Command register_score(CLI::App& app);
+Command register_generate(CLI::App& app);
+
+}  // namespace epmoe

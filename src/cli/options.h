@@ -1,0 +1,54 @@
+// Options shared by the commands that run a model, and the runtime they build: the EP group,
+// the placement, the model with this rank's experts, and the a2a backend.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "comm/communicator.h"
+#include "ep/backend.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+
+namespace epmoe {
+
+struct RunOptions {
+  std::string model_dir;
+  int threads = 0;
+  std::string backend = "none";
+  std::string combine = "deterministic";
+  int redundant_experts = 0;
+  std::string placement_file;
+  int max_dispatch_tokens_per_rank = 128;
+  int chunk_tokens = 64;
+  double comm_timeout = 60.0;
+  bool check_numerics = false;
+  bool check_weights = false;
+  bool audit = false;
+};
+
+void add_model_option(CLI::App& cmd, RunOptions& o);
+void add_run_options(CLI::App& cmd, RunOptions& o);
+
+struct Runtime {
+  Communicator* comm = nullptr;
+  ModelConfig cfg;
+  std::unique_ptr<Checkpoint> ckpt;
+  Placement placement;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<A2ABackend> backend;
+  BackendOptions backend_options;
+};
+
+// Builds everything a model-running command needs, in the order that reports input errors
+// before any collective work starts.
+Runtime make_runtime(const RunOptions& o);
+
+// "1,2,3" -> ids; throws InputError naming the flag on bad syntax.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
+std::string join_ids(const std::vector<int32_t>& ids);
+
+}  // namespace epmoe

@@ -1,0 +1,57 @@
+// `epmoe score --model DIR --ids 1,2,3 --out FILE`: the logits at every position of the ids,
+// as transformers' model(input_ids).logits[0], written as safetensors (tensor `logits`, F32).
+// Under mpirun the sequence runs on rank 0; the other ranks serve their experts with T = 0.
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "io/safetensors.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+namespace {
+
+struct ScoreOptions {
+  RunOptions run;
+  std::string ids;
+  std::string out;
+};
+
+int run_score(const ScoreOptions& o) {
+  std::vector<int32_t> ids = parse_ids(o.ids, "--ids");
+  if (ids.empty()) throw InputError("--ids: the sequence is empty");
+  Runtime rt = make_runtime(o.run);
+  const bool mine = rt.comm->rank() == 0;
+  Sequence seq = rt.model->new_sequence(0);
+  std::vector<Sequence*> seqs;
+  std::vector<std::vector<int32_t>> toks;
+  if (mine) {
+    seqs.push_back(&seq);
+    toks.push_back(ids);
+  }
+  ForwardOptions fo;
+  fo.check_numerics = o.run.check_numerics;
+  auto logits = rt.model->forward(seqs, toks, *rt.backend, /*all_logits=*/true, fo);
+  if (mine) {
+    const int64_t V = rt.cfg.vocab_size;
+    write_safetensors(o.out, {{"logits", DType::F32, {int64_t(ids.size()), V}, logits[0].data()}},
+                      {{"model", o.run.model_dir}, {"ids", join_ids(ids)}});
+    std::fprintf(stderr, "epmoe score: %zu positions x %lld logits -> %s\n", ids.size(), (long long)V, o.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command register_score(CLI::App& app) {
+  auto* cmd = app.add_subcommand("score", "Write the logits at every position of a token sequence (safetensors)");
+  auto o = std::make_shared<ScoreOptions>();
+  add_run_options(*cmd, o->run);
+  cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
+  cmd->add_option("--out", o->out, "Output safetensors file (tensor 'logits', F32 [T, vocab])")->required();
+  return {cmd, [o] { return run_score(*o); }};
+}
+
+}  // namespace epmoe

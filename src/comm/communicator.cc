@@ -1,0 +1,174 @@
+#include "comm/communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "util/error.h"
+
+namespace epmoe {
+
+namespace {
+
+bool launched_by_mpirun() {
+  // OpenMPI (and PMIx-based launchers) export these to every rank they start.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+std::vector<int> to_int_counts(const std::vector<size_t>& bytes, const char* op) {
+  std::vector<int> c(bytes.size());
+  for (size_t i = 0; i < bytes.size(); i++) {
+    EPMOE_ASSERT(bytes[i] <= size_t(INT32_MAX), std::string(op) + ": message above 2 GiB");
+    c[i] = int(bytes[i]);
+  }
+  return c;
+}
+
+std::vector<int> displs_of(const std::vector<int>& c) {
+  std::vector<int> d(c.size(), 0);
+  for (size_t i = 1; i < c.size(); i++) d[i] = d[i - 1] + c[i - 1];
+  return d;
+}
+
+Communicator* g_world = nullptr;
+
+}  // namespace
+
+Communicator::Communicator() {
+  if (!launched_by_mpirun()) return;
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  // Errors come back as codes so that we can report them with context instead of MPI's abort.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  mpi_ = true;
+}
+
+Communicator& Communicator::world() {
+  if (!g_world) g_world = new Communicator();
+  return *g_world;
+}
+
+void Communicator::finalize() {
+  if (g_world && g_world->mpi_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+}
+
+void* Communicator::mpi_comm() const {
+  static MPI_Comm world = MPI_COMM_WORLD;
+  return &world;
+}
+
+void Communicator::abort_group(const std::string& message, int exit_code) {
+  std::fprintf(stderr, "epmoe: rank %d: %s\n", rank_, message.c_str());
+  std::fflush(stderr);
+  if (mpi_) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+void Communicator::wait(void* request, const char* op) {
+  MPI_Request* req = static_cast<MPI_Request*>(request);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  int done = 0;
+  int spins = 0;
+  for (;;) {
+    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(rc, msg, &len);
+      abort_group(std::string(op) + " failed: " + std::string(msg, size_t(len)), 1);
+    }
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline)
+      abort_group(std::string(op) + ": no answer from the other ranks for " + std::to_string(int(timeout_s_)) +
+                      " s (--comm-timeout); a peer has died or hangs. Aborting the group.",
+                  1);
+    // Spin briefly for latency, then yield: ranks are often oversubscribed on few cores.
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void Communicator::barrier() {
+  if (!mpi_) return;
+  MPI_Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  wait(&r, "barrier");
+}
+
+void Communicator::allgather(const void* send, size_t bytes, void* recv) {
+  if (!mpi_) {
+    std::memcpy(recv, send, bytes);
+    return;
+  }
+  EPMOE_ASSERT(bytes <= size_t(INT32_MAX), "allgather: message above 2 GiB");
+  MPI_Request r;
+  MPI_Iallgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, MPI_COMM_WORLD, &r);
+  wait(&r, "allgather");
+}
+
+void Communicator::allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes) {
+  if (!mpi_) {
+    std::memcpy(recv, send, bytes);
+    return;
+  }
+  auto counts = to_int_counts(recv_bytes, "allgatherv");
+  auto displs = displs_of(counts);
+  MPI_Request r;
+  MPI_Iallgatherv(send, int(bytes), MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD, &r);
+  wait(&r, "allgatherv");
+}
+
+void Communicator::alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                             const std::vector<size_t>& recv_bytes) {
+  if (!mpi_) {
+    std::memcpy(recv, send, send_bytes[0]);
+    return;
+  }
+  auto sc = to_int_counts(send_bytes, "alltoallv"), rc = to_int_counts(recv_bytes, "alltoallv");
+  auto sd = displs_of(sc), rd = displs_of(rc);
+  MPI_Request r;
+  MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD, &r);
+  wait(&r, "alltoallv");
+}
+
+void Communicator::alltoall(const void* send, size_t bytes, void* recv) {
+  if (!mpi_) {
+    std::memcpy(recv, send, bytes);
+    return;
+  }
+  MPI_Request r;
+  MPI_Ialltoall(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, MPI_COMM_WORLD, &r);
+  wait(&r, "alltoall");
+}
+
+int64_t Communicator::allreduce_max(int64_t v) {
+  if (!mpi_) return v;
+  int64_t out = 0;
+  MPI_Request r;
+  MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &r);
+  wait(&r, "allreduce");
+  return out;
+}
+
+int64_t Communicator::allreduce_sum(int64_t v) {
+  if (!mpi_) return v;
+  int64_t out = 0;
+  MPI_Request r;
+  MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD, &r);
+  wait(&r, "allreduce");
+  return out;
+}
+
+}  // namespace epmoe

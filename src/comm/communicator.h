@@ -1,0 +1,60 @@
+// The communicator of an expert-parallel group: a thin layer over MPI whose every wait has a
+// deadline. Started under mpirun, it spans MPI_COMM_WORLD; started without, it is a group of one
+// and MPI is never initialised (a plain `epmoe score` needs no MPI runtime at all).
+//
+// Collectives are posted non-blocking and polled; a wait longer than the timeout aborts the whole
+// group (MPI_Abort) with a message that names the operation, this rank and the peers it waits on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epmoe {
+
+class Communicator {
+ public:
+  // The process-wide group (MPI_COMM_WORLD under mpirun, else a group of one).
+  static Communicator& world();
+  // Finalises MPI if it was initialised (call once at exit).
+  static void finalize();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool distributed() const { return size_ > 1; }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+  void barrier();
+  // Every rank contributes `bytes` bytes; recv holds size() * bytes, in rank order.
+  void allgather(const void* send, size_t bytes, void* recv);
+  // Variable sizes: recv_bytes[r] from rank r, packed in rank order into recv.
+  void allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
+  // Byte counts per peer; displacements are the packed prefix sums.
+  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                 const std::vector<size_t>& recv_bytes);
+  // Fixed block of `bytes` to each peer.
+  void alltoall(const void* send, size_t bytes, void* recv);
+  int64_t allreduce_max(int64_t v);
+  int64_t allreduce_sum(int64_t v);
+  // Any rank's flag true -> true everywhere.
+  bool any(bool v) { return allreduce_max(v ? 1 : 0) != 0; }
+
+  // Reports a fatal error of this rank to the group and terminates every process of it.
+  [[noreturn]] void abort_group(const std::string& message, int exit_code);
+
+  // Raw MPI communicator handle for backends that need MPI directly (RMA windows, non-blocking
+  // collectives). Only valid when distributed(). Returned as void* to keep mpi.h out of headers.
+  void* mpi_comm() const;
+  // Polls an MPI request (MPI_Request*) until done or the timeout; aborts the group on timeout.
+  void wait(void* request, const char* op);
+
+ private:
+  Communicator();
+  int rank_ = 0, size_ = 1;
+  double timeout_s_ = 60.0;
+  bool mpi_ = false;
+};
+
+}  // namespace epmoe

@@ -1,0 +1,37 @@
+#include "ep/combine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+
+namespace epmoe {
+
+void combine_slots(int64_t T, int H, int K, const float* w, const float* rows, float* y) {
+  for (int64_t t = 0; t < T; t++) {
+    float* yt = y + t * H;
+    std::fill(yt, yt + H, 0.0f);
+    for (int k = 0; k < K; k++) {
+      const float wk = w[t * K + k];
+      const float* r = rows + (t * K + k) * H;
+      for (int h = 0; h < H; h++) yt[h] += wk * r[h];
+    }
+  }
+}
+
+void run_experts_grouped(int64_t n, int H, const float* in, const int32_t* expert_of,
+                         const ExpertFn& expert, float* out) {
+  std::map<int32_t, std::vector<int64_t>> by_expert;
+  for (int64_t i = 0; i < n; i++) by_expert[expert_of[i]].push_back(i);
+  std::vector<float> xin, xout;
+  for (auto& [e, idx] : by_expert) {
+    const int64_t m = int64_t(idx.size());
+    xin.resize(static_cast<size_t>(m * H));
+    xout.resize(static_cast<size_t>(m * H));
+    for (int64_t j = 0; j < m; j++) std::memcpy(&xin[size_t(j * H)], in + idx[size_t(j)] * H, sizeof(float) * size_t(H));
+    expert(e, xin.data(), m, xout.data());
+    for (int64_t j = 0; j < m; j++) std::memcpy(out + idx[size_t(j)] * H, &xout[size_t(j * H)], sizeof(float) * size_t(H));
+  }
+}
+
+}  // namespace epmoe

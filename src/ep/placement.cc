@@ -1,0 +1,110 @@
+#include "ep/placement.h"
+
+#include <algorithm>
+#include <set>
+
+#include "io/json_util.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void split_ranges(Placement& p) {
+  const int P = p.num_physical(), R = p.ranks;
+  p.rank_begin.resize(size_t(R) + 1);
+  for (int r = 0; r <= R; r++) p.rank_begin[size_t(r)] = int(int64_t(P) * r / R);
+}
+
+}  // namespace
+
+int Placement::owner(int physical) const {
+  // rank_begin is ascending; the owner is the last rank whose range starts at or before it.
+  // Ranks with an empty range share their begin with the next rank and are skipped by this.
+  auto it = std::upper_bound(rank_begin.begin(), rank_begin.end(), physical);
+  return int(it - rank_begin.begin()) - 1;
+}
+
+std::vector<int> Placement::logical_owned_by(int rank) const {
+  std::set<int> s;
+  for (int p = rank_begin[size_t(rank)]; p < rank_begin[size_t(rank) + 1]; p++) s.insert(logical_of[size_t(p)]);
+  return {s.begin(), s.end()};
+}
+
+int Placement::choose(int logical, uint64_t token_gid, int slot) const {
+  const auto& reps = replicas[size_t(logical)];
+  if (reps.size() == 1) return reps[0];
+  return reps[splitmix64(token_gid * 64 + uint64_t(slot)) % reps.size()];
+}
+
+Placement Placement::make_default(int E, int R, int N) {
+  if (R < 1) throw InputError("expert placement: the group must have at least one rank");
+  if (N < 0 || N > E)
+    throw InputError("--ep-redundant-experts " + std::to_string(N) + ": must be between 0 and the number of experts (" +
+                     std::to_string(E) + ") without a placement file");
+  Placement p;
+  p.num_logical = E;
+  p.ranks = R;
+  p.replicas.resize(static_cast<size_t>(E));
+  for (int e = 0; e < E; e++) {
+    p.logical_of.push_back(e);
+    p.replicas[size_t(e)].push_back(e);
+  }
+  for (int i = 0; i < N; i++) {
+    p.logical_of.push_back(i);
+    p.replicas[size_t(i)].push_back(E + i);
+  }
+  split_ranges(p);
+  return p;
+}
+
+Placement Placement::from_file(const std::string& path, int E, int R) {
+  nlohmann::json j = read_json_file(path);
+  if (j.is_object() && j.contains("replicas")) j = j["replicas"];
+  if (!j.is_object()) throw InputError(path + ": placement must be an object {\"logical\": [physical, ...]}");
+  Placement p;
+  p.num_logical = E;
+  p.ranks = R;
+  p.replicas.resize(static_cast<size_t>(E));
+  std::set<int> used;
+  int max_slot = -1;
+  for (auto& [key, slots] : j.items()) {
+    int e;
+    try {
+      size_t pos;
+      e = std::stoi(key, &pos);
+      if (pos != key.size()) throw std::invalid_argument(key);
+    } catch (const std::exception&) {
+      throw InputError(path + ": key '" + key + "' is not a logical expert id");
+    }
+    if (e < 0 || e >= E) throw InputError(path + ": logical expert " + key + " outside 0.." + std::to_string(E - 1));
+    if (!slots.is_array() || slots.empty()) throw InputError(path + ": expert " + key + " needs a non-empty list of physical slots");
+    for (auto& s : slots) {
+      if (!s.is_number_integer() || s.get<int>() < 0) throw InputError(path + ": expert " + key + ": slots must be non-negative integers");
+      int slot = s.get<int>();
+      if (!used.insert(slot).second) throw InputError(path + ": physical slot " + std::to_string(slot) + " is assigned twice");
+      p.replicas[size_t(e)].push_back(slot);
+      max_slot = std::max(max_slot, slot);
+    }
+  }
+  for (int e = 0; e < E; e++)
+    if (p.replicas[size_t(e)].empty()) throw InputError(path + ": logical expert " + std::to_string(e) + " has no physical slot");
+  if (int(used.size()) != max_slot + 1)
+    throw InputError(path + ": physical slots must be exactly 0.." + std::to_string(used.size() - 1) + " (found gaps)");
+  p.logical_of.assign(used.size(), -1);
+  for (int e = 0; e < E; e++) {
+    std::sort(p.replicas[size_t(e)].begin(), p.replicas[size_t(e)].end());
+    for (int s : p.replicas[size_t(e)]) p.logical_of[size_t(s)] = e;
+  }
+  split_ranges(p);
+  return p;
+}
+
+}  // namespace epmoe

@@ -1,0 +1,249 @@
+#include "io/hf_config.h"
+
+#include <algorithm>
+#include <set>
+
+#include "io/json_util.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+using nlohmann::json;
+
+std::string_view family_name(Family f) {
+  switch (f) {
+    case Family::Qwen3Moe: return "qwen3_moe";
+    case Family::Qwen2Moe: return "qwen2_moe";
+    case Family::Glm4Moe: return "glm4_moe";
+    case Family::Mixtral: return "mixtral";
+  }
+  return "?";
+}
+
+int ModelConfig::num_sparse_layers() const {
+  return int(std::count(sparse_layer.begin(), sparse_layer.end(), true));
+}
+
+namespace {
+
+// Typed field access with messages that name the file and the field.
+struct Fields {
+  const json& j;
+  const std::string& src;
+
+  [[noreturn]] void bad(const std::string& key, const std::string& what) const {
+    throw InputError(src + ": field '" + key + "' " + what);
+  }
+  bool has(const std::string& k) const { return j.contains(k) && !j[k].is_null(); }
+  int64_t integer(const std::string& k) const {
+    if (!has(k)) bad(k, "is missing");
+    if (!j[k].is_number_integer()) bad(k, "must be an integer, got " + j[k].dump());
+    return j[k].get<int64_t>();
+  }
+  int positive(const std::string& k) const {
+    int64_t v = integer(k);
+    if (v <= 0 || v > (1 << 30)) bad(k, "must be a positive integer, got " + std::to_string(v));
+    return int(v);
+  }
+  int positive_or(const std::string& k, int dflt) const { return has(k) ? positive(k) : dflt; }
+  int non_negative_or(const std::string& k, int dflt) const {
+    if (!has(k)) return dflt;
+    int64_t v = integer(k);
+    if (v < 0 || v > (1 << 30)) bad(k, "must be a non-negative integer, got " + std::to_string(v));
+    return int(v);
+  }
+  double number(const std::string& k) const {
+    if (!has(k)) bad(k, "is missing");
+    if (!j[k].is_number()) bad(k, "must be a number, got " + j[k].dump());
+    return j[k].get<double>();
+  }
+  double number_or(const std::string& k, double dflt) const { return has(k) ? number(k) : dflt; }
+  bool boolean_or(const std::string& k, bool dflt) const {
+    if (!has(k)) return dflt;
+    if (!j[k].is_boolean()) bad(k, "must be true or false, got " + j[k].dump());
+    return j[k].get<bool>();
+  }
+  std::vector<int> int_list_or_empty(const std::string& k) const {
+    std::vector<int> out;
+    if (!has(k)) return out;
+    if (j[k].is_number_integer()) return {int(j[k].get<int64_t>())};
+    if (!j[k].is_array()) bad(k, "must be a list of integers, got " + j[k].dump());
+    for (auto& v : j[k]) {
+      if (!v.is_number_integer()) bad(k, "must be a list of integers, got " + j[k].dump());
+      out.push_back(int(v.get<int64_t>()));
+    }
+    return out;
+  }
+};
+
+// Rope parameters: v4 `rope_theta` + `rope_scaling`, v5 `rope_parameters`. Only the default
+// rope is implemented; a scaled rope silently treated as default would give wrong logits.
+void parse_rope(const Fields& f, ModelConfig& c) {
+  c.rope_theta = float(f.number_or("rope_theta", 10000.0));
+  auto check_type = [&](const std::string& key, const json& obj) {
+    if (obj.is_null()) return;
+    if (!obj.is_object()) f.bad(key, "must be an object or null");
+    std::string type = "default";
+    if (obj.contains("rope_type")) type = obj["rope_type"].is_string() ? obj["rope_type"].get<std::string>() : "?";
+    else if (obj.contains("type")) type = obj["type"].is_string() ? obj["type"].get<std::string>() : "?";
+    if (type != "default")
+      f.bad(key, "has rope type '" + type + "'; only the default rope is supported for now");
+    if (obj.contains("rope_theta")) {
+      if (!obj["rope_theta"].is_number()) f.bad(key + ".rope_theta", "must be a number");
+      c.rope_theta = float(obj["rope_theta"].get<double>());
+    }
+    if (obj.contains("partial_rotary_factor") && obj["partial_rotary_factor"].is_number()) {
+      double p = obj["partial_rotary_factor"].get<double>();
+      c.rotary_dim = int(c.head_dim * p);
+    }
+  };
+  if (f.has("rope_scaling")) check_type("rope_scaling", f.j["rope_scaling"]);
+  if (f.has("rope_parameters")) check_type("rope_parameters", f.j["rope_parameters"]);
+  if (!(c.rope_theta > 0)) f.bad("rope_theta", "must be positive");
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& j, const std::string& source) {
+  if (!j.is_object()) throw InputError(source + ": config is not a JSON object");
+  Fields f{j, source};
+  ModelConfig c;
+  c.source = source;
+  if (!f.has("model_type") || !j["model_type"].is_string()) f.bad("model_type", "is missing");
+  c.model_type = j["model_type"].get<std::string>();
+  if (c.model_type == "qwen3_moe") c.family = Family::Qwen3Moe;
+  else if (c.model_type == "qwen2_moe") c.family = Family::Qwen2Moe;
+  else if (c.model_type == "glm4_moe") c.family = Family::Glm4Moe;
+  else if (c.model_type == "mixtral") c.family = Family::Mixtral;
+  else
+    f.bad("model_type", "is '" + c.model_type +
+                            "'; supported: qwen3_moe, qwen2_moe, glm4_moe, mixtral");
+
+  c.vocab_size = f.positive("vocab_size");
+  c.hidden_size = f.positive("hidden_size");
+  c.num_layers = f.positive("num_hidden_layers");
+  c.num_heads = f.positive("num_attention_heads");
+  c.num_kv_heads = f.positive_or("num_key_value_heads", c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0)
+    f.bad("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) + ") must divide num_attention_heads (" +
+                                     std::to_string(c.num_heads) + ")");
+  if (f.has("head_dim")) {
+    c.head_dim = f.positive("head_dim");  // Qwen3-30B-A3B: 128 while hidden/heads is 64
+  } else {
+    if (c.hidden_size % c.num_heads != 0)
+      f.bad("num_attention_heads", "(" + std::to_string(c.num_heads) + ") must divide hidden_size (" +
+                                       std::to_string(c.hidden_size) + ") when head_dim is absent");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  if (c.head_dim % 2) f.bad("head_dim", "must be even for rotary embeddings");
+  c.rotary_dim = c.head_dim;
+  c.rms_norm_eps = float(f.number_or("rms_norm_eps", 1e-6));
+  c.max_position_embeddings = f.positive_or("max_position_embeddings", 1 << 20);
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  parse_rope(f, c);
+  if (f.has("partial_rotary_factor")) {
+    double p = f.number("partial_rotary_factor");
+    if (!(p > 0 && p <= 1)) f.bad("partial_rotary_factor", "must be in (0, 1]");
+    c.rotary_dim = int(c.head_dim * p);
+  }
+  if (c.rotary_dim % 2 || c.rotary_dim <= 0) f.bad("partial_rotary_factor", "gives an odd or empty rotary dimension");
+  if (f.boolean_or("use_sliding_window", false))
+    f.bad("use_sliding_window", "is true; sliding-window attention is not supported");
+
+  if (f.has("hidden_act") && j["hidden_act"] != "silu")
+    f.bad("hidden_act", "is " + j["hidden_act"].dump() + "; only silu (SwiGLU) is supported");
+
+  RoutingConfig& r = c.routing;
+  const int L = c.num_layers;
+  c.sparse_layer.assign(size_t(L), true);
+  switch (c.family) {
+    case Family::Qwen3Moe:
+    case Family::Qwen2Moe: {
+      c.qk_norm = c.family == Family::Qwen3Moe;
+      c.qkv_bias = c.family == Family::Qwen2Moe ? true : f.boolean_or("attention_bias", false);
+      // v4: num_experts; v5: num_local_experts.
+      r.num_experts = f.has("num_experts") ? f.non_negative_or("num_experts", 0)
+                                           : f.non_negative_or("num_local_experts", 0);
+      c.intermediate_size = f.positive("intermediate_size");
+      c.moe_intermediate_size = f.positive("moe_intermediate_size");
+      r.norm_topk_prob = f.boolean_or("norm_topk_prob", c.family == Family::Qwen3Moe);
+      int step = f.positive_or("decoder_sparse_step", 1);
+      std::vector<int> dense = f.int_list_or_empty("mlp_only_layers");
+      for (int l : dense)
+        if (l < 0 || l >= L) f.bad("mlp_only_layers", "names layer " + std::to_string(l) + " outside 0.." + std::to_string(L - 1));
+      for (int l = 0; l < L; l++)
+        c.sparse_layer[size_t(l)] = r.num_experts > 0 && (l + 1) % step == 0 &&
+                                    std::find(dense.begin(), dense.end(), l) == dense.end();
+      if (c.family == Family::Qwen2Moe) {
+        c.shared_intermediate_size = f.non_negative_or("shared_expert_intermediate_size", 0);
+        c.shared_expert_gated = c.shared_intermediate_size > 0;
+      }
+      break;
+    }
+    case Family::Glm4Moe: {
+      c.qkv_bias = f.boolean_or("attention_bias", false);
+      c.qk_norm = f.boolean_or("use_qk_norm", false);
+      r.kind = RoutingKind::SigmoidGroupLimited;
+      r.num_experts = f.positive("n_routed_experts");
+      c.intermediate_size = f.positive("intermediate_size");
+      c.moe_intermediate_size = f.positive("moe_intermediate_size");
+      r.norm_topk_prob = f.boolean_or("norm_topk_prob", true);
+      r.n_group = f.positive_or("n_group", 1);
+      r.topk_group = f.positive_or("topk_group", 1);
+      r.routed_scaling_factor = float(f.number_or("routed_scaling_factor", 1.0));
+      r.has_correction_bias = true;
+      int first_dense = f.non_negative_or("first_k_dense_replace", 0);
+      for (int l = 0; l < L; l++) c.sparse_layer[size_t(l)] = l >= first_dense;
+      c.shared_intermediate_size = f.non_negative_or("n_shared_experts", 0) * c.moe_intermediate_size;
+      if (r.num_experts % r.n_group != 0)
+        f.bad("n_group", "(" + std::to_string(r.n_group) + ") must divide n_routed_experts (" +
+                             std::to_string(r.num_experts) + ")");
+      if (r.topk_group > r.n_group) f.bad("topk_group", "must not exceed n_group");
+      break;
+    }
+    case Family::Mixtral: {
+      c.qkv_bias = false;
+      r.num_experts = f.positive("num_local_experts");
+      c.moe_intermediate_size = f.positive("intermediate_size");
+      c.intermediate_size = c.moe_intermediate_size;
+      r.norm_topk_prob = true;  // softmax over all experts, top-k, renormalise
+      break;
+    }
+  }
+  r.top_k = f.positive("num_experts_per_tok");
+  if (c.num_sparse_layers() > 0) {
+    if (r.num_experts <= 0) f.bad("num_experts", "must be positive when the model has MoE layers");
+    if (r.top_k > r.num_experts)
+      f.bad("num_experts_per_tok", "(" + std::to_string(r.top_k) + ") exceeds the number of experts (" +
+                                       std::to_string(r.num_experts) + ")");
+    if (r.kind == RoutingKind::SigmoidGroupLimited) {
+      int per_group = r.num_experts / r.n_group;
+      if (r.top_k > r.topk_group * per_group)
+        f.bad("num_experts_per_tok", "exceeds the experts in topk_group groups");
+      if (r.n_group > 1 && per_group < 2) f.bad("n_group", "leaves fewer than 2 experts per group");
+    }
+  }
+
+  c.eos_token_ids = f.int_list_or_empty("eos_token_id");
+  c.bos_token_id = f.has("bos_token_id") && j["bos_token_id"].is_number_integer() ? int(j["bos_token_id"].get<int64_t>()) : -1;
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  if (!file_exists(path)) throw InputError(path + ": missing (is " + model_dir + " a model folder?)");
+  ModelConfig c = parse_model_config(read_json_file(path), path);
+  const std::string gen = model_dir + "/generation_config.json";
+  if (file_exists(gen)) {
+    json g = read_json_file(gen);
+    if (g.is_object() && g.contains("eos_token_id")) {
+      Fields f{g, gen};
+      std::vector<int> ids = f.int_list_or_empty("eos_token_id");
+      std::set<int> all(c.eos_token_ids.begin(), c.eos_token_ids.end());
+      for (int id : ids) if (all.insert(id).second) c.eos_token_ids.push_back(id);
+    }
+  }
+  return c;
+}
+
+}  // namespace epmoe

@@ -1,0 +1,61 @@
+// safetensors reader. Format: u64 little-endian header length N, N bytes of JSON
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {...}},
+// then the data. Offsets are relative to the start of the data.
+//
+// Everything in the header is validated before a single tensor is handed out: the length is
+// bounded, the JSON is an object, dtypes are known, shape x dtype size equals the byte range,
+// ranges lie inside the data and do not overlap. A malformed file is an InputError naming the
+// file and the tensor, never a crash.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/mapped_file.h"
+#include "tensor/view.h"
+
+namespace epmoe {
+
+struct SafetensorsEntry {
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t begin = 0, end = 0;  // relative to the data section
+};
+
+// Parses and validates a header (the JSON bytes) against a data section of data_size bytes.
+// Separate from the file so that fuzzers and tests can drive it on bytes in memory.
+std::map<std::string, SafetensorsEntry> parse_safetensors_header(const std::string& file,
+                                                                  const char* json, size_t len,
+                                                                  size_t data_size);
+
+inline constexpr size_t kMaxSafetensorsHeader = 100u << 20;  // 100 MB, as the reference reader
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  TensorView get(const std::string& name) const;  // throws InputError when absent
+  std::vector<std::string> names() const;
+  const std::string& path() const { return map_->path(); }
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+
+ private:
+  std::shared_ptr<MappedFile> map_;
+  const unsigned char* data_ = nullptr;
+  std::map<std::string, SafetensorsEntry> entries_;
+};
+
+// Writes tensors (fp32 or raw bytes with dtype) as a safetensors file; used by `score` and synth.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+};
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace epmoe

@@ -1,0 +1,176 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/matmul.h"
+#include "moe/moe_layer.h"
+#include "util/error.h"
+#include "util/threads.h"
+
+namespace epmoe {
+
+Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank)
+    : cfg_(cfg), placement_(placement),
+      w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
+      rope_(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) {}
+
+Sequence Model::new_sequence(uint64_t id) const {
+  Sequence s;
+  s.id = id;
+  s.k.resize(static_cast<size_t>(cfg_.num_layers));
+  s.v.resize(static_cast<size_t>(cfg_.num_layers));
+  return s;
+}
+
+int32_t argmax(const float* logits, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (logits[i] > logits[best]) best = i;
+  return int32_t(best);
+}
+
+namespace {
+
+void check_finite(const float* x, int64_t n, const std::string& where) {
+  for (int64_t i = 0; i < n; i++)
+    if (!std::isfinite(x[i]))
+      throw CheckError("--check-numerics: " + where + " produced " + (std::isnan(x[i]) ? "NaN" : "Inf") +
+                       " (element " + std::to_string(i) + ")");
+}
+
+void add_bias(float* y, int64_t T, const std::vector<float>& b) {
+  if (b.empty()) return;
+  const int64_t N = int64_t(b.size());
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t i = 0; i < N; i++) y[t * N + i] += b[size_t(i)];
+}
+
+}  // namespace
+
+void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
+                      const float* x, int64_t T, float* out) const {
+  const AttentionWeights& a = w_.layers[size_t(l)].attn;
+  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  const int64_t qd = int64_t(Hq) * D, kvd = int64_t(Hkv) * D;
+  std::vector<float> q(static_cast<size_t>(T * qd)), k(static_cast<size_t>(T * kvd)), v(static_cast<size_t>(T * kvd));
+  matmul(x, T, a.q, q.data());
+  matmul(x, T, a.k, k.data());
+  matmul(x, T, a.v, v.data());
+  add_bias(q.data(), T, a.q_bias);
+  add_bias(k.data(), T, a.k_bias);
+  add_bias(v.data(), T, a.v_bias);
+  if (!a.q_norm.empty()) {
+    rmsnorm(q.data(), T * Hq, D, a.q_norm, cfg_.rms_norm_eps, q.data());
+    rmsnorm(k.data(), T * Hkv, D, a.k_norm, cfg_.rms_norm_eps, k.data());
+  }
+
+  std::vector<float> ctx(static_cast<size_t>(T * qd));
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int group = Hq / Hkv;
+  for (size_t s = 0; s < seqs.size(); s++) {
+    Sequence& seq = *seqs[s];
+    const int64_t t0 = offsets[s], n = offsets[s + 1] - offsets[s];
+    auto& kc = seq.k[size_t(l)];
+    auto& vc = seq.v[size_t(l)];
+    const int64_t base = seq.len;
+    kc.resize(static_cast<size_t>((base + n) * kvd));
+    vc.resize(static_cast<size_t>((base + n) * kvd));
+    for (int64_t i = 0; i < n; i++) {
+      rope_.apply(&q[size_t((t0 + i) * qd)], Hq, base + i);
+      rope_.apply(&k[size_t((t0 + i) * kvd)], Hkv, base + i);
+      std::memcpy(&kc[size_t((base + i) * kvd)], &k[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
+      std::memcpy(&vc[size_t((base + i) * kvd)], &v[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
+    }
+    // Causal attention of each new token over the cache up to and including itself.
+    parallel_for(n * Hq, 4, [&](int64_t b, int64_t e) {
+      std::vector<float> p;
+      for (int64_t job = b; job < e; job++) {
+        const int64_t i = job / Hq;
+        const int h = int(job % Hq), hk = h / group;
+        const int64_t ctx_len = base + i + 1;
+        const float* qh = &q[size_t((t0 + i) * qd + h * D)];
+        p.resize(static_cast<size_t>(ctx_len));
+        for (int64_t j = 0; j < ctx_len; j++) {
+          const float* kj = &kc[size_t(j * kvd + hk * D)];
+          float sdot = 0.f;
+          for (int d = 0; d < D; d++) sdot += qh[d] * kj[d];
+          p[size_t(j)] = sdot * scale;
+        }
+        softmax(p.data(), ctx_len);
+        float* o = &ctx[size_t((t0 + i) * qd + h * D)];
+        std::fill(o, o + D, 0.f);
+        for (int64_t j = 0; j < ctx_len; j++) {
+          const float* vj = &vc[size_t(j * kvd + hk * D)];
+          const float pj = p[size_t(j)];
+          for (int d = 0; d < D; d++) o[d] += pj * vj[d];
+        }
+      }
+    });
+  }
+  matmul(ctx.data(), T, a.o, out);
+}
+
+void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) const {
+  const LayerWeights& L = w_.layers[size_t(l)];
+  if (L.sparse) {
+    MoeLayer(cfg_.routing, L.moe, placement_).forward(x, T, cfg_.hidden_size, gids, backend, y);
+  } else {
+    swiglu_forward(L.dense, x, T, y);
+  }
+}
+
+std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seqs,
+                                               const std::vector<std::vector<int32_t>>& tokens,
+                                               A2ABackend& backend, bool all_logits, const ForwardOptions& opt) {
+  EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<int64_t> offsets{0};
+  for (auto& t : tokens) offsets.push_back(offsets.back() + int64_t(t.size()));
+  const int64_t T = offsets.back();
+
+  std::vector<uint64_t> gids(static_cast<size_t>(T));
+  std::vector<float> x(static_cast<size_t>(T * H));
+  for (size_t s = 0; s < seqs.size(); s++)
+    for (size_t i = 0; i < tokens[s].size(); i++) {
+      const int32_t id = tokens[s][i];
+      if (id < 0 || id >= V)
+        throw InputError("token id " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
+      const int64_t pos = seqs[s]->len + int64_t(i);
+      if (pos >= cfg_.max_position_embeddings)
+        throw InputError("sequence " + std::to_string(seqs[s]->id) + " reaches position " + std::to_string(pos) +
+                         ", beyond max_position_embeddings (" + std::to_string(cfg_.max_position_embeddings) + ")");
+      const int64_t t = offsets[s] + int64_t(i);
+      gids[size_t(t)] = token_gid(seqs[s]->id, uint64_t(pos));
+      TensorView row = w_.embed.slice_rows(id, 1);
+      for (int64_t h = 0; h < H; h++) x[size_t(t * H + h)] = row.at(h);
+    }
+
+  std::vector<float> hn(static_cast<size_t>(T * H)), tmp(static_cast<size_t>(T * H));
+  for (int l = 0; l < cfg_.num_layers; l++) {
+    const LayerWeights& L = w_.layers[size_t(l)];
+    rmsnorm(x.data(), T, H, L.input_norm, cfg_.rms_norm_eps, hn.data());
+    attention(l, seqs, offsets, hn.data(), T, tmp.data());
+    for (int64_t i = 0; i < T * H; i++) x[size_t(i)] += tmp[size_t(i)];
+    rmsnorm(x.data(), T, H, L.post_attention_norm, cfg_.rms_norm_eps, hn.data());
+    mlp_block(l, hn.data(), T, gids.data(), backend, tmp.data());
+    for (int64_t i = 0; i < T * H; i++) x[size_t(i)] += tmp[size_t(i)];
+    if (opt.check_numerics) check_finite(x.data(), T * H, "layer " + std::to_string(l) + (L.sparse ? " (MoE)" : " (dense)"));
+  }
+  for (size_t s = 0; s < seqs.size(); s++) seqs[s]->len += int64_t(tokens[s].size());
+
+  std::vector<std::vector<float>> logits(seqs.size());
+  for (size_t s = 0; s < seqs.size(); s++) {
+    const int64_t n = int64_t(tokens[s].size());
+    if (n == 0) continue;
+    const int64_t first = all_logits ? offsets[s] : offsets[s + 1] - 1;
+    const int64_t rows = offsets[s + 1] - first;
+    rmsnorm(&x[size_t(first * H)], rows, H, w_.final_norm, cfg_.rms_norm_eps, &hn[size_t(first * H)]);
+    logits[s].resize(static_cast<size_t>(rows * V));
+    matmul(&hn[size_t(first * H)], rows, w_.lm_head, logits[s].data());
+    if (opt.check_numerics) check_finite(logits[s].data(), rows * V, "lm_head");
+  }
+  return logits;
+}
+
+}  // namespace epmoe

@@ -1,0 +1,54 @@
+#include "moe/moe_layer.h"
+
+#include <cmath>
+
+#include "kernels/matmul.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+ExpertFn MoeLayer::expert_fn() const {
+  return [this](int physical, const float* in, int64_t n, float* out) {
+    const int logical = placement_.logical_of[size_t(physical)];
+    auto it = w_.experts.find(logical);
+    EPMOE_ASSERT(it != w_.experts.end(),
+                 "expert " + std::to_string(logical) + " (physical " + std::to_string(physical) +
+                     ") asked of a rank that does not hold its weights");
+    swiglu_forward(it->second, in, n, out);
+  };
+}
+
+void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y) const {
+  const int E = routing_.num_experts, K = routing_.top_k;
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  matmul(x, T, w_.router, logits.data());
+  Routing r = route(routing_, logits.data(), T, w_.correction_bias.empty() ? nullptr : w_.correction_bias.data());
+
+  std::vector<int32_t> physical(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; t++)
+    for (int k = 0; k < K; k++)
+      physical[size_t(t * K + k)] = placement_.choose(r.ids[size_t(t * K + k)], gids[t], k);
+
+  MoeTokens tok;
+  tok.T = T;
+  tok.H = H;
+  tok.K = K;
+  tok.x = x;
+  tok.physical = physical.data();
+  tok.weights = r.weights.data();
+  backend.run(tok, expert_fn(), y);
+
+  if (!w_.shared.empty() && T > 0) {
+    std::vector<float> s(static_cast<size_t>(T * H));
+    swiglu_forward(w_.shared, x, T, s.data());
+    std::vector<float> gate(size_t(T), 1.0f);
+    if (!w_.shared_gate.empty()) {
+      matmul(x, T, w_.shared_gate, gate.data());
+      for (auto& g : gate) g = 1.0f / (1.0f + std::exp(-g));
+    }
+    for (int64_t t = 0; t < T; t++)
+      for (int h = 0; h < H; h++) y[t * H + h] += gate[size_t(t)] * s[size_t(t * H + h)];
+  }
+}
+
+}  // namespace epmoe

@@ -1,0 +1,40 @@
+// Storage dtypes as safetensors names them, and the scalar conversions to fp32.
+// Activations are always fp32; weights stay in their stored dtype and are converted on the fly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace epmoe {
+
+enum class DType { F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL };
+
+size_t dtype_size(DType t);
+std::string_view dtype_name(DType t);                  // safetensors spelling: "F32", "BF16", ...
+std::optional<DType> dtype_from_name(std::string_view s);
+bool dtype_is_float_weight(DType t);                   // F32, F16, BF16: what kernels accept
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even, as torch does when casting fp32 -> bf16 (NaN stays NaN).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+}  // namespace epmoe
