@@ -37,9 +37,16 @@ std::vector<int> displs_of(const std::vector<int>& c) {
   return d;
 }
 
+std::vector<int> to_int_displs(const std::vector<size_t>& bytes, const char* op) { return to_int_counts(bytes, op); }
+
 Communicator* g_world = nullptr;
 
 }  // namespace
+
+PendingOp::PendingOp() : request_(new unsigned char[sizeof(MPI_Request)]) {
+  *reinterpret_cast<MPI_Request*>(request_.get()) = MPI_REQUEST_NULL;
+}
+PendingOp::~PendingOp() = default;
 
 Communicator::Communicator() {
   if (!launched_by_mpirun()) return;
@@ -141,6 +148,43 @@ void Communicator::alltoallv(const void* send, const std::vector<size_t>& send_b
   MPI_Request r;
   MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD, &r);
   wait(&r, "alltoallv");
+}
+
+void Communicator::alltoallv(const void* send, const std::vector<size_t>& send_bytes,
+                             const std::vector<size_t>& send_displs, void* recv, const std::vector<size_t>& recv_bytes,
+                             const std::vector<size_t>& recv_displs) {
+  if (!mpi_) {
+    std::memcpy(static_cast<char*>(recv) + recv_displs[0], static_cast<const char*>(send) + send_displs[0], send_bytes[0]);
+    return;
+  }
+  auto sc = to_int_counts(send_bytes, "alltoallv"), rc = to_int_counts(recv_bytes, "alltoallv");
+  auto sd = to_int_displs(send_displs, "alltoallv"), rd = to_int_displs(recv_displs, "alltoallv");
+  MPI_Request r;
+  MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD, &r);
+  wait(&r, "alltoallv");
+}
+
+std::unique_ptr<PendingOp> Communicator::ialltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                                                    const std::vector<size_t>& recv_bytes) {
+  auto op = std::make_unique<PendingOp>();
+  if (!mpi_) {
+    std::memcpy(recv, send, send_bytes[0]);
+    return op;
+  }
+  op->sc_ = to_int_counts(send_bytes, "ialltoallv");
+  op->rc_ = to_int_counts(recv_bytes, "ialltoallv");
+  op->sd_ = displs_of(op->sc_);
+  op->rd_ = displs_of(op->rc_);
+  MPI_Ialltoallv(send, op->sc_.data(), op->sd_.data(), MPI_BYTE, recv, op->rc_.data(), op->rd_.data(), MPI_BYTE,
+                 MPI_COMM_WORLD, reinterpret_cast<MPI_Request*>(op->request_.get()));
+  op->active_ = true;
+  return op;
+}
+
+void Communicator::wait(PendingOp& op, const char* what) {
+  if (!op.active_) return;
+  wait(op.request_.get(), what);
+  op.active_ = false;
 }
 
 void Communicator::alltoall(const void* send, size_t bytes, void* recv) {

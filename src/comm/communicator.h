@@ -8,10 +8,26 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace epmoe {
+
+// A posted non-blocking operation; owns what MPI needs alive until it completes.
+class PendingOp {
+ public:
+  PendingOp();
+  ~PendingOp();
+  PendingOp(const PendingOp&) = delete;
+  PendingOp& operator=(const PendingOp&) = delete;
+
+ private:
+  friend class Communicator;
+  std::vector<int> sc_, sd_, rc_, rd_;
+  std::unique_ptr<unsigned char[]> request_;  // an MPI_Request, kept opaque to keep mpi.h out
+  bool active_ = false;
+};
 
 class Communicator {
  public:
@@ -23,6 +39,7 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool distributed() const { return size_ > 1; }
+  bool mpi_initialised() const { return mpi_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
 
@@ -34,6 +51,13 @@ class Communicator {
   // Byte counts per peer; displacements are the packed prefix sums.
   void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                  const std::vector<size_t>& recv_bytes);
+  // As above with explicit byte displacements (fixed per-peer regions of a preallocated buffer).
+  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_displs,
+                 void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_displs);
+  // Non-blocking alltoallv (packed); complete it with wait(). Buffers must stay alive until then.
+  std::unique_ptr<PendingOp> ialltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                                        const std::vector<size_t>& recv_bytes);
+  void wait(PendingOp& op, const char* what);
   // Fixed block of `bytes` to each peer.
   void alltoall(const void* send, size_t bytes, void* recv);
   int64_t allreduce_max(int64_t v);

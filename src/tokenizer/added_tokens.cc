@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "tokenizer/regex.h"
 
@@ -37,6 +38,25 @@ std::string_view char_at(std::string_view s, size_t pos) {
 
 }  // namespace
 
+void assign_added_token_ids(std::vector<AddedToken>& tokens, const Vocab& vocab) {
+  std::erase_if(tokens, [](const AddedToken& t) { return t.content.empty(); });
+  const auto vocab_size = static_cast<int64_t>(vocab.size());
+  std::unordered_map<std::string_view, int32_t> assigned;
+  int64_t max_id = -1;  // largest id handed out to an added token so far
+  for (AddedToken& t : tokens) {
+    if (auto a = assigned.find(t.content); a != assigned.end()) {
+      t.id = a->second;
+    } else if (auto v = vocab.find(t.content); v != vocab.end()) {
+      t.id = v->second;
+    } else {
+      t.id =
+          static_cast<int32_t>(max_id >= vocab_size || vocab_size == 0 ? max_id + 1 : vocab_size);
+    }
+    assigned.emplace(t.content, t.id);
+    max_id = std::max<int64_t>(max_id, t.id);
+  }
+}
+
 void AddedTokenMatcher::add(const AddedToken* token, std::string pattern) {
   if (pattern.empty()) return;  // tokenizers ignores empty added tokens
   const auto index = static_cast<uint32_t>(entries_.size());
@@ -55,7 +75,8 @@ void AddedTokenMatcher::split(std::string_view text, std::vector<Piece>& out) co
     const Entry* hit = nullptr;
     for (uint32_t i : by_first_byte_[static_cast<uint8_t>(text[pos])]) {
       const std::string& p = entries_[i].pattern;
-      if (p.size() <= text.size() - pos && std::memcmp(text.data() + pos, p.data(), p.size()) == 0) {
+      if (p.size() <= text.size() - pos &&
+          std::memcmp(text.data() + pos, p.data(), p.size()) == 0) {
         hit = &entries_[i];
         break;
       }

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/bpe.h"
+
 namespace epmoe {
 
 struct AddedToken {
@@ -20,6 +22,13 @@ struct AddedToken {
   bool rstrip = false;       // swallows the whitespace on its right
   bool single_word = false;  // only matches when not inside a word
 };
+
+// Gives each added token the id tokenizers gives it when it loads a file: the id of the same
+// content if that is already a vocabulary entry (or an earlier added token), otherwise the next
+// free id after the vocabulary. The ids written in the file only feed a warning there; for
+// consistent files (all real ones) the result is the same. Tokens with empty content are
+// dropped, as tokenizers ignores them.
+void assign_added_token_ids(std::vector<AddedToken>& tokens, const Vocab& vocab);
 
 class AddedTokenMatcher {
  public:

@@ -17,8 +17,8 @@ void MergeTable::reserve(size_t n) {
   shift_ = 64 - bits;
   size_ = 0;
   for (const Slot& s : old) {
-    if (s.key != kEmpty) insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key),
-                                s.value);
+    if (s.key != kEmpty)
+      insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key), s.value);
   }
 }
 

@@ -75,9 +75,9 @@ Regex Regex::compile(std::string_view pattern, const std::string& source) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   // MULTILINE: in Oniguruma's Ruby syntax ^ and $ are line anchors.
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
-                                   translated.size(), PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
-                                   &error, &offset, nullptr);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset, nullptr);
   if (!code) {
     throw InputError(source + ": regex '" + std::string(pattern) + "' does not compile: " +
                      pcre2_message(error) + " (at offset " + std::to_string(offset) + ")");
@@ -103,14 +103,13 @@ Regex Regex::literal(std::string_view literal, const std::string& source) {
   return compile(pattern, source);
 }
 
-void Regex::find_all(std::string_view subject,
-                     std::vector<std::pair<size_t, size_t>>& out) const {
+void Regex::find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>>& out) const {
   MatchState& st = match_state();
   const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   size_t start = 0;
   while (start < subject.size()) {
-    int rc = pcre2_match(code_->code, s, subject.size(), start, PCRE2_NO_UTF_CHECK, st.data,
-                         st.context);
+    int rc =
+        pcre2_match(code_->code, s, subject.size(), start, PCRE2_NO_UTF_CHECK, st.data, st.context);
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
       throw Error("pre-tokenizer regex '" + code_->pattern + "' failed: " + pcre2_message(rc));
@@ -131,9 +130,9 @@ void Regex::find_all(std::string_view subject,
 
 bool Regex::full_match(std::string_view subject) const {
   MatchState& st = match_state();
-  int rc = pcre2_match(code_->code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
-                       0, PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_NO_UTF_CHECK, st.data,
-                       st.context);
+  int rc =
+      pcre2_match(code_->code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0,
+                  PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_NO_UTF_CHECK, st.data, st.context);
   return rc >= 0;
 }
 

@@ -1,6 +1,5 @@
 // StreamDecoder (declared in tokenizer.h): incremental decoding for printing generated tokens.
 #include "tokenizer/tokenizer.h"
-
 #include "tokenizer/utf8.h"
 
 namespace epmoe {

@@ -39,6 +39,7 @@ Tokenizer::Impl::Impl(TokenizerSpec spec)
       nfc(spec.nfc),
       pre_tokenizer(std::move(spec.pre_tokenizer)),
       added(std::move(spec.added_tokens)) {
+  assign_added_token_ids(added, bpe.vocab());
   int32_t max_id = -1;
   for (const auto& [spelling, id] : bpe.vocab()) max_id = std::max(max_id, id);
   for (const AddedToken& t : added) max_id = std::max(max_id, t.id);
@@ -113,8 +114,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   return Tokenizer(std::make_unique<Impl>(read_tokenizer_json(path)));
 }
 
-Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_json,
-                                       const std::string& merges_txt,
+Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt,
                                        const std::string& tokenizer_config_json) {
   return Tokenizer(
       std::make_unique<Impl>(read_vocab_merges(vocab_json, merges_txt, tokenizer_config_json)));
@@ -141,7 +141,8 @@ bool Tokenizer::available(const std::string& model_dir) {
 
 Tokenizer Tokenizer::load(const std::string& model_dir) {
   const fs::path dir(model_dir);
-  if (has_file(dir / "tokenizer.json")) return from_tokenizer_json((dir / "tokenizer.json").string());
+  if (has_file(dir / "tokenizer.json"))
+    return from_tokenizer_json((dir / "tokenizer.json").string());
   if (has_vocab_merges(dir)) {
     return from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string(),
                              (dir / "tokenizer_config.json").string());

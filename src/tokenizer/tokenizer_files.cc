@@ -51,9 +51,11 @@ class Reader {
     if (!j.is_string()) fail(where, "expected a string");
     return j.get_ref<const std::string&>();
   }
+  static bool is_id(const json& j) {
+    return j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() <= INT32_MAX;
+  }
   int32_t id(const json& j, const std::string& where) const {
-    if (!j.is_number_integer() || j.get<int64_t>() < 0 || j.get<int64_t>() > INT32_MAX)
-      fail(where, "expected a token id (a non-negative integer)");
+    if (!is_id(j)) fail(where, "expected a token id (a non-negative integer)");
     return static_cast<int32_t>(j.get<int64_t>());
   }
   // An optional boolean: missing or null gives `fallback`.
@@ -83,16 +85,21 @@ class Reader {
 Vocab read_vocab(const Reader& r, const json& j, const std::string& where) {
   Vocab vocab;
   vocab.reserve(r.object(j, where).size());
-  for (auto it = j.begin(); it != j.end(); ++it) vocab.emplace(it.key(), r.id(*it, where + "[\"" + it.key() + "\"]"));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    // The message is only built on failure: the vocabulary has ~150k entries.
+    if (!Reader::is_id(*it)) r.id(*it, where + "[\"" + it.key() + "\"]");
+    vocab.emplace(it.key(), static_cast<int32_t>(it->get<int64_t>()));
+  }
   return vocab;
 }
 
 // A merge written "left right" (merges.txt, older tokenizer.json files).
-MergeRule split_merge(const Reader& r, std::string_view line, const std::string& where) {
+template <class Where>
+MergeRule split_merge(const Reader& r, std::string_view line, Where where) {
   const size_t sp = line.find(' ');
   if (sp == std::string_view::npos || sp == 0 || sp + 1 == line.size() ||
       line.find(' ', sp + 1) != std::string_view::npos)
-    r.fail(where, "expected two tokens separated by one space, got '" + std::string(line) + "'");
+    r.fail(where(), "expected two tokens separated by one space, got '" + std::string(line) + "'");
   return {std::string(line.substr(0, sp)), std::string(line.substr(sp + 1))};
 }
 
@@ -118,11 +125,14 @@ void read_model(const Reader& r, const json& model, TokenizerSpec& spec) {
   if (r.flag(model, "byte_fallback", false, where)) r.unsupported(where, "byte_fallback");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     auto it = model.find(key);
-    if (it != model.end() && !it->is_null() && !(it->is_string() && it->get_ref<const std::string&>().empty()))
+    if (it != model.end() && !it->is_null() &&
+        !(it->is_string() && it->get_ref<const std::string&>().empty()))
       r.unsupported(where + "." + key, "a non-empty value");
   }
-  if (auto it = model.find("dropout"); it != model.end() && !it->is_null() && it->get<double>() > 0)
-    r.unsupported(where + ".dropout", "BPE dropout");
+  if (auto it = model.find("dropout"); it != model.end() && !it->is_null()) {
+    if (!it->is_number()) r.fail(where + ".dropout", "expected a number or null");
+    if (it->get<double>() > 0) r.unsupported(where + ".dropout", "BPE dropout");
+  }
   spec.ignore_merges = r.flag(model, "ignore_merges", false, where);
   spec.vocab = read_vocab(r, r.member(model, "vocab", where), where + ".vocab");
 
@@ -130,18 +140,19 @@ void read_model(const Reader& r, const json& model, TokenizerSpec& spec) {
   spec.merges.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& m = merges[i];
-    const std::string mw = where + ".merges[" + std::to_string(i) + "]";
-    if (m.is_string()) {  // "left right"
+    auto mw = [&] { return where + ".merges[" + std::to_string(i) + "]"; };  // only on failure
+    if (m.is_string()) {                                                     // "left right"
       spec.merges.push_back(split_merge(r, m.get_ref<const std::string&>(), mw));
-    } else if (m.is_array() && m.size() == 2) {  // ["left", "right"]
-      spec.merges.push_back({r.string(m[0], mw + "[0]"), r.string(m[1], mw + "[1]")});
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      spec.merges.push_back({m[0].get<std::string>(), m[1].get<std::string>()});  // ["l", "r"]
     } else {
-      r.fail(mw, "expected \"left right\" or [\"left\", \"right\"]");
+      r.fail(mw(), "expected \"left right\" or [\"left\", \"right\"]");
     }
   }
 }
 
-void read_normalizer(const Reader& r, const json& n, const std::string& where, TokenizerSpec& spec) {
+void read_normalizer(const Reader& r, const json& n, const std::string& where,
+                     TokenizerSpec& spec) {
   if (n.is_null()) return;
   const std::string type = r.type_of(n, where);
   if (type == "NFC") {
@@ -170,9 +181,11 @@ void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where
     const json& pat = r.object(r.member(p, "pattern", where), where + ".pattern");
     const std::string source = r.path() + ": " + where + ".pattern";
     if (pat.contains("Regex")) {
-      spec.pre_tokenizer.add_split(Regex::compile(r.string(pat["Regex"], where + ".pattern.Regex"), source));
+      spec.pre_tokenizer.add_split(
+          Regex::compile(r.string(pat["Regex"], where + ".pattern.Regex"), source));
     } else if (pat.contains("String")) {
-      spec.pre_tokenizer.add_split(Regex::literal(r.string(pat["String"], where + ".pattern.String"), source));
+      spec.pre_tokenizer.add_split(
+          Regex::literal(r.string(pat["String"], where + ".pattern.String"), source));
     } else {
       r.fail(where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     }
@@ -187,7 +200,8 @@ void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where
 
 void check_decoder(const Reader& r, const json& d) {
   if (d.is_null() || r.type_of(d, "decoder") != "ByteLevel")
-    r.unsupported("decoder", d.is_null() ? std::string("no decoder") : "decoder '" + r.type_of(d, "decoder") + "'");
+    r.unsupported("decoder", d.is_null() ? std::string("no decoder")
+                                         : "decoder '" + r.type_of(d, "decoder") + "'");
 }
 
 // Post-processors that add tokens (a BOS, say) would change encode()'s output; only those that
@@ -226,7 +240,8 @@ TokenizerSpec read_tokenizer_json(const std::string& path) {
     for (size_t i = 0; i < it->size(); ++i) {
       const std::string where = "added_tokens[" + std::to_string(i) + "]";
       const json& t = r.object((*it)[i], where);
-      spec.added_tokens.push_back(read_added_token(r, t, r.id(r.member(t, "id", where), where + ".id"), where));
+      spec.added_tokens.push_back(
+          read_added_token(r, t, r.id(r.member(t, "id", where), where + ".id"), where));
     }
   }
   read_normalizer(r, root.value("normalizer", json()), "normalizer", spec);
@@ -254,10 +269,13 @@ TokenizerSpec read_vocab_merges(const std::string& vocab_json, const std::string
       const size_t nl = rest.find('\n');
       std::string_view line = rest.substr(0, nl);
       rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
-      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
-      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) line.remove_prefix(1);
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back())))
+        line.remove_suffix(1);
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front())))
+        line.remove_prefix(1);
       if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
-      spec.merges.push_back(split_merge(r, line, "line " + std::to_string(line_no)));
+      spec.merges.push_back(
+          split_merge(r, line, [&] { return "line " + std::to_string(line_no); }));
     }
   }
   {
@@ -286,7 +304,8 @@ TokenizerSpec read_vocab_merges(const std::string& vocab_json, const std::string
     // Qwen2Tokenizer: NFC, its fixed word pattern, then bytes (a prefix space only if asked).
     spec.nfc = true;
     spec.pre_tokenizer.add_split(Regex::compile(kQwen2Pattern, "Qwen2Tokenizer pattern"));
-    spec.pre_tokenizer.add_byte_level(r.flag(config, "add_prefix_space", false, "top level"), false);
+    spec.pre_tokenizer.add_byte_level(r.flag(config, "add_prefix_space", false, "top level"),
+                                      false);
   }
   return spec;
 }

@@ -35,8 +35,7 @@ TEST(Regex, Qwen2PatternKeepsMongolianVowelSeparatorOutOfWhitespaceRuns) {
   // With U+180E not a space, "\u180E\u180E" is one run of "other" characters; PCRE2's native \s
   // would instead split it off as whitespace and glue the second one to "y".
   const Regex qwen2 = Regex::compile(kQwen2Pattern, "test");
-  EXPECT_EQ(matches(qwen2, "x\u180E\u180Ey"),
-            (std::vector<std::string>{"x", "\u180E\u180E", "y"}));
+  EXPECT_EQ(matches(qwen2, "x\u180E\u180Ey"), (std::vector<std::string>{"x", "\u180E\u180E", "y"}));
 }
 
 TEST(Regex, LiteralPatternsMatchThemselves) {

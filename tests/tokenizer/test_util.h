@@ -1,18 +1,21 @@
 // Shared helpers of the tokenizer tests: fixture paths, case files, scratch folders.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 namespace epmoe::test {
 
-inline std::string data_path(const std::string& rel) { return std::string(EPMOE_TEST_DATA) + "/" + rel; }
+inline std::string data_path(const std::string& rel) {
+  return std::string(EPMOE_TEST_DATA) + "/" + rel;
+}
 
 inline std::string qwen2_dir() { return data_path("tokenizers/qwen2"); }
 inline std::string bpe_fixture_dir() { return data_path("bpe-tokenizer"); }

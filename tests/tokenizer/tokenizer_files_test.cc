@@ -13,7 +13,8 @@ namespace {
 std::string tokenizer_json(const std::string& model) {
   return R"({"added_tokens": [], "normalizer": {"type": "NFC"},
     "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-    "decoder": {"type": "ByteLevel"}, "model": )" + model + "}";
+    "decoder": {"type": "ByteLevel"}, "model": )" +
+         model + "}";
 }
 
 // Runs `load` and returns the InputError's message (failing the test if there is none).
@@ -31,8 +32,9 @@ std::string input_error(F&& load) {
 
 TEST(TokenizerFiles, ValidMinimalFileLoads) {
   test::ScratchDir dir;
-  dir.write("tokenizer.json", tokenizer_json(
-      R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]})"));
+  dir.write("tokenizer.json",
+            tokenizer_json(
+                R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]})"));
   Tokenizer tok = Tokenizer::load(dir.path());
   // Bytes 'a' 'b' merge; the rest of the bytes are not in this vocabulary.
   EXPECT_EQ(tok.encode("ab"), (std::vector<int32_t>{2}));
@@ -56,8 +58,10 @@ TEST(TokenizerFiles, BadJsonNamesTheFile) {
 
 TEST(TokenizerFiles, MergeWithUnknownTokenNamesFileAndToken) {
   test::ScratchDir dir;
-  const std::string path = dir.write("tokenizer.json", tokenizer_json(
-      R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b", "a zz"]})"));
+  const std::string path = dir.write(
+      "tokenizer.json",
+      tokenizer_json(
+          R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b", "a zz"]})"));
   const std::string msg = input_error([&] { Tokenizer::load(dir.path()); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("'zz'"), std::string::npos) << msg;
@@ -65,16 +69,17 @@ TEST(TokenizerFiles, MergeWithUnknownTokenNamesFileAndToken) {
 
 TEST(TokenizerFiles, MergeWhoseResultIsMissingNamesIt) {
   test::ScratchDir dir;
-  dir.write("tokenizer.json", tokenizer_json(
-      R"({"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": [["a", "b"]]})"));
+  dir.write(
+      "tokenizer.json",
+      tokenizer_json(R"({"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": [["a", "b"]]})"));
   const std::string msg = input_error([&] { Tokenizer::load(dir.path()); });
   EXPECT_NE(msg.find("'ab'"), std::string::npos) << msg;
 }
 
 TEST(TokenizerFiles, WrongFieldTypesNameTheField) {
   test::ScratchDir dir;
-  const std::string path = dir.write("tokenizer.json", tokenizer_json(
-      R"({"type": "BPE", "vocab": ["a"], "merges": []})"));
+  const std::string path = dir.write(
+      "tokenizer.json", tokenizer_json(R"({"type": "BPE", "vocab": ["a"], "merges": []})"));
   const std::string msg = input_error([&] { Tokenizer::load(dir.path()); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("model.vocab"), std::string::npos) << msg;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -53,34 +54,43 @@ class TextGenerator {
   }
 
   std::string piece() {
-    static const char* const kWords[] = {"the", "The", "hello", "world", "expert", "parallel",
-                                         "café", "naïve", "Ωmega", "x", "I", "DON"};
-    static const char* const kSpaces[] = {" ", "  ", "\t", "\n", "\r\n", "\n\n", " \n ",
-                                          "\u00A0", "\u3000", "\u2028", "\u0085", "\u180E"};
-    static const char* const kPunct[] = {".", ",", "!?", "...", "'s", "'LL", "'d", "(", ")",
-                                         "{\"", "\"}", "$", "\\", "#", "->", "'"};
+    static const char* const kWords[] = {"the",  "The",   "hello", "world", "expert", "parallel",
+                                         "café", "naïve", "Ωmega", "x",     "I",      "DON"};
+    static const char* const kSpaces[] = {" ",    "  ",     "\t",     "\n",     "\r\n",   "\n\n",
+                                          " \n ", "\u00A0", "\u3000", "\u2028", "\u0085", "\u180E"};
+    static const char* const kPunct[] = {".", ",",   "!?",  "...", "'s", "'LL", "'d", "(",
+                                         ")", "{\"", "\"}", "$",   "\\", "#",   "->", "'"};
     static const char* const kAdded[] = {"<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_"};
     switch (pick(11)) {
-      case 0: return kWords[pick(std::size(kWords))];
-      case 1: return kSpaces[pick(std::size(kSpaces))];
-      case 2: return kPunct[pick(std::size(kPunct))];
-      case 3: return std::to_string(pick(100000));
-      case 4: return utf8_of(in(0x21, 0x7E));  // any printable ASCII
+      case 0:
+        return kWords[pick(std::size(kWords))];
+      case 1:
+        return kSpaces[pick(std::size(kSpaces))];
+      case 2:
+        return kPunct[pick(std::size(kPunct))];
+      case 3:
+        return std::to_string(pick(100000));
+      case 4:
+        return utf8_of(in(0x21, 0x7E));  // any printable ASCII
       case 5: {  // a Latin letter with 1-2 combining marks (NFC composes many of these)
         std::string s = utf8_of(in('a', 'z'));
         for (size_t k = pick(2) + 1; k > 0; --k) s += utf8_of(in(0x300, 0x36F));
         return s;
       }
-      case 6: return utf8_of(in(0xC0, 0x24F));      // Latin-1 and Latin Extended
-      case 7: return utf8_of(in(0x4E00, 0x9FFF));   // CJK ideographs
-      case 8: return utf8_of(in(0x1100, 0x1112)) + utf8_of(in(0x1161, 0x1175));  // jamo -> Hangul
+      case 6:
+        return utf8_of(in(0xC0, 0x24F));  // Latin-1 and Latin Extended
+      case 7:
+        return utf8_of(in(0x4E00, 0x9FFF));  // CJK ideographs
+      case 8:
+        return utf8_of(in(0x1100, 0x1112)) + utf8_of(in(0x1161, 0x1175));  // jamo -> Hangul
       case 9: {  // emoji, sometimes with a skin tone or joined by ZWJ
         std::string s = utf8_of(in(0x1F600, 0x1F64F));
         if (pick(3) == 0) s += utf8_of(in(0x1F3FB, 0x1F3FF));
         if (pick(3) == 0) s += "\u200D" + utf8_of(in(0x1F466, 0x1F469));
         return s;
       }
-      default: return kAdded[pick(std::size(kAdded))];
+      default:
+        return kAdded[pick(std::size(kAdded))];
     }
   }
 
@@ -90,10 +100,24 @@ class TextGenerator {
 // Random bytes biased towards the troublesome: lone continuation bytes, leads without their
 // continuations, overlongs (C0/C1, E0 80), surrogates (ED A0..), bytes above F4, NUL.
 std::string random_bytes(std::mt19937& rng, size_t max_len) {
-  static const std::string kFragments[] = {"\x80", "\xBF", "\xC0\xAF", "\xC1", "\xC3", "\xE0\x80",
-                                           "\xE2\x82", "\xED\xA0\x80", "\xF0\x9F", "\xF0\x9F\x98",
-                                           "\xF4\x90\x80\x80", "\xF5", "\xFF", std::string(1, '\0'),
-                                           "a", " ", "\xC3\xA9", "\xF0\x9F\x98\x80"};
+  static const std::string kFragments[] = {"\x80",
+                                           "\xBF",
+                                           "\xC0\xAF",
+                                           "\xC1",
+                                           "\xC3",
+                                           "\xE0\x80",
+                                           "\xE2\x82",
+                                           "\xED\xA0\x80",
+                                           "\xF0\x9F",
+                                           "\xF0\x9F\x98",
+                                           "\xF4\x90\x80\x80",
+                                           "\xF5",
+                                           "\xFF",
+                                           std::string(1, '\0'),
+                                           "a",
+                                           " ",
+                                           "\xC3\xA9",
+                                           "\xF0\x9F\x98\x80"};
   std::string s;
   const size_t n = std::uniform_int_distribution<size_t>(0, max_len)(rng);
   for (size_t i = 0; i < n; ++i) {
@@ -144,6 +168,29 @@ TEST(TokenizerProperty, EncodeIsStableAcrossCacheState) {
   }
 }
 
+TEST(TokenizerProperty, ConcurrentEncodesAgreeWithSequentialOnes) {
+  // encode() shares the word cache and per-thread scratch state; threads must not disturb
+  // each other. A fresh tokenizer makes the threads race to fill the cache.
+  const Tokenizer tok = Tokenizer::load(test::bpe_fixture_dir());
+  std::vector<std::string> texts;
+  TextGenerator gen(5);
+  for (int i = 0; i < 400; ++i) texts.push_back(gen.next(40));
+  std::vector<std::vector<int32_t>> results[2];
+  std::vector<std::thread> threads;
+  for (auto& r : results) {
+    threads.emplace_back([&tok, &texts, &r] {
+      for (const std::string& t : texts) r.push_back(tok.encode(t));
+    });
+  }
+  for (auto& t : threads) t.join();
+  const Tokenizer reference = Tokenizer::load(test::bpe_fixture_dir());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto expected = reference.encode(texts[i]);
+    ASSERT_EQ(results[0][i], expected) << texts[i];
+    ASSERT_EQ(results[1][i], expected) << texts[i];
+  }
+}
+
 TEST(TokenizerProperty, IllFormedInputIsRepairedNotFatal) {
   std::mt19937 rng(42);
   for (const Named& t : tokenizers()) {
@@ -187,8 +234,8 @@ TEST(TokenizerProperty, LongRunsStayFast) {
   // One word of 200k identical letters and a 200k-space run: the merge loop and the regex must
   // stay near-linear (a quadratic loop would take minutes here).
   for (const Named& t : tokenizers()) {
-    for (const std::string& s : {std::string(200000, 'a'), std::string(200000, ' '),
-                                std::string(100000, '\n') + "x"}) {
+    for (const std::string& s :
+         {std::string(200000, 'a'), std::string(200000, ' '), std::string(100000, '\n') + "x"}) {
       EXPECT_EQ(t.tok.decode(t.tok.encode(s)), s) << t.name;
     }
   }

@@ -29,7 +29,8 @@ const std::vector<Case>& qwen2_cases() {
 }
 
 const Tokenizer& qwen2() {
-  static const Tokenizer tok = Tokenizer::from_tokenizer_json(test::qwen2_dir() + "/tokenizer.json");
+  static const Tokenizer tok =
+      Tokenizer::from_tokenizer_json(test::qwen2_dir() + "/tokenizer.json");
   return tok;
 }
 

@@ -15,7 +15,10 @@ std::string fffd(int n) {
 
 TEST(Utf8, MaximalSubpartsBecomeOneReplacementEach) {
   // Table 3-8: 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64
-  EXPECT_EQ(utf8::lossy("a\xF1\x80\x80\xE1\x80\xC2" "b\x80" "c\x80\xBF" "d"),
+  EXPECT_EQ(utf8::lossy("a\xF1\x80\x80\xE1\x80\xC2"
+                        "b\x80"
+                        "c\x80\xBF"
+                        "d"),
             "a" + fffd(3) + "b" + fffd(1) + "c" + fffd(2) + "d");
   // Table 3-9 (non-shortest forms), 3-10 (surrogates), 3-11 (other ill-formed sequences):
   // every byte that cannot start or continue a well-formed sequence stands alone.
@@ -35,13 +38,13 @@ TEST(Utf8, IncompleteTailIsOnlyAnUnfinishedCharacter) {
   EXPECT_EQ(utf8::incomplete_tail("ab"), 0u);
   EXPECT_EQ(utf8::incomplete_tail("a\xF0\x9F\x98"), 3u);  // 3 of the 4 bytes of an emoji
   EXPECT_EQ(utf8::incomplete_tail("a\xE2\x82"), 2u);
-  EXPECT_EQ(utf8::incomplete_tail("a\xE0\x80"), 0u);   // E0 80 can never become well-formed
-  EXPECT_EQ(utf8::incomplete_tail("a\x80"), 0u);       // a stray continuation byte
+  EXPECT_EQ(utf8::incomplete_tail("a\xE0\x80"), 0u);  // E0 80 can never become well-formed
+  EXPECT_EQ(utf8::incomplete_tail("a\x80"), 0u);      // a stray continuation byte
   EXPECT_EQ(utf8::incomplete_tail("\xF0\x9F\x98\x80"), 0u);
 }
 
 TEST(Utf8, NfcComposes) {
-  EXPECT_EQ(utf8::nfc("e\xCC\x81"), "\xC3\xA9");                 // e + U+0301 -> é
+  EXPECT_EQ(utf8::nfc("e\xCC\x81"), "\xC3\xA9");                     // e + U+0301 -> é
   EXPECT_EQ(utf8::nfc("\xE1\x84\x92\xE1\x85\xA1"), "\xED\x95\x98");  // jamo -> 하
   const std::string with_nul = std::string("a\0b", 3);
   EXPECT_EQ(utf8::nfc(with_nul), with_nul);

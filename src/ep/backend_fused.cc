@@ -1,0 +1,98 @@
+// fused: tokens in chunks, pipelined with non-blocking all-to-alls so that the dispatch of chunk
+// c+1 and the answers of chunk c-1 are in flight while the experts of chunk c run (the shape of
+// ascend_fuseep's fused dispatch-GEMM-combine). The number of chunks is agreed by all ranks.
+#include <algorithm>
+
+#include "ep/backends_impl.h"
+
+namespace epmoe {
+
+namespace {
+
+struct Chunk {
+  int64_t t0 = 0, t1 = 0;
+  DispatchPlan plan;
+  std::vector<int64_t> recv_n;
+  std::vector<char> send, recv;
+  std::unique_ptr<PendingOp> dispatch;
+  Answers answers;
+  std::vector<size_t> back_b;
+  std::vector<float> back;
+  std::unique_ptr<PendingOp> combine;
+};
+
+class FusedBackend : public A2ABackend {
+ public:
+  FusedBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  std::string name() const override { return "fused"; }
+
+  void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
+    const int64_t C = opt_.chunk_tokens;
+    const int64_t n = comm_.allreduce_max((in.T + C - 1) / C);
+    std::vector<Chunk> chunks(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; c++) {
+      chunks[size_t(c)].t0 = std::min(in.T, c * C);
+      chunks[size_t(c)].t1 = std::min(in.T, (c + 1) * C);
+    }
+    if (n > 0) post_dispatch(in, chunks[0]);
+    for (int64_t c = 0; c < n; c++) {
+      if (c + 1 < n) post_dispatch(in, chunks[size_t(c) + 1]);
+      serve_and_post_answers(in, expert, chunks[size_t(c)]);
+      if (c > 0) finish(in, chunks[size_t(c) - 1], y);
+    }
+    if (n > 0) finish(in, chunks[size_t(n) - 1], y);
+  }
+
+ private:
+  void post_dispatch(const MoeTokens& in, Chunk& ch) {
+    const int R = comm_.size();
+    const RecordLayout L{in.H, in.K};
+    ch.plan = DispatchPlan::dedup(in, p_, ch.t0, ch.t1);
+    std::vector<int64_t> send_n(static_cast<size_t>(R));
+    ch.recv_n.assign(size_t(R), 0);
+    for (int d = 0; d < R; d++) send_n[size_t(d)] = int64_t(ch.plan.to[size_t(d)].size());
+    comm_.alltoall(send_n.data(), sizeof(int64_t), ch.recv_n.data());  // small, blocking
+    std::vector<size_t> send_b(static_cast<size_t>(R)), recv_b(static_cast<size_t>(R));
+    for (int d = 0; d < R; d++) {
+      send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.record_bytes();
+      recv_b[size_t(d)] = size_t(ch.recv_n[size_t(d)]) * L.record_bytes();
+    }
+    ch.send.resize(total_bytes(send_b));
+    ch.recv.resize(total_bytes(recv_b));
+    size_t off = 0;
+    for (int d = 0; d < R; d++) {
+      pack_records(in, p_, ch.plan.to[size_t(d)], d, comm_.rank(), L, ch.send.data() + off);
+      off += send_b[size_t(d)];
+    }
+    ch.dispatch = comm_.ialltoallv(ch.send.data(), send_b, ch.recv.data(), recv_b);
+  }
+
+  void serve_and_post_answers(const MoeTokens& in, const ExpertFn& expert, Chunk& ch) {
+    const int R = comm_.size();
+    const RecordLayout L{in.H, in.K};
+    comm_.wait(*ch.dispatch, "fused dispatch");
+    ch.answers = serve_by_source(ch.recv.data(), ch.recv_n, L, expert, opt_.combine);
+    ch.back_b.resize(static_cast<size_t>(R));
+    for (int d = 0; d < R; d++) ch.back_b[size_t(d)] = ch.plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
+    ch.back.resize(total_bytes(ch.back_b) / sizeof(float));
+    ch.combine = comm_.ialltoallv(ch.answers.rows.data(), ch.answers.bytes_to, ch.back.data(), ch.back_b);
+  }
+
+  void finish(const MoeTokens& in, Chunk& ch, float* y) {
+    comm_.wait(*ch.combine, "fused combine");
+    combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, ch.t0, ch.t1, y);
+    ch = Chunk{};  // release the chunk's buffers
+  }
+
+  Communicator& comm_;
+  const Placement& p_;
+  BackendOptions opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<A2ABackend> make_fused_backend(Communicator& c, const Placement& p, const BackendOptions& o) {
+  return std::make_unique<FusedBackend>(c, p, o);
+}
+
+}  // namespace epmoe

@@ -1,0 +1,81 @@
+// What every distributed backend exchanges, independent of how the bytes travel.
+//
+//   home rank                          serving rank d (owns some physical experts)
+//   plan: records for d  --request-->  serve: expert outputs for the record's slots on d
+//   unpack + combine     <--answer---
+//
+// A record carries one token row for one destination with the slots that destination serves:
+// all of them (dedup: the token travels once per rank, as DeepEP normal mode) or one slot
+// (per-(token, expert) messages, as DeepEP low-latency). Answers, per CombineMode:
+//   Deterministic: one row per served slot, expert_k(x) unweighted; home sums w_k * y_k in slot
+//                  order k = 0..K-1 (combine_slots) -> bits independent of the layout.
+//   Fast:          one row per record, sum over its slots of w_k * y_k; home adds the partials
+//                  in rank order (fewer bytes, rounding depends on the layout).
+// One layout struct sizes every buffer (DeepEP's habit), shared by packing, serving and tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ep/backend.h"
+
+namespace epmoe {
+
+struct RecordLayout {
+  int H = 0, K = 0;
+  // int32 token, int32 slot (-1: all slots of this rank), int32 source rank,
+  // int32 physical[K] (-1: not served here), float weight[K], then float row[H].
+  static constexpr size_t kHeader = 3;
+  size_t meta_words() const { return kHeader + 2 * size_t(K); }
+  size_t record_bytes() const { return (meta_words() + size_t(H)) * 4; }
+  size_t answer_bytes() const { return size_t(H) * 4; }
+};
+
+struct Record {
+  int32_t token;  // index in the home rank's tokens
+  int32_t slot;   // -1: every slot of the token served by the destination
+};
+
+// records[d]: what this rank sends to rank d, tokens ascending (and slots ascending).
+struct DispatchPlan {
+  std::vector<std::vector<Record>> to;
+  // Dedup: one record per (token, destination rank owning >= 1 of its slots).
+  static DispatchPlan dedup(const MoeTokens& in, const Placement& p, int64_t t0, int64_t t1);
+  // One record per (token, slot), sent to the slot's owner.
+  static DispatchPlan per_slot(const MoeTokens& in, const Placement& p, int64_t t0, int64_t t1);
+  // Answers rank d returns for our records to it.
+  size_t answers_from(int d, const MoeTokens& in, const Placement& p, CombineMode mode) const;
+};
+
+// Writes the records for rank d (plan.to[d]) into out (plan.to[d].size() * record_bytes()).
+void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Record>& records, int d, int src,
+                  const RecordLayout& L, char* out);
+
+// Field access of a packed record.
+struct RecordView {
+  const int32_t* meta;
+  const RecordLayout& L;
+  int32_t token() const { return meta[0]; }
+  int32_t src() const { return meta[2]; }
+  int32_t physical(int k) const { return meta[RecordLayout::kHeader + k]; }
+  float weight(int k) const { return reinterpret_cast<const float*>(meta + RecordLayout::kHeader + L.K)[k]; }
+  const float* row() const { return reinterpret_cast<const float*>(meta + L.meta_words()); }
+};
+inline RecordView record_at(const char* records, size_t i, const RecordLayout& L) {
+  return {reinterpret_cast<const int32_t*>(records + i * L.record_bytes()), L};
+}
+
+// Serving side: the number of answers n received records need.
+size_t count_answers(const char* records, size_t n, const RecordLayout& L, CombineMode mode);
+// Runs the local experts for n received records; writes the answers in record order (and slot
+// order within a record) to answers (count_answers(...) rows of H floats).
+void serve_records(const char* records, size_t n, const RecordLayout& L, const ExpertFn& expert, CombineMode mode,
+                   float* answers);
+
+// Home side: y[t] for t in [t0, t1) from the answers of every rank (answers[d] points at the
+// answers of rank d to plan.to[d], in order).
+void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan& plan,
+                     const std::vector<const float*>& answers, CombineMode mode, int64_t t0, int64_t t1, float* y);
+
+}  // namespace epmoe
