@@ -109,18 +109,23 @@ TEST(Qwen2Tokenizer, DecodeSkipsSpecialTokensOnRequest) {
 }
 
 TEST(Qwen2Tokenizer, StreamDecoderEmitsWholeCharactersOnly) {
-  for (const Case& c : qwen2_cases()) {
-    StreamDecoder stream(qwen2());
-    std::string joined;
-    for (int32_t id : c.ids) {
-      const std::string piece = stream.push(id);
-      EXPECT_TRUE(utf8::is_valid(piece)) << c.text;
-      // Nothing is replaced for well-formed text: a piece never carries U+FFFD.
-      EXPECT_EQ(piece.find(utf8::kReplacement), std::string::npos) << c.text;
-      joined += piece;
+  for (bool skip_special : {false, true}) {
+    for (const Case& c : qwen2_cases()) {
+      StreamDecoder stream(qwen2(), skip_special);
+      std::string joined;
+      for (int32_t id : c.ids) {
+        const std::string piece = stream.push(id);
+        EXPECT_TRUE(utf8::is_valid(piece)) << c.text;
+        // Nothing is replaced for well-formed text: a piece never carries U+FFFD.
+        EXPECT_EQ(piece.find(utf8::kReplacement), std::string::npos) << c.text;
+        joined += piece;
+      }
+      joined += stream.flush();
+      EXPECT_EQ(joined, qwen2().decode(c.ids, skip_special)) << c.text;
+      if (!skip_special) {
+        EXPECT_EQ(joined, c.decoded);
+      }
     }
-    joined += stream.flush();
-    EXPECT_EQ(joined, c.decoded);
   }
 }
 

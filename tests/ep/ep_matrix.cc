@@ -1,0 +1,171 @@
+// The expert-parallel matrix, run under mpirun by ctest (one process per rank):
+//
+//   mpirun -np R ep_matrix FIXTURE
+//
+// For every backend x combine mode x redundant experts {0, 2, 5} x routing {the model's own,
+// collapsed: every token to the same experts} x sequences {spread over all ranks, one rank left
+// with zero tokens}, the logits of prefill and three greedy decode steps are compared with the
+// single-process reference (all experts local, no backend), computed by each rank for its own
+// sequences: deterministic combine must be bit-identical (memcmp), fast within 1e-5. The
+// low-latency capacity is set below the tokens per rank, so overflow rounds always run.
+// Prints one line per case and "N passed, N failed"; exit 1 on any failure.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "comm/communicator.h"
+#include "ep/backend.h"
+#include "io/checkpoint.h"
+#include "io/json_util.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "util/error.h"
+
+using namespace epmoe;
+
+namespace {
+
+// A copy of the model whose routers are all zero (and correction biases zero): every router
+// logit ties, so top-k picks the same experts for every token -- the most unbalanced load.
+std::string write_collapsed_copy(const std::string& dir, const std::string& out) {
+  std::filesystem::create_directories(out);
+  std::filesystem::copy_file(dir + "/config.json", out + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  Checkpoint ck(dir);
+  std::vector<std::vector<char>> zeros;
+  std::vector<TensorToWrite> tensors;
+  for (auto& name : ck.names()) {
+    TensorView v = ck.get(name);
+    const bool router = name.find(".gate.weight") != std::string::npos || name.find("e_score_correction_bias") != std::string::npos;
+    if (router && name.find("shared_expert_gate") == std::string::npos) {
+      zeros.emplace_back(v.nbytes(), 0);
+      tensors.push_back({name, v.dtype, v.shape, zeros.back().data()});
+    } else {
+      tensors.push_back({name, v.dtype, v.shape, v.data});
+    }
+  }
+  write_safetensors(out + "/model.safetensors", tensors);
+  return out;
+}
+
+struct Case {
+  std::string backend;
+  CombineMode combine;
+  int redundant;
+  bool collapsed;
+  bool zero_token_rank;
+};
+
+// Runs this rank's sequences: prefill with all logits, then `steps` greedy steps; returns every
+// logit produced, per sequence, concatenated.
+std::vector<std::vector<float>> run(Model& m, A2ABackend& be, Communicator& comm,
+                                    const std::vector<std::pair<uint64_t, std::vector<int32_t>>>& mine, int steps) {
+  std::vector<Sequence> seqs;
+  std::vector<Sequence*> ptrs;
+  std::vector<std::vector<int32_t>> toks;
+  for (auto& [id, p] : mine) seqs.push_back(m.new_sequence(id));
+  for (size_t i = 0; i < mine.size(); i++) {
+    ptrs.push_back(&seqs[i]);
+    toks.push_back(mine[i].second);
+  }
+  std::vector<std::vector<float>> all(mine.size());
+  const int64_t V = m.config().vocab_size;
+  for (int s = 0; s <= steps; s++) {
+    auto logits = m.forward(ptrs, toks, be, /*all_logits=*/true);
+    for (size_t i = 0; i < mine.size(); i++) {
+      all[i].insert(all[i].end(), logits[i].begin(), logits[i].end());
+      toks[i] = {argmax(logits[i].data() + logits[i].size() - size_t(V), V)};
+    }
+  }
+  (void)comm;
+  return all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Communicator& comm = Communicator::world();
+  comm.set_timeout(60);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: mpirun -np R ep_matrix MODEL_DIR [TMP_DIR]\n");
+    return 2;
+  }
+  const std::string model_dir = argv[1];
+  const std::string tmp = argc > 2 ? argv[2] : std::filesystem::temp_directory_path().string();
+  const int R = comm.size(), me = comm.rank();
+  int passed = 0, failed = 0;
+  try {
+    const std::string name = std::filesystem::path(model_dir).filename().string();
+    const std::string collapsed_dir = tmp + "/ep_matrix_collapsed_" + name + "_R" + std::to_string(R);
+    if (me == 0) write_collapsed_copy(model_dir, collapsed_dir);
+    comm.barrier();
+
+    for (bool collapsed : {false, true}) {
+      const std::string dir = collapsed ? collapsed_dir : model_dir;
+      ModelConfig cfg = load_model_config(dir);
+      Checkpoint ck(dir);
+      const int E = cfg.routing.num_experts;
+      Placement ref_place = Placement::make_default(E, 1, 0);
+      Model ref(cfg, ck, ref_place, 0);
+      auto local = make_local_backend(ref_place);
+
+      for (bool zero_rank : {false, true}) {
+        // Sequences of varied lengths; with zero_rank, rank R-1 gets none (R >= 2).
+        const int nseq = zero_rank ? std::max(1, R - 1) : 2 * R + 1;
+        std::mt19937 rng(1234 + unsigned(nseq));
+        std::vector<std::pair<uint64_t, std::vector<int32_t>>> mine;
+        for (int i = 0; i < nseq; i++) {
+          std::vector<int32_t> p(size_t(1 + (i * 7) % 23));
+          for (auto& t : p) t = int32_t(rng() % unsigned(cfg.vocab_size));
+          if (i % R == me) mine.push_back({uint64_t(i), p});
+        }
+        auto want = run(ref, *local, comm, mine, 3);
+
+        for (int redundant : {0, 2, 5}) {
+          if (redundant > E) continue;
+          Placement place = Placement::make_default(E, R, redundant);
+          Model m(cfg, ck, place, me);
+          for (const std::string& backend : backend_names())
+            for (CombineMode mode : {CombineMode::Deterministic, CombineMode::Fast}) {
+              BackendOptions opt;
+              opt.combine = mode;
+              opt.max_dispatch_tokens_per_rank = 4;  // below the tokens per rank: overflow rounds
+              opt.chunk_tokens = 5;
+              auto be = make_backend(backend, comm, place, opt);
+              auto got = run(m, *be, comm, mine, 3);
+              float maxdiff = 0.f;
+              bool identical = true;
+              for (size_t i = 0; i < got.size(); i++) {
+                if (got[i].size() != want[i].size()) {
+                  identical = false;
+                  maxdiff = INFINITY;
+                  continue;
+                }
+                identical &= std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)) == 0;
+                for (size_t j = 0; j < got[i].size(); j++) maxdiff = std::max(maxdiff, std::fabs(got[i][j] - want[i][j]));
+              }
+              const bool ok_here = mode == CombineMode::Deterministic ? identical : maxdiff <= 1e-5f;
+              const int64_t bad = comm.allreduce_sum(ok_here ? 0 : 1);
+              // max diff over ranks, as fixed-point nanos for an integer all-reduce
+              const double worst = double(comm.allreduce_max(int64_t(std::min(1e9f, maxdiff * 1e9f)))) * 1e-9;
+              const int64_t any_diff = comm.allreduce_max(identical ? 0 : 1);
+              if (me == 0)
+                std::printf("%-4s %s R=%d %-10s %-13s redundant=%d routing=%-9s ranks=%-11s max|diff|=%.3g %s\n",
+                            bad ? "FAIL" : "ok", name.c_str(), R, backend.c_str(),
+                            mode == CombineMode::Deterministic ? "deterministic" : "fast", redundant,
+                            collapsed ? "collapsed" : "model", zero_rank ? "one-idle" : "all-busy", worst,
+                            any_diff ? "" : "(bit-identical)");
+              (bad ? failed : passed)++;
+            }
+        }
+      }
+    }
+  } catch (const Error& e) {
+    comm.abort_group(e.what(), e.exit_code());
+  }
+  if (me == 0) std::printf("%d passed, %d failed\n", passed, failed);
+  Communicator::finalize();
+  return failed ? 1 : 0;
+}
