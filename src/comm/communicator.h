@@ -65,6 +65,11 @@ class Communicator {
   // Any rank's flag true -> true everywhere.
   bool any(bool v) { return allreduce_max(v ? 1 : 0) != 0; }
 
+  // Bytes this rank has sent to other ranks so far (payload of every operation, self excluded);
+  // benchmarks read it to report what a backend moves.
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  void add_bytes_sent(uint64_t n) { bytes_sent_ += n; }  // for one-sided puts made outside this class
+
   // Reports a fatal error of this rank to the group and terminates every process of it.
   [[noreturn]] void abort_group(const std::string& message, int exit_code);
 
@@ -79,6 +84,8 @@ class Communicator {
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
   bool mpi_ = false;
+  uint64_t bytes_sent_ = 0;
+  uint64_t others(const std::vector<size_t>& per_peer) const;
 };
 
 }  // namespace epmoe

@@ -5,7 +5,7 @@
 namespace epmoe {
 
 void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
-                             CombineMode mode, int64_t t0, int64_t t1, float* y) {
+                             CombineMode mode, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y) {
   const int R = comm.size(), me = comm.rank();
   const RecordLayout L{in.H, in.K};
   DispatchPlan plan = DispatchPlan::dedup(in, p, t0, t1);
@@ -20,17 +20,19 @@ void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTo
     send_total += send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.record_bytes();
     recv_total += recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.record_bytes();
   }
-  std::vector<char> send(send_total), recv(recv_total);
+  buf.send.resize(send_total);
+  buf.recv.resize(recv_total);
   for (int d = 0, off = 0; d < R; off += int(send_b[size_t(d)]), d++)
-    pack_records(in, p, plan.to[size_t(d)], d, me, L, send.data() + off);
-  comm.alltoallv(send.data(), send_b, recv.data(), recv_b);
+    pack_records(in, p, plan.to[size_t(d)], d, me, L, buf.send.data() + off);
+  comm.alltoallv(buf.send.data(), send_b, buf.recv.data(), recv_b);
 
-  Answers a = serve_by_source(recv.data(), recv_n, L, expert, mode);
+  thread_local Answers a;
+  serve_by_source(buf.recv.data(), recv_n, L, expert, mode, a);
   std::vector<size_t> back_b(static_cast<size_t>(R));
   for (int d = 0; d < R; d++) back_b[size_t(d)] = plan.answers_from(d, in, p, mode) * L.answer_bytes();
-  std::vector<float> back(total_bytes(back_b) / sizeof(float));
-  comm.alltoallv(a.rows.data(), a.bytes_to, back.data(), back_b);
-  combine_answers(in, p, plan, split_by_rank(back.data(), back_b), mode, t0, t1, y);
+  buf.back.resize(total_bytes(back_b) / sizeof(float));
+  comm.alltoallv(a.rows.data(), a.bytes_to, buf.back.data(), back_b);
+  combine_answers(in, p, plan, split_by_rank(buf.back.data(), back_b), mode, t0, t1, y);
 }
 
 namespace {
@@ -40,13 +42,14 @@ class AllToAllBackend : public A2ABackend {
   AllToAllBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
   std::string name() const override { return "alltoall"; }
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
-    exchange_dedup_blocking(comm_, p_, in, expert, opt_.combine, 0, in.T, y);
+    exchange_dedup_blocking(comm_, p_, in, expert, opt_.combine, 0, in.T, buf_, y);
   }
 
  private:
   Communicator& comm_;
   const Placement& p_;
   BackendOptions opt_;
+  ExchangeBuffers buf_;
 };
 
 }  // namespace

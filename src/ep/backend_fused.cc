@@ -29,7 +29,9 @@ class FusedBackend : public A2ABackend {
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
     const int64_t C = opt_.chunk_tokens;
     const int64_t n = comm_.allreduce_max((in.T + C - 1) / C);
-    std::vector<Chunk> chunks(static_cast<size_t>(n));
+    // Chunk state (and its buffers) persists across layers: grow-only, like the other backends.
+    if (chunks_.size() < size_t(n)) chunks_.resize(size_t(n));
+    auto& chunks = chunks_;
     for (int64_t c = 0; c < n; c++) {
       chunks[size_t(c)].t0 = std::min(in.T, c * C);
       chunks[size_t(c)].t1 = std::min(in.T, (c + 1) * C);
@@ -71,7 +73,7 @@ class FusedBackend : public A2ABackend {
     const int R = comm_.size();
     const RecordLayout L{in.H, in.K};
     comm_.wait(*ch.dispatch, "fused dispatch");
-    ch.answers = serve_by_source(ch.recv.data(), ch.recv_n, L, expert, opt_.combine);
+    serve_by_source(ch.recv.data(), ch.recv_n, L, expert, opt_.combine, ch.answers);
     ch.back_b.resize(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) ch.back_b[size_t(d)] = ch.plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
     ch.back.resize(total_bytes(ch.back_b) / sizeof(float));
@@ -81,12 +83,12 @@ class FusedBackend : public A2ABackend {
   void finish(const MoeTokens& in, Chunk& ch, float* y) {
     comm_.wait(*ch.combine, "fused combine");
     combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, ch.t0, ch.t1, y);
-    ch = Chunk{};  // release the chunk's buffers
   }
 
   Communicator& comm_;
   const Placement& p_;
   BackendOptions opt_;
+  std::vector<Chunk> chunks_;
 };
 
 }  // namespace

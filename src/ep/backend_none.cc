@@ -19,8 +19,12 @@ class NoneBackend : public A2ABackend {
     comm_.allgather(&in.T, sizeof(int64_t), T.data());
     int64_t total = 0;
     for (int64_t t : T) total += t;
-    std::vector<float> x(size_t(total * in.H)), w(size_t(total * in.K));
-    std::vector<int32_t> phys(size_t(total * in.K));
+    auto& x = x_;
+    auto& w = w_;
+    auto& phys = phys_;
+    x.resize(size_t(total * in.H));
+    w.resize(size_t(total * in.K));
+    phys.resize(size_t(total * in.K));
     std::vector<size_t> xb(static_cast<size_t>(R)), kb(static_cast<size_t>(R));
     for (int r = 0; r < R; r++) {
       xb[size_t(r)] = size_t(T[size_t(r)]) * size_t(in.H) * sizeof(float);
@@ -32,7 +36,8 @@ class NoneBackend : public A2ABackend {
 
     // Every rank now sees every token; serve the slots this rank owns, source by source.
     std::vector<int64_t> records_from(static_cast<size_t>(R));
-    std::vector<char> records;
+    auto& records = records_;
+    records.clear();
     int64_t base = 0;
     for (int s = 0; s < R; s++) {
       MoeTokens view{T[size_t(s)], in.H, in.K, x.data() + base * in.H, phys.data() + base * in.K, w.data() + base * in.K};
@@ -43,12 +48,14 @@ class NoneBackend : public A2ABackend {
       pack_records(view, p_, mine, me, s, L, records.data() + off);
       base += T[size_t(s)];
     }
-    Answers a = serve_by_source(records.data(), records_from, L, expert, opt_.combine);
+    serve_by_source(records.data(), records_from, L, expert, opt_.combine, answers_);
+    const Answers& a = answers_;
 
     DispatchPlan plan = DispatchPlan::dedup(in, p_, 0, in.T);
     std::vector<size_t> back_b(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) back_b[size_t(d)] = plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
-    std::vector<float> back(total_bytes(back_b) / sizeof(float));
+    auto& back = back_;
+    back.resize(total_bytes(back_b) / sizeof(float));
     comm_.alltoallv(a.rows.data(), a.bytes_to, back.data(), back_b);
     combine_answers(in, p_, plan, split_by_rank(back.data(), back_b), opt_.combine, 0, in.T, y);
   }
@@ -57,6 +64,11 @@ class NoneBackend : public A2ABackend {
   Communicator& comm_;
   const Placement& p_;
   BackendOptions opt_;
+  Answers answers_;
+  // Grow-only buffers reused by every layer (fresh pages are costly to fault in).
+  std::vector<float> x_, w_, back_;
+  std::vector<int32_t> phys_;
+  std::vector<char> records_;
 };
 
 }  // namespace

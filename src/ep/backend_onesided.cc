@@ -69,6 +69,7 @@ class OneSidedBackend : public A2ABackend {
       if (recs.empty()) continue;
       packed[size_t(d)].resize(recs.size() * L.record_bytes());
       pack_records(in, p_, recs, d, me, L, packed[size_t(d)].data());
+      if (d != me) comm_.add_bytes_sent(packed[size_t(d)].size());
       MPI_Put(packed[size_t(d)].data(), int(packed[size_t(d)].size()), MPI_BYTE, d,
               MPI_Aint(size_t(base[size_t(d)]) * L.record_bytes()), int(packed[size_t(d)].size()), MPI_BYTE,
               requests_.win);
@@ -86,6 +87,7 @@ class OneSidedBackend : public A2ABackend {
     for (int64_t i = 0; i < received; i++) {
       RecordView r = record_at(recs, size_t(i), L);
       auto put_row = [&](size_t row) {
+        if (r.src() != me) comm_.add_bytes_sent(L.answer_bytes());
         MPI_Put(a, L.H, MPI_FLOAT, r.src(), MPI_Aint(row * size_t(L.H)), L.H, MPI_FLOAT, answers_.win);
         a += L.H;
       };

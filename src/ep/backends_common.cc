@@ -18,11 +18,11 @@ std::vector<const float*> split_by_rank(const float* base, const std::vector<siz
   return out;
 }
 
-Answers serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
-                        const ExpertFn& expert, CombineMode mode) {
+void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
+                     const ExpertFn& expert, CombineMode mode, Answers& a) {
   size_t n = 0;
   for (int64_t c : records_from) n += size_t(c);
-  Answers a;
+  a.bytes_to.clear();
   a.rows.resize(count_answers(records, n, L, mode) * size_t(L.H));
   serve_records(records, n, L, expert, mode, a.rows.data());
   const char* r = records;
@@ -30,7 +30,6 @@ Answers serve_by_source(const char* records, const std::vector<int64_t>& records
     a.bytes_to.push_back(count_answers(r, size_t(c), L, mode) * L.answer_bytes());
     r += size_t(c) * L.record_bytes();
   }
-  return a;
 }
 
 }  // namespace epmoe

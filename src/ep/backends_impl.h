@@ -10,13 +10,19 @@
 
 namespace epmoe {
 
+// Buffers of one exchange, kept by a backend across layers (grow-only: fresh pages are costly).
+struct ExchangeBuffers {
+  std::vector<char> send, recv;
+  std::vector<float> back;
+};
+
 // Answers to records received from each source rank (records packed in rank order).
 struct Answers {
   std::vector<float> rows;       // all answers, in record order
   std::vector<size_t> bytes_to;  // answer bytes going back to each source rank
 };
-Answers serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
-                        const ExpertFn& expert, CombineMode mode);
+void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
+                     const ExpertFn& expert, CombineMode mode, Answers& out);
 
 size_t total_bytes(const std::vector<size_t>& b);
 // Pointers to each rank's part of a buffer packed in rank order.
@@ -25,7 +31,7 @@ std::vector<const float*> split_by_rank(const float* base, const std::vector<siz
 // Dedup dispatch + combine of tokens [t0, t1) with blocking collectives (alltoall backend; also
 // the body of every round of the others' simplest paths).
 void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
-                             CombineMode mode, int64_t t0, int64_t t1, float* y);
+                             CombineMode mode, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y);
 
 std::unique_ptr<A2ABackend> make_none_backend(Communicator& c, const Placement& p, const BackendOptions& o);
 std::unique_ptr<A2ABackend> make_alltoall_backend(Communicator& c, const Placement& p, const BackendOptions& o);

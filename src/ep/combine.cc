@@ -23,7 +23,7 @@ void run_experts_grouped(int64_t n, int H, const float* in, const int32_t* exper
                          const ExpertFn& expert, float* out) {
   std::map<int32_t, std::vector<int64_t>> by_expert;
   for (int64_t i = 0; i < n; i++) by_expert[expert_of[i]].push_back(i);
-  std::vector<float> xin, xout;
+  thread_local std::vector<float> xin, xout;  // grow-only scratch
   for (auto& [e, idx] : by_expert) {
     const int64_t m = int64_t(idx.size());
     xin.resize(static_cast<size_t>(m * H));

@@ -88,8 +88,13 @@ void serve_records(const char* records, size_t n, const RecordLayout& L, const E
   // Gather one input row per served (record, slot), run the experts grouped, then either keep the
   // rows (deterministic) or reduce each record's rows in slot order (fast).
   const size_t rows = count_answers(records, n, L, CombineMode::Deterministic);
-  std::vector<float> xin(rows * size_t(L.H)), out(rows * size_t(L.H));
-  std::vector<int32_t> expert_of(rows);
+  // Grow-only scratch: fresh pages are expensive (page faults, and MPI's single-copy transfers
+  // fault them in one by one), and a layer runs many times with similar sizes.
+  thread_local std::vector<float> xin, out;
+  thread_local std::vector<int32_t> expert_of;
+  xin.resize(rows * size_t(L.H));
+  out.resize(rows * size_t(L.H));
+  expert_of.resize(rows);
   size_t j = 0;
   for (size_t i = 0; i < n; i++) {
     RecordView r = record_at(records, i, L);
@@ -127,8 +132,10 @@ void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan
   const int H = in.H, K = in.K;
   switch (mode) {
     case CombineMode::Deterministic: {
-      std::vector<float> slot_rows(size_t((t1 - t0) * K) * size_t(H));
-      std::vector<char> filled(size_t((t1 - t0) * K), 0);
+      thread_local std::vector<float> slot_rows;
+      thread_local std::vector<char> filled;
+      slot_rows.resize(size_t((t1 - t0) * K) * size_t(H));
+      filled.assign(size_t((t1 - t0) * K), 0);
       for (int d = 0; d < p.ranks; d++) {
         const float* a = answers[size_t(d)];
         for (const Record& r : plan.to[size_t(d)])

@@ -14,11 +14,15 @@ namespace {
 class LocalBackend : public A2ABackend {
  public:
   LocalBackend() = default;
+  std::vector<float> xin_, out_;  // reused across layers
   std::string name() const override { return "local"; }
 
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
     const int64_t rows = in.T * in.K;
-    std::vector<float> xin(static_cast<size_t>(rows * in.H)), out(static_cast<size_t>(rows * in.H));
+    xin_.resize(size_t(rows * in.H));
+    out_.resize(size_t(rows * in.H));
+    auto& xin = xin_;
+    auto& out = out_;
     for (int64_t t = 0; t < in.T; t++)
       for (int k = 0; k < in.K; k++)
         std::copy(in.x + t * in.H, in.x + (t + 1) * in.H, xin.begin() + (t * in.K + k) * in.H);

@@ -76,19 +76,19 @@ Placement Placement::from_file(const std::string& path, int E, int R) {
   std::set<int> used;
   int max_slot = -1;
   for (auto& [key, slots] : j.items()) {
-    int e;
-    try {
-      size_t pos;
-      e = std::stoi(key, &pos);
-      if (pos != key.size()) throw std::invalid_argument(key);
-    } catch (const std::exception&) {
-      throw InputError(path + ": key '" + key + "' is not a logical expert id");
-    }
-    if (e < 0 || e >= E) throw InputError(path + ": logical expert " + key + " outside 0.." + std::to_string(E - 1));
+    // Plain decimal only: std::stoi alone also takes " 1", "+1" and "01", so that "1" and "01"
+    // would silently merge into one expert's slot list.
+    const bool decimal = !key.empty() && key.size() <= 9 && (key.size() == 1 || key[0] != '0') &&
+                         std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (!decimal) throw InputError(path + ": key '" + key + "' is not a logical expert id");
+    const int e = std::stoi(key);
+    if (e >= E) throw InputError(path + ": logical expert " + key + " outside 0.." + std::to_string(E - 1));
     if (!slots.is_array() || slots.empty()) throw InputError(path + ": expert " + key + " needs a non-empty list of physical slots");
     for (auto& s : slots) {
-      if (!s.is_number_integer() || s.get<int>() < 0) throw InputError(path + ": expert " + key + ": slots must be non-negative integers");
-      int slot = s.get<int>();
+      // Range-checked as int64: get<int>() would wrap 4294967296 to slot 0.
+      if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > INT32_MAX)
+        throw InputError(path + ": expert " + key + ": slots must be non-negative integers");
+      const int slot = int(s.get<int64_t>());
       if (!used.insert(slot).second) throw InputError(path + ": physical slot " + std::to_string(slot) + " is assigned twice");
       p.replicas[size_t(e)].push_back(slot);
       max_slot = std::max(max_slot, slot);
@@ -96,7 +96,7 @@ Placement Placement::from_file(const std::string& path, int E, int R) {
   }
   for (int e = 0; e < E; e++)
     if (p.replicas[size_t(e)].empty()) throw InputError(path + ": logical expert " + std::to_string(e) + " has no physical slot");
-  if (int(used.size()) != max_slot + 1)
+  if (int64_t(used.size()) != int64_t(max_slot) + 1)
     throw InputError(path + ": physical slots must be exactly 0.." + std::to_string(used.size() - 1) + " (found gaps)");
   p.logical_of.assign(used.size(), -1);
   for (int e = 0; e < E; e++) {

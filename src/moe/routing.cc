@@ -10,6 +10,7 @@
 namespace epmoe {
 
 void topk_desc(const float* v, int n, int k, int32_t* out) {
+  EPMOE_ASSERT(k >= 0 && k <= n, "topk_desc: k = " + std::to_string(k) + " of n = " + std::to_string(n));
   // Partial selection sort: k is small (<= 16 in practice) and n is at most a few hundred.
   thread_local std::vector<char> taken;
   taken.assign(size_t(n), 0);
@@ -48,6 +49,9 @@ void softmax_topk(const RoutingConfig& c, const float* logits, int64_t T, Routin
 // rest to -inf, take the top-k of what remains.
 void group_limited_select(const RoutingConfig& c, const float* choice, bool sum_of_top2, int32_t* ids) {
   const int E = c.num_experts, G = c.n_group, per = E / G;
+  // Every group kept: nothing is masked. Returning early also keeps a group of one expert (E = 1,
+  // n_group = 1, which the config parser accepts) away from the top-2 below, which needs two.
+  if (c.topk_group >= G) return topk_desc(choice, E, c.top_k, ids);
   thread_local std::vector<float> gscore, masked;
   thread_local std::vector<int32_t> gsel;
   gscore.resize(static_cast<size_t>(G));

@@ -79,7 +79,9 @@ TEST(Placement, MoreRanksThanExpertsLeavesSomeRanksEmpty) {
     int empty = 0;
     for (int r = 0; r < R; r++) {
       empty += p.num_local(r) == 0;
-      if (p.num_local(r) == 0) EXPECT_TRUE(p.logical_owned_by(r).empty());
+      if (p.num_local(r) == 0) {
+        EXPECT_TRUE(p.logical_owned_by(r).empty());
+      }
     }
     EXPECT_EQ(empty, R - 2);
   }
@@ -181,7 +183,15 @@ TEST(Placement, FromFileRejectsInvalidFiles) {
       {"key_word", R"({"0": [0], "one": [1], "2": [2]})", "not a logical expert id"},
       {"key_fraction", R"({"0": [0], "1.5": [1], "2": [2]})", "not a logical expert id"},
       {"key_suffix", R"({"0": [0], "1x": [1], "2": [2]})", "not a logical expert id"},
+      // Integer-looking but not plain decimal: std::stoi would take these, and "01" next to "1"
+      // would merge two entries into one expert.
+      {"key_space", R"({"0": [0], " 1": [1], "2": [2]})", "not a logical expert id"},
+      {"key_plus", R"({"0": [0], "+1": [1], "2": [2]})", "not a logical expert id"},
+      {"key_leading_zero", R"({"0": [0], "1": [1], "01": [3], "2": [2]})", "not a logical expert id"},
+      {"key_negative", R"({"0": [0], "-1": [1], "2": [2]})", "not a logical expert id"},
       {"key_range", R"({"0": [0], "1": [1], "3": [2]})", "outside"},
+      // 2^32 would wrap to slot 0 if read as int, and the file would pass with slot 0 twice over.
+      {"slot_huge", R"({"0": [4294967296], "1": [1], "2": [2]})", "non-negative integers"},
       {"slot_negative", R"({"0": [0], "1": [-1], "2": [2]})", "non-negative integers"},
       {"slot_float", R"({"0": [0], "1": [1.5], "2": [2]})", "non-negative integers"},
       {"slot_string", R"({"0": [0], "1": ["1"], "2": [2]})", "non-negative integers"},

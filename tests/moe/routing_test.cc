@@ -46,6 +46,7 @@ std::vector<float> ref_softmax(const float* x, int n) {
 // Keeps the experts of the topk_group best groups, everything else -inf (never 0: a dropped
 // expert must lose even against negative biased scores).
 std::vector<float> ref_group_mask(const std::vector<float>& choice, int n_group, int topk_group, bool sum_of_top2) {
+  if (topk_group >= n_group) return choice;  // all kept (and a group of one has no "best two")
   const int per = int(choice.size()) / n_group;
   std::vector<float> gscore;
   for (int g = 0; g < n_group; g++) {
@@ -367,6 +368,25 @@ TEST(Routing, DroppedGroupsMaskedToMinusInfinity) {
   EXPECT_NEAR(r.weights[0], 1.25, 1e-6);
   EXPECT_NEAR(r.weights[1], 1.25, 1e-6);
   expect_matches_reference(c, logits, 1, bias.data());
+}
+
+// One expert, one group: every strategy picks it. The DeepSeek-V3 group score (sum of the best
+// two) does not exist for a group of one; the config parser accepts E = 1 with n_group = 1, and
+// route() once read and wrote outside its buffers here.
+TEST(Routing, SingleExpert) {
+  const float logit = 0.3f;
+  for (RoutingKind kind : {RoutingKind::SoftmaxTopK, RoutingKind::SigmoidGroupLimited, RoutingKind::SoftmaxGroupLimited}) {
+    const RoutingConfig c = grouped_config(kind, 1, 1, 1, 1, false, 2.0f);
+    const Routing r = route(c, &logit, 1, nullptr);
+    EXPECT_EQ(r.ids, std::vector<int32_t>{0});
+    expect_matches_reference(c, {logit}, 1, nullptr);
+  }
+}
+
+TEST(Routing, TopkDescRejectsKAboveN) {
+  const float v[2] = {1.f, 2.f};
+  int32_t out[3];
+  EXPECT_ANY_THROW(topk_desc(v, 2, 3, out));
 }
 
 // Weights come from the unbiased sigmoid even though the bias decides the choice.
