@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
       std::vector<size_t> per(static_cast<size_t>(R), R > 1 ? size_t(max_bytes) / size_t(R - 1) : 0);
       per[size_t(me)] = 0;
       std::vector<char> sb(std::max<size_t>(1, size_t(max_bytes))), rb(sb.size());
-      double raw = time_collective(comm, iters, [&] { comm.alltoallv(sb.data(), per, rb.data(), per); });
+      double raw = time_collective(comm, iters, [&] { comm.all_to_all_v(sb.data(), per, rb.data(), per); });
       if (me == 0)
         std::printf("%-10s %8lld %12.3f %14.2f %12.3f %8.2f\n", name.c_str(), (long long)T, t * 1e3,
                     double(max_bytes) / 1e6, raw * 1e3, raw > 0 ? t / raw : 0.0);

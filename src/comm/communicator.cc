@@ -150,21 +150,21 @@ void Communicator::allgatherv(const void* send, size_t bytes, void* recv, const 
   wait(&r, "allgatherv");
 }
 
-void Communicator::alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                              const std::vector<size_t>& recv_bytes) {
   if (!mpi_) {
     std::memcpy(recv, send, send_bytes[0]);
     return;
   }
   bytes_sent_ += others(send_bytes);
-  auto sc = to_int_counts(send_bytes, "alltoallv"), rc = to_int_counts(recv_bytes, "alltoallv");
+  auto sc = to_int_counts(send_bytes, "all-to-all-v"), rc = to_int_counts(recv_bytes, "all-to-all-v");
   auto sd = displs_of(sc), rd = displs_of(rc);
   MPI_Request r;
   MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD, &r);
-  wait(&r, "alltoallv");
+  wait(&r, "all-to-all-v");
 }
 
-void Communicator::alltoallv(const void* send, const std::vector<size_t>& send_bytes,
+void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
                              const std::vector<size_t>& send_displs, void* recv, const std::vector<size_t>& recv_bytes,
                              const std::vector<size_t>& recv_displs) {
   if (!mpi_) {
@@ -172,14 +172,14 @@ void Communicator::alltoallv(const void* send, const std::vector<size_t>& send_b
     return;
   }
   bytes_sent_ += others(send_bytes);
-  auto sc = to_int_counts(send_bytes, "alltoallv"), rc = to_int_counts(recv_bytes, "alltoallv");
-  auto sd = to_int_displs(send_displs, "alltoallv"), rd = to_int_displs(recv_displs, "alltoallv");
+  auto sc = to_int_counts(send_bytes, "all-to-all-v"), rc = to_int_counts(recv_bytes, "all-to-all-v");
+  auto sd = to_int_displs(send_displs, "all-to-all-v"), rd = to_int_displs(recv_displs, "all-to-all-v");
   MPI_Request r;
   MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD, &r);
-  wait(&r, "alltoallv");
+  wait(&r, "all-to-all-v");
 }
 
-std::unique_ptr<PendingOp> Communicator::ialltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+std::unique_ptr<PendingOp> Communicator::all_to_all_v_async(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                                                     const std::vector<size_t>& recv_bytes) {
   auto op = std::make_unique<PendingOp>();
   if (!mpi_) {
@@ -187,8 +187,8 @@ std::unique_ptr<PendingOp> Communicator::ialltoallv(const void* send, const std:
     return op;
   }
   bytes_sent_ += others(send_bytes);
-  op->sc_ = to_int_counts(send_bytes, "ialltoallv");
-  op->rc_ = to_int_counts(recv_bytes, "ialltoallv");
+  op->sc_ = to_int_counts(send_bytes, "all-to-all-v");
+  op->rc_ = to_int_counts(recv_bytes, "all-to-all-v");
   op->sd_ = displs_of(op->sc_);
   op->rd_ = displs_of(op->rc_);
   MPI_Ialltoallv(send, op->sc_.data(), op->sd_.data(), MPI_BYTE, recv, op->rc_.data(), op->rd_.data(), MPI_BYTE,
@@ -203,7 +203,7 @@ void Communicator::wait(PendingOp& op, const char* what) {
   op.active_ = false;
 }
 
-void Communicator::alltoall(const void* send, size_t bytes, void* recv) {
+void Communicator::all_to_all(const void* send, size_t bytes, void* recv) {
   if (!mpi_) {
     std::memcpy(recv, send, bytes);
     return;
@@ -211,7 +211,7 @@ void Communicator::alltoall(const void* send, size_t bytes, void* recv) {
   bytes_sent_ += uint64_t(bytes) * uint64_t(size_ - 1);
   MPI_Request r;
   MPI_Ialltoall(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, MPI_COMM_WORLD, &r);
-  wait(&r, "alltoall");
+  wait(&r, "all-to-all");
 }
 
 int64_t Communicator::allreduce_max(int64_t v) {

@@ -49,17 +49,17 @@ class Communicator {
   // Variable sizes: recv_bytes[r] from rank r, packed in rank order into recv.
   void allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
   // Byte counts per peer; displacements are the packed prefix sums.
-  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                  const std::vector<size_t>& recv_bytes);
   // As above with explicit byte displacements (fixed per-peer regions of a preallocated buffer).
-  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_displs,
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_displs,
                  void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_displs);
   // Non-blocking alltoallv (packed); complete it with wait(). Buffers must stay alive until then.
-  std::unique_ptr<PendingOp> ialltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+  std::unique_ptr<PendingOp> all_to_all_v_async(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                                         const std::vector<size_t>& recv_bytes);
   void wait(PendingOp& op, const char* what);
   // Fixed block of `bytes` to each peer.
-  void alltoall(const void* send, size_t bytes, void* recv);
+  void all_to_all(const void* send, size_t bytes, void* recv);
   int64_t allreduce_max(int64_t v);
   int64_t allreduce_sum(int64_t v);
   // Any rank's flag true -> true everywhere.

@@ -12,7 +12,7 @@ void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTo
 
   std::vector<int64_t> send_n(static_cast<size_t>(R)), recv_n(static_cast<size_t>(R));
   for (int d = 0; d < R; d++) send_n[size_t(d)] = int64_t(plan.to[size_t(d)].size());
-  comm.alltoall(send_n.data(), sizeof(int64_t), recv_n.data());
+  comm.all_to_all(send_n.data(), sizeof(int64_t), recv_n.data());
 
   std::vector<size_t> send_b(static_cast<size_t>(R)), recv_b(static_cast<size_t>(R));
   size_t send_total = 0, recv_total = 0;
@@ -24,14 +24,14 @@ void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTo
   buf.recv.resize(recv_total);
   for (int d = 0, off = 0; d < R; off += int(send_b[size_t(d)]), d++)
     pack_records(in, p, plan.to[size_t(d)], d, me, L, buf.send.data() + off);
-  comm.alltoallv(buf.send.data(), send_b, buf.recv.data(), recv_b);
+  comm.all_to_all_v(buf.send.data(), send_b, buf.recv.data(), recv_b);
 
   thread_local Answers a;
   serve_by_source(buf.recv.data(), recv_n, L, expert, mode, a);
   std::vector<size_t> back_b(static_cast<size_t>(R));
   for (int d = 0; d < R; d++) back_b[size_t(d)] = plan.answers_from(d, in, p, mode) * L.answer_bytes();
   buf.back.resize(total_bytes(back_b) / sizeof(float));
-  comm.alltoallv(a.rows.data(), a.bytes_to, buf.back.data(), back_b);
+  comm.all_to_all_v(a.rows.data(), a.bytes_to, buf.back.data(), back_b);
   combine_answers(in, p, plan, split_by_rank(buf.back.data(), back_b), mode, t0, t1, y);
 }
 
@@ -40,7 +40,7 @@ namespace {
 class AllToAllBackend : public A2ABackend {
  public:
   AllToAllBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
-  std::string name() const override { return "alltoall"; }
+  std::string name() const override { return "all-to-all"; }
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
     exchange_dedup_blocking(comm_, p_, in, expert, opt_.combine, 0, in.T, buf_, y);
   }

@@ -53,7 +53,7 @@ class FusedBackend : public A2ABackend {
     std::vector<int64_t> send_n(static_cast<size_t>(R));
     ch.recv_n.assign(size_t(R), 0);
     for (int d = 0; d < R; d++) send_n[size_t(d)] = int64_t(ch.plan.to[size_t(d)].size());
-    comm_.alltoall(send_n.data(), sizeof(int64_t), ch.recv_n.data());  // small, blocking
+    comm_.all_to_all(send_n.data(), sizeof(int64_t), ch.recv_n.data());  // small, blocking
     std::vector<size_t> send_b(static_cast<size_t>(R)), recv_b(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) {
       send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.record_bytes();
@@ -66,7 +66,7 @@ class FusedBackend : public A2ABackend {
       pack_records(in, p_, ch.plan.to[size_t(d)], d, comm_.rank(), L, ch.send.data() + off);
       off += send_b[size_t(d)];
     }
-    ch.dispatch = comm_.ialltoallv(ch.send.data(), send_b, ch.recv.data(), recv_b);
+    ch.dispatch = comm_.all_to_all_v_async(ch.send.data(), send_b, ch.recv.data(), recv_b);
   }
 
   void serve_and_post_answers(const MoeTokens& in, const ExpertFn& expert, Chunk& ch) {
@@ -77,7 +77,7 @@ class FusedBackend : public A2ABackend {
     ch.back_b.resize(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) ch.back_b[size_t(d)] = ch.plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
     ch.back.resize(total_bytes(ch.back_b) / sizeof(float));
-    ch.combine = comm_.ialltoallv(ch.answers.rows.data(), ch.answers.bytes_to, ch.back.data(), ch.back_b);
+    ch.combine = comm_.all_to_all_v_async(ch.answers.rows.data(), ch.answers.bytes_to, ch.back.data(), ch.back_b);
   }
 
   void finish(const MoeTokens& in, Chunk& ch, float* y) {

@@ -41,9 +41,9 @@ class LowLatencyBackend : public A2ABackend {
         send_b[size_t(d)] = recs.size() * L.record_bytes();
         pack_records(in, p_, recs, d, me, L, send_.data() + rec_displ[size_t(d)]);
       }
-      comm_.alltoall(send_n.data(), sizeof(int64_t), recv_n.data());
+      comm_.all_to_all(send_n.data(), sizeof(int64_t), recv_n.data());
       for (int d = 0; d < R; d++) recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.record_bytes();
-      comm_.alltoallv(send_.data(), send_b, rec_displ, recv_.data(), recv_b, rec_displ);
+      comm_.all_to_all_v(send_.data(), send_b, rec_displ, recv_.data(), recv_b, rec_displ);
 
       // Serve each source's region; answers go to the same fixed region index.
       std::vector<size_t> ans_send_b(static_cast<size_t>(R)), ans_recv_b(static_cast<size_t>(R));
@@ -54,7 +54,7 @@ class LowLatencyBackend : public A2ABackend {
         serve_records(recs, n, L, expert, opt_.combine, answers_out_.data() + ans_displ[size_t(s)] / sizeof(float));
       }
       for (int d = 0; d < R; d++) ans_recv_b[size_t(d)] = plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
-      comm_.alltoallv(answers_out_.data(), ans_send_b, ans_displ, answers_in_.data(), ans_recv_b, ans_displ);
+      comm_.all_to_all_v(answers_out_.data(), ans_send_b, ans_displ, answers_in_.data(), ans_recv_b, ans_displ);
       std::vector<const float*> from(static_cast<size_t>(R));
       for (int d = 0; d < R; d++) from[size_t(d)] = answers_in_.data() + ans_displ[size_t(d)] / sizeof(float);
       combine_answers(in, p_, plan, from, opt_.combine, t0, t1, y);

@@ -56,7 +56,7 @@ class NoneBackend : public A2ABackend {
     for (int d = 0; d < R; d++) back_b[size_t(d)] = plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
     auto& back = back_;
     back.resize(total_bytes(back_b) / sizeof(float));
-    comm_.alltoallv(a.rows.data(), a.bytes_to, back.data(), back_b);
+    comm_.all_to_all_v(a.rows.data(), a.bytes_to, back.data(), back_b);
     combine_answers(in, p_, plan, split_by_rank(back.data(), back_b), opt_.combine, 0, in.T, y);
   }
 
