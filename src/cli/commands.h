@@ -16,5 +16,6 @@ struct Command {
 Command register_info(CLI::App& app);
 Command register_score(CLI::App& app);
 Command register_generate(CLI::App& app);
+Command register_tokenize(CLI::App& app);
 
 }  // namespace epmoe

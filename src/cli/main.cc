@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
       "epmoe: Mixture-of-Experts inference from Hugging Face checkpoints, with expert parallelism over MPI.\n"
       "Run several ranks with: mpirun -np R epmoe <command> ... --moe-a2a-backend NAME"};
   app.require_subcommand(1);
-  const std::vector<Command> commands = {register_info(app), register_score(app), register_generate(app)};
+  const std::vector<Command> commands = {register_info(app), register_score(app), register_generate(app),
+                                         register_tokenize(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

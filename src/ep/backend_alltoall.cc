@@ -40,7 +40,7 @@ namespace {
 class AllToAllBackend : public A2ABackend {
  public:
   AllToAllBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
-  std::string name() const override { return "all-to-all"; }
+  std::string name() const override { return "alltoall"; }
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
     exchange_dedup_blocking(comm_, p_, in, expert, opt_.combine, 0, in.T, buf_, y);
   }
