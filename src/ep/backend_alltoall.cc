@@ -32,7 +32,7 @@ void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTo
   for (int d = 0; d < R; d++) back_b[size_t(d)] = plan.answers_from(d, in, p, mode) * L.answer_bytes();
   buf.back.resize(total_bytes(back_b) / sizeof(float));
   comm.all_to_all_v(a.rows.data(), a.bytes_to, buf.back.data(), back_b);
-  combine_answers(in, p, plan, split_by_rank(buf.back.data(), back_b), mode, t0, t1, y);
+  combine_answers(in, p, plan, split_by_rank(buf.back.data(), back_b), mode, me, t0, t1, y);
 }
 
 namespace {

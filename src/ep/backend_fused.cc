@@ -82,7 +82,7 @@ class FusedBackend : public A2ABackend {
 
   void finish(const MoeTokens& in, Chunk& ch, float* y) {
     comm_.wait(*ch.combine, "fused combine");
-    combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, ch.t0, ch.t1, y);
+    combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, comm_.rank(), ch.t0, ch.t1, y);
   }
 
   Communicator& comm_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ep/backends_impl.h"
+#include "ep/fault.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -21,7 +22,12 @@ class LowLatencyBackend : public A2ABackend {
     const int64_t C = opt_.max_dispatch_tokens_per_rank;
     const RecordLayout L{in.H, in.K};
     allocate_once(L, R, C);
-    const int64_t rounds = comm_.allreduce_max((in.T + C - 1) / C);
+    int64_t rounds = comm_.allreduce_max((in.T + C - 1) / C);
+    if (injected_fault() == Fault::DropOverflow && rounds > 1) {
+      // The bug class: one round only; tokens beyond the capacity silently get no expert output.
+      rounds = 1;
+      if (in.T > C) std::fill(y + C * in.H, y + in.T * in.H, 0.0f);
+    }
     const size_t region_rec = size_t(C) * size_t(in.K) * L.record_bytes();
     const size_t region_ans = size_t(C) * size_t(in.K) * L.answer_bytes();
     std::vector<size_t> rec_displ(static_cast<size_t>(R)), ans_displ(static_cast<size_t>(R));
@@ -57,7 +63,7 @@ class LowLatencyBackend : public A2ABackend {
       comm_.all_to_all_v(answers_out_.data(), ans_send_b, ans_displ, answers_in_.data(), ans_recv_b, ans_displ);
       std::vector<const float*> from(static_cast<size_t>(R));
       for (int d = 0; d < R; d++) from[size_t(d)] = answers_in_.data() + ans_displ[size_t(d)] / sizeof(float);
-      combine_answers(in, p_, plan, from, opt_.combine, t0, t1, y);
+      combine_answers(in, p_, plan, from, opt_.combine, me, t0, t1, y);
     }
   }
 

@@ -57,7 +57,7 @@ class NoneBackend : public A2ABackend {
     auto& back = back_;
     back.resize(total_bytes(back_b) / sizeof(float));
     comm_.all_to_all_v(a.rows.data(), a.bytes_to, back.data(), back_b);
-    combine_answers(in, p_, plan, split_by_rank(back.data(), back_b), opt_.combine, 0, in.T, y);
+    combine_answers(in, p_, plan, split_by_rank(back.data(), back_b), opt_.combine, me, 0, in.T, y);
   }
 
  private:

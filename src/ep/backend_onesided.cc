@@ -12,7 +12,6 @@
 #include <cstring>
 
 #include "ep/backends_impl.h"
-#include "ep/combine.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -102,18 +101,17 @@ class OneSidedBackend : public A2ABackend {
     fence(answers_, "onesided combine");
 
     // 4. Combine at home.
-    const float* home = static_cast<const float*>(answers_.base);
+    float* home = static_cast<float*>(answers_.base);
     switch (opt_.combine) {
-      case CombineMode::Deterministic: combine_slots(in.T, L.H, L.K, in.weights, home, y); break;
+      case CombineMode::Deterministic: finish_slots(in, p_, me, 0, in.T, home, y); break;
       case CombineMode::Fast: {
         // Partials of rank d sit at rows t*R + d; add them in rank order, as combine_answers does.
         std::fill(y, y + in.T * L.H, 0.0f);
         for (int d = 0; d < R; d++)
-          for (const Record& rec : plan.to[size_t(d)]) {
-            const float* part = home + (size_t(rec.token) * size_t(R) + size_t(d)) * size_t(L.H);
-            float* yt = y + int64_t(rec.token) * L.H;
-            for (int h = 0; h < L.H; h++) yt[h] += part[h];
-          }
+          for (const Record& rec : plan.to[size_t(d)])
+            add_partial(in, me, d, rec.token, 0, in.T,
+                        home + (size_t(rec.token) * size_t(R) + size_t(d)) * size_t(L.H), y);
+        finish_partials(in, p_, 0, in.T, y);
         break;
       }
     }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ep/combine.h"
+#include "ep/fault.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -66,7 +67,7 @@ void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Rec
     float* w = reinterpret_cast<float*>(phys + L.K);
     for (int k = 0; k < L.K; k++) {
       phys[k] = serves(in, p, r, d, k) ? in.physical[r.token * in.K + k] : -1;
-      w[k] = in.weights[r.token * in.K + k];
+      w[k] = packed_weight(in, p, r.token, k);
     }
     std::memcpy(meta + L.meta_words(), in.x + int64_t(r.token) * L.H, L.answer_bytes());
     out += L.record_bytes();
@@ -127,8 +128,61 @@ void serve_records(const char* records, size_t n, const RecordLayout& L, const E
   }
 }
 
+float packed_weight(const MoeTokens& in, const Placement& p, int64_t t, int k) {
+  const float w = in.weights[t * in.K + k];
+  if (injected_fault() != Fault::ReplicaPerRank) return w;
+  // Every replica serves the slot and every answer is summed: the slot counts once per replica.
+  return w * float(p.replicas[size_t(p.logical_of[size_t(in.physical[t * in.K + k])])].size());
+}
+
+void finish_slots(const MoeTokens& in, const Placement& p, int me, int64_t t0, int64_t t1, float* slot_rows, float* y) {
+  const int H = in.H, K = in.K;
+  const int64_t n = t1 - t0;
+  const Fault fault = injected_fault();
+  const float* weights = in.weights + t0 * K;
+  thread_local std::vector<float> faulty_w, moved;
+  if (fault != Fault::None) {
+    faulty_w.resize(size_t(n * K));
+    for (int64_t t = 0; t < n; t++)
+      for (int k = 0; k < K; k++) faulty_w[size_t(t * K + k)] = packed_weight(in, p, t0 + t, k);
+    weights = faulty_w.data();
+    if (fault == Fault::SkipReduce || fault == Fault::WrongCombineIds) {
+      // Rows served by another rank: dropped, or written one token further on.
+      moved.assign(size_t(n * K) * size_t(H), 0.0f);
+      for (int64_t t = 0; t < n; t++)
+        for (int k = 0; k < K; k++) {
+          const bool remote = p.owner(in.physical[(t0 + t) * K + k]) != me;
+          int64_t dst = t;
+          if (remote && fault == Fault::SkipReduce) continue;
+          if (remote && fault == Fault::WrongCombineIds) dst = (t + 1) % n;
+          std::memcpy(&moved[size_t((dst * K + k) * H)], &slot_rows[size_t((t * K + k) * H)], sizeof(float) * size_t(H));
+        }
+      std::memcpy(slot_rows, moved.data(), moved.size() * sizeof(float));
+    }
+  }
+  combine_slots(n, H, K, weights, slot_rows, y + t0 * H);
+  if (fault == Fault::DoubleReduce)
+    for (int64_t i = t0 * H; i < t1 * H; i++) y[i] *= float(p.ranks);
+}
+
+void add_partial(const MoeTokens& in, int me, int d, int32_t token, int64_t t0, int64_t t1, const float* partial,
+                 float* y) {
+  const Fault fault = injected_fault();
+  if (d != me && fault == Fault::SkipReduce) return;
+  int64_t t = token;
+  if (d != me && fault == Fault::WrongCombineIds) t = t0 + (token - t0 + 1) % (t1 - t0);
+  float* yt = y + t * in.H;
+  for (int h = 0; h < in.H; h++) yt[h] += partial[h];
+}
+
+void finish_partials(const MoeTokens& in, const Placement& p, int64_t t0, int64_t t1, float* y) {
+  if (injected_fault() == Fault::DoubleReduce)
+    for (int64_t i = t0 * in.H; i < t1 * in.H; i++) y[i] *= float(p.ranks);
+}
+
 void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan& plan,
-                     const std::vector<const float*>& answers, CombineMode mode, int64_t t0, int64_t t1, float* y) {
+                     const std::vector<const float*>& answers, CombineMode mode, int me, int64_t t0, int64_t t1,
+                     float* y) {
   const int H = in.H, K = in.K;
   switch (mode) {
     case CombineMode::Deterministic: {
@@ -149,7 +203,7 @@ void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan
               a += H;
             }
       }
-      combine_slots(t1 - t0, H, K, in.weights + t0 * K, slot_rows.data(), y + t0 * H);
+      finish_slots(in, p, me, t0, t1, slot_rows.data(), y);
       return;
     }
     case CombineMode::Fast: {
@@ -157,11 +211,11 @@ void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan
       for (int d = 0; d < p.ranks; d++) {
         const float* a = answers[size_t(d)];
         for (const Record& r : plan.to[size_t(d)]) {
-          float* yt = y + int64_t(r.token) * H;
-          for (int h = 0; h < H; h++) yt[h] += a[h];
+          add_partial(in, me, d, r.token, t0, t1, a, y);
           a += H;
         }
       }
+      finish_partials(in, p, t0, t1, y);
       return;
     }
   }

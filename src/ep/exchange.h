@@ -74,8 +74,22 @@ void serve_records(const char* records, size_t n, const RecordLayout& L, const E
                    float* answers);
 
 // Home side: y[t] for t in [t0, t1) from the answers of every rank (answers[d] points at the
-// answers of rank d to plan.to[d], in order).
+// answers of rank d to plan.to[d], in order). `me` is this rank.
 void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan& plan,
-                     const std::vector<const float*>& answers, CombineMode mode, int64_t t0, int64_t t1, float* y);
+                     const std::vector<const float*>& answers, CombineMode mode, int me, int64_t t0, int64_t t1,
+                     float* y);
+
+// The last step of the deterministic combine, shared by every backend: slot_rows holds
+// expert_k(x_t) for t in [t0, t1) (row (t - t0) * K + k); y[t] = sum_k w_k * row in slot order.
+// (Injected faults, when a checker sets one, act here.)
+void finish_slots(const MoeTokens& in, const Placement& p, int me, int64_t t0, int64_t t1, float* slot_rows, float* y);
+// The last step of the fast combine: y[token] += partial of rank d (call in rank order after
+// zeroing y), then finish_partials once.
+void add_partial(const MoeTokens& in, int me, int d, int32_t token, int64_t t0, int64_t t1, const float* partial,
+                 float* y);
+void finish_partials(const MoeTokens& in, const Placement& p, int64_t t0, int64_t t1, float* y);
+
+// The weight a sender packs for slot k of token t (the weight itself unless a fault is injected).
+float packed_weight(const MoeTokens& in, const Placement& p, int64_t t, int k);
 
 }  // namespace epmoe
