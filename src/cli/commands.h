@@ -17,5 +17,6 @@ Command register_info(CLI::App& app);
 Command register_score(CLI::App& app);
 Command register_generate(CLI::App& app);
 Command register_tokenize(CLI::App& app);
+Command register_check(CLI::App& app);
 
 }  // namespace epmoe

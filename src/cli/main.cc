@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
       "Run several ranks with: mpirun -np R epmoe <command> ... --moe-a2a-backend NAME"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {register_info(app), register_score(app), register_generate(app),
-                                         register_tokenize(app)};
+                                         register_tokenize(app), register_check(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

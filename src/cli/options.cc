@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "check/audit.h"
 #include "util/error.h"
 #include "util/threads.h"
 
@@ -11,14 +12,16 @@ void add_model_option(CLI::App& cmd, RunOptions& o) {
   cmd.add_option("--model", o.model_dir, "Hugging Face model folder (config.json + safetensors)")->required();
 }
 
-void add_run_options(CLI::App& cmd, RunOptions& o) {
+void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
   add_model_option(cmd, o);
   cmd.add_option("--threads", o.threads, "Worker threads per rank (0: the cores available to this rank)")
       ->check(CLI::NonNegativeNumber);
-  std::string names;
-  for (auto& n : backend_names()) names += (names.empty() ? "" : "|") + n;
-  cmd.add_option("--moe-a2a-backend", o.backend, "All-to-all backend for expert parallelism: " + names)
-      ->capture_default_str();
+  if (with_backend) {
+    std::string names;
+    for (auto& n : backend_names()) names += (names.empty() ? "" : "|") + n;
+    cmd.add_option("--moe-a2a-backend", o.backend, "All-to-all backend for expert parallelism: " + names)
+        ->capture_default_str();
+  }
   cmd.add_option("--combine", o.combine,
                  "deterministic: one row per (token, slot) summed at home in slot order (bit-identical for every "
                  "layout); fast: per-rank partial sums (fewer bytes, ~1e-6 differences)")
@@ -54,11 +57,28 @@ Runtime make_runtime(const RunOptions& o) {
   rt.placement = o.placement_file.empty() ? Placement::make_default(E, R, o.redundant_experts)
                                           : Placement::from_file(o.placement_file, E, R);
   rt.model = std::make_unique<Model>(rt.cfg, *rt.ckpt, rt.placement, rt.comm->rank());
-  rt.backend_options.combine = o.combine == "fast" ? CombineMode::Fast : CombineMode::Deterministic;
-  rt.backend_options.max_dispatch_tokens_per_rank = o.max_dispatch_tokens_per_rank;
-  rt.backend_options.chunk_tokens = o.chunk_tokens;
+  rt.backend_options = backend_options(o);
   rt.backend = make_backend(o.backend, *rt.comm, rt.placement, rt.backend_options);
+  if (o.audit) {
+    AuditOptions ao;
+    ao.H = rt.cfg.hidden_size;
+    ao.K = rt.cfg.routing.top_k;
+    ao.tokens_per_rank = o.max_dispatch_tokens_per_rank + 5;
+    ao.exact = rt.backend_options.combine == CombineMode::Deterministic;
+    AuditResult a = run_audit(*rt.comm, rt.placement, *rt.backend, ao);
+    if (!a.pass) throw CheckError("reduction audit of --moe-a2a-backend " + o.backend + " failed: " + a.verdict);
+    if (rt.comm->rank() == 0)
+      std::fprintf(stderr, "epmoe: reduction audit of %s: ok (%lld tokens)\n", o.backend.c_str(), (long long)a.tokens);
+  }
   return rt;
+}
+
+BackendOptions backend_options(const RunOptions& o) {
+  BackendOptions b;
+  b.combine = o.combine == "fast" ? CombineMode::Fast : CombineMode::Deterministic;
+  b.max_dispatch_tokens_per_rank = o.max_dispatch_tokens_per_rank;
+  b.chunk_tokens = o.chunk_tokens;
+  return b;
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {

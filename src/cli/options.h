@@ -31,7 +31,7 @@ struct RunOptions {
 };
 
 void add_model_option(CLI::App& cmd, RunOptions& o);
-void add_run_options(CLI::App& cmd, RunOptions& o);
+void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true);
 
 struct Runtime {
   Communicator* comm = nullptr;
@@ -42,6 +42,9 @@ struct Runtime {
   std::unique_ptr<A2ABackend> backend;
   BackendOptions backend_options;
 };
+
+// The options a backend is built with.
+BackendOptions backend_options(const RunOptions& o);
 
 // Builds everything a model-running command needs, in the order that reports input errors
 // before any collective work starts.

@@ -233,3 +233,25 @@ int64_t Communicator::allreduce_sum(int64_t v) {
 }
 
 }  // namespace epmoe
+
+namespace epmoe {
+
+double Communicator::allreduce_max_f64(double v) {
+  if (!mpi_) return v;
+  double out = 0;
+  MPI_Request r;
+  MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r);
+  wait(&r, "allreduce");
+  return out;
+}
+
+double Communicator::allreduce_sum_f64(double v) {
+  if (!mpi_) return v;
+  double out = 0;
+  MPI_Request r;
+  MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);
+  wait(&r, "allreduce");
+  return out;
+}
+
+}  // namespace epmoe

@@ -62,6 +62,8 @@ class Communicator {
   void all_to_all(const void* send, size_t bytes, void* recv);
   int64_t allreduce_max(int64_t v);
   int64_t allreduce_sum(int64_t v);
+  double allreduce_max_f64(double v);
+  double allreduce_sum_f64(double v);
   // Any rank's flag true -> true everywhere.
   bool any(bool v) { return allreduce_max(v ? 1 : 0) != 0; }
 

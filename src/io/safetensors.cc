@@ -108,6 +108,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(std::make_share
   if (!dup.empty()) bad(path, "tensor '" + dup + "' is listed twice in the header");
   data_ = map_->data() + 8 + n;
   entries_ = parse_safetensors_header(path, text, size_t(n), size - 8 - size_t(n));
+  json header = json::parse(text, text + n);  // valid: parsed above
+  if (header.contains("__metadata__"))
+    for (auto& [k, v] : header["__metadata__"].items())
+      if (v.is_string()) metadata_[k] = v.get<std::string>();
 }
 
 TensorView SafetensorsFile::get(const std::string& name) const {

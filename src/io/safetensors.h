@@ -41,11 +41,14 @@ class SafetensorsFile {
   std::vector<std::string> names() const;
   const std::string& path() const { return map_->path(); }
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  // __metadata__ string entries (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   std::shared_ptr<MappedFile> map_;
   const unsigned char* data_ = nullptr;
   std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Writes tensors (fp32 or raw bytes with dtype) as a safetensors file; used by `score` and synth.

@@ -148,8 +148,7 @@ int main(int argc, char** argv) {
               }
               const bool ok_here = mode == CombineMode::Deterministic ? identical : maxdiff <= 1e-5f;
               const int64_t bad = comm.allreduce_sum(ok_here ? 0 : 1);
-              // max diff over ranks, as fixed-point nanos for an integer all-reduce
-              const double worst = double(comm.allreduce_max(int64_t(std::min(1e9f, maxdiff * 1e9f)))) * 1e-9;
+              const double worst = comm.allreduce_max_f64(double(maxdiff));
               const int64_t any_diff = comm.allreduce_max(identical ? 0 : 1);
               if (me == 0)
                 std::printf("%-4s %s R=%d %-10s %-13s redundant=%d routing=%-9s ranks=%-11s max|diff|=%.3g %s\n",

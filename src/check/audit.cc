@@ -1,0 +1,133 @@
+#include "check/audit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "moe/moe_layer.h"
+
+namespace epmoe {
+
+namespace {
+
+// The diagnoses, in the order a verdict lists them.
+const char* const kDiagnoses[] = {"reduced twice", "not reduced (remote slots missing)", "replica counted twice",
+                                  "slot lost", "rows of another token", "wrong weights",
+                                  "right sum, not bit-identical (summation order)"};
+
+bool near(double a, double b, double tol) { return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b)); }
+
+// What a token's output says about the reduction. y = c * x must hold for one scalar c (else the
+// rows belong to another token); c is then matched against what each bug class would give.
+std::string diagnose(const float* x, const float* y, int H, double c_ok, double c_double,
+                     double c_local, double c_replicas, const std::vector<double>& c_slot_lost) {
+  double xy = 0, xx = 0, yy = 0;
+  for (int h = 0; h < H; h++) {
+    xy += double(x[h]) * y[h];
+    xx += double(x[h]) * x[h];
+    yy += double(y[h]) * y[h];
+  }
+  const double c = xy / xx;
+  double resid = 0;
+  for (int h = 0; h < H; h++) resid = std::max(resid, std::fabs(double(y[h]) - c * x[h]));
+  if (!std::isfinite(c) || resid > 1e-3 * std::max(1.0, std::sqrt(yy / H))) return "rows of another token";
+  const double tol = 1e-4;
+  if (near(c, c_ok, tol)) return "ok";
+  if (near(c, c_double, tol)) return "reduced twice";
+  if (near(c, 0.0, tol)) return "slot lost";  // nothing arrived: a dropped token (or every slot remote and lost)
+  if (near(c, c_local, tol)) return "not reduced (remote slots missing)";
+  if (near(c, c_replicas, tol)) return "replica counted twice";
+  for (double s : c_slot_lost)
+    if (near(c, s, tol)) return "slot lost";
+  return "wrong weights";
+}
+
+}  // namespace
+
+AuditResult run_audit(Communicator& comm, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
+  const int R = comm.size(), me = comm.rank(), H = opt.H, K = opt.K, E = p.num_logical;
+  int64_t T = opt.tokens_per_rank + 3 * me;
+  if (R >= 3 && me == R - 1) T = 0;  // a rank without tokens still takes part
+
+  std::mt19937_64 rng(opt.seed * 1000003 + uint64_t(me));
+  std::uniform_real_distribution<float> mag(0.5f, 1.5f), wdist(0.05f, 1.0f);
+  std::vector<float> x(size_t(T * H)), w(size_t(T * K)), y(size_t(T * H), NAN);
+  std::vector<int32_t> logical(size_t(T * K)), physical(size_t(T * K));
+  for (auto& v : x) v = (rng() & 1 ? 1.f : -1.f) * mag(rng);
+  std::vector<int> perm(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; t++) {
+    for (int e = 0; e < E; e++) perm[size_t(e)] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int k = 0; k < K; k++) {
+      logical[size_t(t * K + k)] = perm[size_t(k)];
+      physical[size_t(t * K + k)] = p.choose(perm[size_t(k)], token_gid(uint64_t(me), uint64_t(t)), k);
+      w[size_t(t * K + k)] = wdist(rng);
+    }
+  }
+  // Probe experts: expert e scales its rows by (e + 1), so that every expert leaves its mark.
+  ExpertFn probe = [&p, H](int phys, const float* in, int64_t n, float* out) {
+    const float scale = float(p.logical_of[size_t(phys)] + 1);
+    for (int64_t i = 0; i < n * H; i++) out[i] = scale * in[i];
+  };
+  MoeTokens tok{T, H, K, x.data(), physical.data(), w.data()};
+  backend.run(tok, probe, y.data());
+
+  AuditResult res;
+  std::vector<int64_t> counts(std::size(kDiagnoses) + 1, 0);  // last: ok
+  double max_rel = 0;
+  std::vector<float> expect(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; t++) {
+    const float* xt = &x[size_t(t * H)];
+    const float* yt = &y[size_t(t * H)];
+    // The local formula, in slot order in fp32: the deterministic combine must match it bit for bit.
+    std::fill(expect.begin(), expect.end(), 0.f);
+    double c_ok = 0, c_local = 0, c_rep = 0;
+    std::vector<double> c_lost;
+    for (int k = 0; k < K; k++) {
+      const float wk = w[size_t(t * K + k)];
+      const int e = logical[size_t(t * K + k)];
+      for (int h = 0; h < H; h++) expect[size_t(h)] += wk * (float(e + 1) * xt[h]);
+      const double part = double(wk) * (e + 1);
+      c_ok += part;
+      if (p.owner(physical[size_t(t * K + k)]) == me) c_local += part;
+      c_rep += part * double(p.replicas[size_t(e)].size());
+    }
+    for (int k = 0; k < K; k++) c_lost.push_back(c_ok - double(w[size_t(t * K + k)]) * (logical[size_t(t * K + k)] + 1));
+    double err = 0;
+    for (int h = 0; h < H; h++)
+      err = std::max(err, std::fabs(double(yt[h]) - expect[size_t(h)]) / std::max(1e-30, std::fabs(double(expect[size_t(h)]))));
+    if (!std::isfinite(err)) err = INFINITY;
+    max_rel = std::max(max_rel, err);
+    const bool ok = opt.exact ? std::equal(expect.begin(), expect.end(), yt) : err <= 1e-5;
+    std::string d = ok ? "ok" : diagnose(xt, yt, H, c_ok, c_ok * R, c_local, c_rep, c_lost);
+    if (d == "ok" && !ok) d = kDiagnoses[std::size(kDiagnoses) - 1];  // within 1e-4, yet not exact
+    size_t i = 0;
+    while (i < std::size(kDiagnoses) && d != kDiagnoses[i]) i++;
+    counts[i]++;
+  }
+
+  // Everyone's counts, everywhere.
+  for (auto& c : counts) c = comm.allreduce_sum(c);
+  res.tokens = comm.allreduce_sum(T);
+  res.max_rel_error = comm.allreduce_max_f64(max_rel);
+  res.pass = counts[std::size(kDiagnoses)] == res.tokens;
+  for (size_t i = 0; i < std::size(kDiagnoses); i++)
+    if (counts[i]) res.counts[kDiagnoses[i]] = counts[i];
+  res.counts["ok"] = counts[std::size(kDiagnoses)];
+  if (res.pass) {
+    res.verdict = "ok";
+  } else {
+    // Most frequent diagnosis first: it names the bug; the rest are tokens where bugs look alike.
+    std::vector<size_t> order;
+    for (size_t i = 0; i < std::size(kDiagnoses); i++)
+      if (counts[i]) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return counts[a] > counts[b]; });
+    for (size_t i : order)
+      res.verdict += (res.verdict.empty() ? "" : ", ") + std::string(kDiagnoses[i]) + " (" + std::to_string(counts[i]) +
+                     "/" + std::to_string(res.tokens) + " tokens)";
+  }
+  return res;
+}
+
+}  // namespace epmoe

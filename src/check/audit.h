@@ -1,0 +1,38 @@
+// The reduction audit: the backend runs with probe experts (expert e returns (e + 1) * x) on
+// random tokens and routing, and every rank checks that its final output is
+//   y_t = x_t * sum_k w_k (e_k + 1),
+// computed locally in the same slot order. It needs no expert weights, so it works for a model
+// of any size, and when the answer is wrong it says which way: the output reduced twice, not
+// reduced, a replica counted twice, a slot lost, rows of another token, or wrong weights.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "comm/communicator.h"
+#include "ep/backend.h"
+#include "ep/placement.h"
+
+namespace epmoe {
+
+struct AuditOptions {
+  int H = 64;
+  int K = 2;
+  int64_t tokens_per_rank = 40;  // rank r holds tokens_per_rank + 3r (the last of >= 3 ranks: 0)
+  uint64_t seed = 7;
+  bool exact = true;  // deterministic combine: bit-identical to the local formula; fast: ~1e-6
+};
+
+struct AuditResult {
+  bool pass = false;
+  std::string verdict;                    // "ok" or what went wrong, with token counts
+  std::map<std::string, int64_t> counts;  // tokens per diagnosis, over all ranks
+  int64_t tokens = 0;                     // over all ranks
+  double max_rel_error = 0;               // over all ranks
+};
+
+// Collective: every rank of comm calls it with the same options.
+AuditResult run_audit(Communicator& comm, const Placement& placement, A2ABackend& backend, const AuditOptions& opt);
+
+}  // namespace epmoe

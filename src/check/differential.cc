@@ -1,0 +1,121 @@
+#include "check/differential.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/generate.h"
+
+namespace epmoe {
+
+std::vector<float> log_softmax_rows(const std::vector<float>& logits, int64_t V) {
+  std::vector<float> out(logits.size());
+  const int64_t n = int64_t(logits.size()) / V;
+  for (int64_t r = 0; r < n; r++) {
+    const float* l = &logits[size_t(r * V)];
+    const float m = *std::max_element(l, l + V);
+    double s = 0;
+    for (int64_t i = 0; i < V; i++) s += std::exp(double(l[i]) - m);
+    const double lse = m + std::log(s);
+    for (int64_t i = 0; i < V; i++) out[size_t(r * V + i)] = float(double(l[i]) - lse);
+  }
+  return out;
+}
+
+bool is_degenerate_tail(const std::vector<int32_t>& t) {
+  const size_t n = t.size();
+  if (n >= 4 && std::all_of(t.end() - 4, t.end(), [&](int32_t v) { return v == t.back(); })) return true;
+  if (n >= 6) {
+    bool alt = true;
+    for (size_t i = n - 6; i + 2 < n; i++) alt &= t[i] == t[i + 2];
+    if (alt) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// Logits of full sequences in one teacher-forced pass each (all of this rank's at once).
+std::vector<std::vector<float>> score(Model& model, A2ABackend& backend, const std::vector<uint64_t>& ids,
+                                      const std::vector<std::vector<int32_t>>& seqs) {
+  std::vector<Sequence> s;
+  for (uint64_t id : ids) s.push_back(model.new_sequence(id));
+  std::vector<Sequence*> ptrs;
+  for (auto& x : s) ptrs.push_back(&x);
+  return model.forward(ptrs, seqs, backend, /*all_logits=*/true);
+}
+
+std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r) {
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < r.prompts.size(); i++) {
+    out.push_back(r.prompts[i]);
+    out.back().insert(out.back().end(), r.generated[i].begin(), r.generated[i].end());
+  }
+  return out;
+}
+
+}  // namespace
+
+ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm, const std::vector<uint64_t>& ids,
+                           const std::vector<std::vector<int32_t>>& prompts, int gen_tokens) {
+  ReferenceRun r;
+  r.ids = ids;
+  r.prompts = prompts;
+  std::vector<GenerateRequest> req;
+  for (size_t i = 0; i < ids.size(); i++) req.push_back({ids[i], prompts[i]});
+  GenerateParams gp;
+  gp.max_new_tokens = gen_tokens;
+  r.generated = generate_greedy(model, backend, comm, req, gp);
+  const int64_t V = model.config().vocab_size;
+  r.logits = score(model, backend, ids, full_sequences(r));
+  for (auto& l : r.logits) r.logprobs.push_back(log_softmax_rows(l, V));
+  return r;
+}
+
+BackendStats compare_backend(Model& model, A2ABackend& backend, Communicator& comm, const ReferenceRun& ref,
+                             int gen_tokens) {
+  const int64_t V = model.config().vocab_size;
+  BackendStats st;
+  auto logits = score(model, backend, ref.ids, full_sequences(ref));
+  double sum = 0;
+  int64_t count = 0;
+  bool identical = true;
+  for (size_t i = 0; i < logits.size(); i++) {
+    identical &= logits[i].size() == ref.logits[i].size() &&
+                 std::memcmp(logits[i].data(), ref.logits[i].data(), logits[i].size() * sizeof(float)) == 0;
+    auto lp = log_softmax_rows(logits[i], V);
+    for (size_t j = 0; j < lp.size(); j++) {
+      const double d = std::fabs(double(lp[j]) - double(ref.logprobs[i][j]));
+      st.max_abs_dlogprob = std::max(st.max_abs_dlogprob, std::isfinite(d) ? d : 1e30);
+      sum += std::isfinite(d) ? d : 1e30;
+      count++;
+    }
+  }
+  bool degenerate = false;
+  int64_t agree = 0, total = 0;
+  if (gen_tokens > 0) {
+    std::vector<GenerateRequest> req;
+    for (size_t i = 0; i < ref.ids.size(); i++) req.push_back({ref.ids[i], ref.prompts[i]});
+    GenerateParams gp;
+    gp.max_new_tokens = gen_tokens;
+    auto gen = generate_greedy(model, backend, comm, req, gp);
+    for (size_t i = 0; i < gen.size(); i++) {
+      size_t k = 0;
+      while (k < gen[i].size() && k < ref.generated[i].size() && gen[i][k] == ref.generated[i][k]) k++;
+      agree += int64_t(k);
+      total += int64_t(ref.generated[i].size());
+      degenerate |= is_degenerate_tail(gen[i]) && !is_degenerate_tail(ref.generated[i]);
+    }
+  }
+  // Over all ranks.
+  st.max_abs_dlogprob = comm.allreduce_max_f64(st.max_abs_dlogprob);
+  const int64_t n_all = comm.allreduce_sum(count);
+  st.mean_abs_dlogprob = comm.allreduce_sum_f64(sum) / double(std::max<int64_t>(1, n_all));
+  st.identical = comm.allreduce_sum(identical ? 0 : 1) == 0;
+  st.greedy_agree = comm.allreduce_sum(agree);
+  st.greedy_total = comm.allreduce_sum(total);
+  st.degenerate = comm.any(degenerate);
+  return st;
+}
+
+}  // namespace epmoe
