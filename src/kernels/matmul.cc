@@ -1,7 +1,12 @@
 #include "kernels/matmul.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include "kernels/cpu_features.h"
+#include "kernels/matmul_micro.h"
+#include "kernels/ops.h"
 #include "util/error.h"
 #include "util/threads.h"
 
@@ -9,102 +14,214 @@ namespace epmoe {
 
 namespace {
 
+ComputeMode g_mode = ComputeMode::F32;
+KernelPath g_path = KernelPath::Auto;
+
+// ---- generic path: GCC vector extensions, 16 lanes, no FMA (same bits on AVX2 and baseline) ----
+
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
-constexpr int kLanes = 16;
-constexpr int kTokTile = 4;  // tokens sharing one pass over a weight row (4 accumulators + loads fit in registers)
-
 template <DType D>
-inline f32x16 load16(const void* w, int64_t k) {
+inline f32x16 gload16(const void* w, int64_t k) {
+  f32x16 v;
   if constexpr (D == DType::F32) {
-    f32x16 v;
     std::memcpy(&v, static_cast<const float*>(w) + k, 64);
-    return v;
   } else if constexpr (D == DType::BF16) {
     u16x16 h;
     std::memcpy(&h, static_cast<const uint16_t*>(w) + k, 32);
     u32x16 b = __builtin_convertvector(h, u32x16) << 16;
-    f32x16 v;
     std::memcpy(&v, &b, 64);
-    return v;
   } else {
-    f32x16 v;
     const uint16_t* p = static_cast<const uint16_t*>(w) + k;
-    for (int i = 0; i < kLanes; i++) v[i] = f16_to_f32(p[i]);
-    return v;
+    for (int i = 0; i < 16; i++) v[i] = f16_to_f32(p[i]);
   }
+  return v;
 }
 
 template <DType D>
-inline float load1(const void* w, int64_t k) {
+inline float gload1(const void* w, int64_t k) {
   if constexpr (D == DType::F32) return static_cast<const float*>(w)[k];
   else if constexpr (D == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(w)[k]);
   else return f16_to_f32(static_cast<const uint16_t*>(w)[k]);
 }
 
-inline float reduce16(f32x16 a) {
-  // Fixed tree: 16 -> 8 -> 4 -> 2 -> 1.
+inline float greduce16(f32x16 a) {
   float s8[8], s4[4];
   for (int i = 0; i < 8; i++) s8[i] = a[i] + a[i + 8];
   for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// Rows [n0, n1) of W against tokens [t0, t0 + nt), nt <= kTokTile.
 template <DType D>
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void tile(const float* x, int64_t K, const void* W, int64_t N, float* y, const float* bias,
-          int64_t t0, int nt, int64_t n0, int64_t n1) {
-  const size_t esz = D == DType::F32 ? 4 : 2;
-  const int64_t kv = K / kLanes * kLanes;
-  for (int64_t n = n0; n < n1; n++) {
-    const void* w = static_cast<const char*>(W) + size_t(n * K) * esz;
-    f32x16 acc[kTokTile] = {};
-    for (int64_t k = 0; k < kv; k += kLanes) {
-      f32x16 wv = load16<D>(w, k);
-      for (int i = 0; i < nt; i++) {
-        f32x16 xv;
-        std::memcpy(&xv, x + (t0 + i) * K + k, 64);
-        acc[i] += xv * wv;
+__attribute__((target_clones("avx2", "default")))
+void generic_tile(int mr, int nr, const void* const* xv, const void* const* w, int64_t K, float* out) {
+  const float* const* x = reinterpret_cast<const float* const*>(xv);
+  const int64_t kv = K / 16 * 16;
+  for (int j = 0; j < nr; j++) {
+    f32x16 acc[kMaxMR] = {};
+    for (int64_t k = 0; k < kv; k += 16) {
+      const f32x16 wv = gload16<D>(w[j], k);
+      for (int i = 0; i < mr; i++) {
+        f32x16 xr;
+        std::memcpy(&xr, x[i] + k, 64);
+        acc[i] += xr * wv;
       }
     }
-    for (int i = 0; i < nt; i++) {
-      float s = reduce16(acc[i]);
-      for (int64_t k = kv; k < K; k++) s += x[(t0 + i) * K + k] * load1<D>(w, k);
-      if (bias) s += bias[n];
-      y[(t0 + i) * N + n] = s;
+    for (int i = 0; i < mr; i++) {
+      float s = greduce16(acc[i]);
+      for (int64_t k = kv; k < K; k++) s += x[i][k] * gload1<D>(w[j], k);
+      out[i * nr + j] = s;
     }
   }
 }
 
-template <DType D>
-void matmul_typed(const float* x, int64_t T, int64_t K, const void* W, int64_t N, float* y, const float* bias) {
-  // Threads split the output columns (weight rows): each weight byte is read by one thread only,
-  // which is what a memory-bound decode step wants.
-  const int64_t min_rows = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K * T));
-  parallel_for(N, min_rows, [&](int64_t n0, int64_t n1) {
-    for (int64_t t0 = 0; t0 < T; t0 += kTokTile) {
-      int nt = int(std::min<int64_t>(kTokTile, T - t0));
-      tile<D>(x, K, W, N, y, bias, t0, nt, n0, n1);
+// ---- path selection ----
+
+Micro select_micro(DType w) {
+  const CpuFeatures& cpu = cpu_features();
+  const bool avx512 = g_path != KernelPath::Generic && cpu.avx512;
+  if (avx512 && g_mode == ComputeMode::BF16 && cpu.avx512_bf16) {
+    Micro m = avx512_bf16_micro(w);
+    if (m.fn) return m;
+  }
+  if (avx512) {
+    Micro m = avx512_micro(w);
+    if (m.fn) return m;
+  }
+  return generic_micro(w);
+}
+
+const float* weight_row_check(const TensorView& W, const char* what) {
+  if (W.rank() != 2) throw InputError(std::string(what) + " weight " + W.name + " must be 2-D, is " + W.shape_str());
+  if (!dtype_is_float_weight(W.dtype))
+    throw InputError("tensor '" + W.name + "' has dtype " + std::string(dtype_name(W.dtype)) +
+                     "; weights must be F32, BF16 or F16");
+  return nullptr;
+}
+
+// Activations in the form the micro-kernel reads: fp32 rows as they are, or rounded to bf16.
+struct Activations {
+  std::vector<uint16_t> bf16;
+  const float* x;
+  int64_t K;
+  bool as_bf16;
+  Activations(const float* x_, int64_t T, int64_t K_, bool as_bf16_) : x(x_), K(K_), as_bf16(as_bf16_) {
+    if (!as_bf16) return;
+    bf16.resize(size_t(T * K));
+    for (int64_t i = 0; i < T * K; i++) bf16[size_t(i)] = f32_to_bf16(x[i]);
+  }
+  const void* row(int64_t t) const {
+    return as_bf16 ? static_cast<const void*>(&bf16[size_t(t * K)]) : static_cast<const void*>(x + t * K);
+  }
+};
+
+// Tokens per block: the block's activations stay in L2 while the weight rows stream past them.
+constexpr int64_t kTokenBlock = 64;
+
+// Drives tiles of (up to kMaxMR tokens) x (nr weight rows) over [0, T) x [tile0, tile1).
+// rows_of(tile, ptrs) fills the weight-row pointers of a tile and returns nr; store(t0, mr, tile,
+// nr, out) writes the results.
+template <class RowsOf, class Store>
+void drive(const Micro& m, const Activations& a, int64_t T, int64_t tiles, int64_t K, RowsOf rows_of, Store store) {
+  // Enough dot products per task to pay for a wake-up: ~64k multiply-adds.
+  const int64_t min_tiles = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, K * std::min<int64_t>(T, kTokenBlock) * kMaxNR));
+  parallel_for(tiles, min_tiles, [&](int64_t b, int64_t e) {
+    const void* w[kMaxNR];
+    const void* x[kMaxMR];
+    float out[kMaxMR * kMaxNR];
+    for (int64_t tb = 0; tb < T; tb += kTokenBlock) {
+      const int64_t te = std::min(T, tb + kTokenBlock);
+      for (int64_t tile = b; tile < e; tile++) {
+        const int nr = rows_of(tile, w);
+        for (int64_t t0 = tb; t0 < te; t0 += kMaxMR) {
+          const int mr = int(std::min<int64_t>(kMaxMR, te - t0));
+          for (int i = 0; i < mr; i++) x[i] = a.row(t0 + i);
+          m.fn(mr, nr, x, w, K, out);
+          store(t0, mr, tile, nr, out);
+        }
+      }
     }
   });
 }
 
 }  // namespace
 
+Micro generic_micro(DType w) {
+  switch (w) {
+    case DType::F32: return {&generic_tile<DType::F32>, false, "generic"};
+    case DType::BF16: return {&generic_tile<DType::BF16>, false, "generic"};
+    case DType::F16: return {&generic_tile<DType::F16>, false, "generic"};
+    default: return {};
+  }
+}
+
+void set_compute_mode(ComputeMode m) { g_mode = m; }
+ComputeMode compute_mode() { return g_mode; }
+void set_kernel_path(KernelPath p) { g_path = p; }
+
+std::string kernel_description() {
+  return std::string(select_micro(DType::BF16).name) + " for bf16 weights, " + select_micro(DType::F32).name +
+         " for f32 (CPU: " + cpu_features_string() + ")";
+}
+
 void matmul(const float* x, int64_t T, const TensorView& W, float* y, const float* bias) {
-  EPMOE_ASSERT(W.rank() == 2, "matmul weight " + W.name + " must be 2-D, is " + W.shape_str());
+  weight_row_check(W, "matmul");
   const int64_t N = W.shape[0], K = W.shape[1];
   if (T == 0 || N == 0) return;
-  switch (W.dtype) {
-    case DType::F32: return matmul_typed<DType::F32>(x, T, K, W.data, N, y, bias);
-    case DType::BF16: return matmul_typed<DType::BF16>(x, T, K, W.data, N, y, bias);
-    case DType::F16: return matmul_typed<DType::F16>(x, T, K, W.data, N, y, bias);
-    default: throw InputError("tensor '" + W.name + "' has dtype " + std::string(dtype_name(W.dtype)) +
-                              "; weights must be F32, BF16 or F16");
-  }
+  const Micro m = select_micro(W.dtype);
+  const Activations a(x, T, K, m.x_bf16);
+  const size_t row_bytes = size_t(K) * dtype_size(W.dtype);
+  const char* base = static_cast<const char*>(W.data);
+  const int64_t tiles = (N + kMaxNR - 1) / kMaxNR;
+  drive(
+      m, a, T, tiles, K,
+      [&](int64_t tile, const void** w) {
+        const int64_t n0 = tile * kMaxNR;
+        const int nr = int(std::min<int64_t>(kMaxNR, N - n0));
+        for (int j = 0; j < nr; j++) w[j] = base + size_t(n0 + j) * row_bytes;
+        return nr;
+      },
+      [&](int64_t t0, int mr, int64_t tile, int nr, const float* out) {
+        const int64_t n0 = tile * kMaxNR;
+        for (int i = 0; i < mr; i++)
+          for (int j = 0; j < nr; j++) y[(t0 + i) * N + n0 + j] = out[i * nr + j] + (bias ? bias[n0 + j] : 0.0f);
+      });
+}
+
+void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h) {
+  weight_row_check(Wg, "swiglu");
+  weight_row_check(Wu, "swiglu");
+  EPMOE_ASSERT(Wg.shape == Wu.shape && Wg.dtype == Wu.dtype, "gate and up weights differ: " + Wg.name + " vs " + Wu.name);
+  const int64_t I = Wg.shape[0], K = Wg.shape[1];
+  if (T == 0 || I == 0) return;
+  const Micro m = select_micro(Wg.dtype);
+  const Activations a(x, T, K, m.x_bf16);
+  const size_t row_bytes = size_t(K) * dtype_size(Wg.dtype);
+  const char* g = static_cast<const char*>(Wg.data);
+  const char* u = static_cast<const char*>(Wu.data);
+  // A tile holds gate and up rows of the same output columns: {g[n], g[n+1], u[n], u[n+1]}, so the
+  // pass over x serves both and silu(g) * u is formed in registers' reach.
+  constexpr int kCols = kMaxNR / 2;
+  const int64_t tiles = (I + kCols - 1) / kCols;
+  drive(
+      m, a, T, tiles, K,
+      [&](int64_t tile, const void** w) {
+        const int64_t n0 = tile * kCols;
+        const int nc = int(std::min<int64_t>(kCols, I - n0));
+        for (int j = 0; j < nc; j++) {
+          w[j] = g + size_t(n0 + j) * row_bytes;
+          w[nc + j] = u + size_t(n0 + j) * row_bytes;
+        }
+        return 2 * nc;
+      },
+      [&](int64_t t0, int mr, int64_t tile, int nr, const float* out) {
+        const int64_t n0 = tile * kCols;
+        const int nc = nr / 2;
+        for (int i = 0; i < mr; i++)
+          for (int j = 0; j < nc; j++) h[(t0 + i) * I + n0 + j] = silu(out[i * nr + j]) * out[i * nr + nc + j];
+      });
 }
 
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y, const float* bias) {

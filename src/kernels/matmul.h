@@ -1,21 +1,41 @@
-// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]) with fp32 activations and W in its stored dtype.
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]) with fp32 activations and W in its stored dtype, and
+// the fused SwiGLU front of an expert, h = silu(x . Wg^T) * (x . Wu^T), in one pass over x.
 //
-// Batch invariance (ARCHITECTURE.md): every y[t, n] is computed with one fixed reduction order
-// over k -- 16 fp32 lanes accumulate k = 16c + l, then the lanes are summed in a fixed tree, then
-// the tail -- whatever T is, whichever tile the row falls in, and whichever thread runs it. The
-// code uses GCC vector extensions, compiled for AVX-512, AVX2 and baseline x86-64 and chosen at
-// run time; lane-wise arithmetic without FMA contraction gives the same bits on all three.
+// Batch invariance (ARCHITECTURE.md): every output element is one dot product computed with one
+// fixed reduction order over k -- vector lanes accumulate k = L*c + l in ascending c, then the
+// lanes are summed in a fixed tree, then the scalar tail -- whatever T is, whichever tile or
+// thread computes it, and whether it is the small-T path or the blocked one (they are the same
+// micro-kernel with fewer rows). So a row's bits never depend on the rows that share the call.
+//
+// Paths, chosen once per process from the CPU (cpu_features.h):
+//   avx512       16 fp32 lanes, FMA; weights F32 or BF16 converted on the fly
+//   avx512-bf16  --compute bf16: activations rounded to bf16, vdpbf16ps (32 bf16 pairs per
+//                instruction) on BF16 weights; F32 weights keep the avx512 path
+//   generic      GCC vector extensions, any x86-64 (AVX2 or baseline), and every F16 weight
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "tensor/view.h"
 
 namespace epmoe {
 
-void matmul(const float* x, int64_t T, const TensorView& W, float* y, const float* bias = nullptr);
+enum class ComputeMode { F32, BF16 };
+enum class KernelPath { Auto, Generic, Avx512 };
 
-// Plain scalar reference (double accumulation), for tests of the fast path.
+// Process-wide settings, made once before any work (every rank of a group must agree).
+void set_compute_mode(ComputeMode m);
+ComputeMode compute_mode();
+void set_kernel_path(KernelPath p);  // Auto: the best the CPU has; tests force the others
+std::string kernel_description();    // what runs, e.g. "avx512-bf16 (AVX-512 + AVX512-BF16)"
+
+void matmul(const float* x, int64_t T, const TensorView& W, float* y, const float* bias = nullptr);
+// h[T, I] = silu(x . Wg^T) * (x . Wu^T); Wg, Wu: [I, K]. Bit-identical to the two matmuls
+// followed by silu_mul.
+void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h);
+
+// Plain scalar reference (double accumulation), for tests of the fast paths.
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y, const float* bias = nullptr);
 
 }  // namespace epmoe

@@ -10,11 +10,10 @@ namespace epmoe {
 void swiglu_forward(const SwigluWeights& w, const float* in, int64_t n, float* out) {
   if (n == 0) return;
   const int64_t I = w.inter();
-  std::vector<float> g(static_cast<size_t>(n * I)), u(static_cast<size_t>(n * I));
-  matmul(in, n, w.gate, g.data());
-  matmul(in, n, w.up, u.data());
-  silu_mul(g.data(), u.data(), n * I, g.data());
-  matmul(g.data(), n, w.down, out);
+  thread_local std::vector<float> h;  // grow-only scratch: experts run many times per layer
+  h.resize(size_t(n * I));
+  matmul_swiglu(in, n, w.gate, w.up, h.data());  // gate and up in one pass, SiLU fused
+  matmul(h.data(), n, w.down, out);
 }
 
 }  // namespace epmoe

@@ -1,0 +1,29 @@
+#include "kernels/cpu_features.h"
+
+namespace epmoe {
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = [] {
+    CpuFeatures c;
+    __builtin_cpu_init();
+    c.avx2 = __builtin_cpu_supports("avx2");
+    c.fma = __builtin_cpu_supports("fma");
+    c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+    c.avx512_bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
+    return c;
+  }();
+  return f;
+}
+
+std::string cpu_features_string() {
+  const CpuFeatures& c = cpu_features();
+  std::string s;
+  if (c.avx512_bf16) s = "AVX-512 + AVX512-BF16";
+  else if (c.avx512) s = "AVX-512";
+  else if (c.avx2) s = "AVX2";
+  else s = "baseline x86-64";
+  return s;
+}
+
+}  // namespace epmoe

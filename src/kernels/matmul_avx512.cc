@@ -1,0 +1,145 @@
+// AVX-512 micro-kernels. Dot-product form (each output element owns a vector of lane partial
+// sums over k) rather than the outer-product form of most GEMMs: it keeps one fixed reduction
+// order per element however the tile is shaped, which is what batch invariance needs. The cost
+// is one horizontal reduction per element per K, small next to K / 16 FMAs.
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined" vectors (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/matmul_micro.h"
+
+namespace epmoe {
+
+namespace {
+
+#define EPMOE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define EPMOE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512bf16")))
+
+template <DType D>
+EPMOE_AVX512 inline __m512 load_w16(const void* w, int64_t k) {
+  if constexpr (D == DType::F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(w) + k);
+  } else {  // BF16: widen to 32 bits and shift into the high half: exact
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <DType D>
+inline float load_w1(const void* w, int64_t k) {
+  if constexpr (D == DType::F32) return static_cast<const float*>(w)[k];
+  else return bf16_to_f32(static_cast<const uint16_t*>(w)[k]);
+}
+
+EPMOE_AVX512 inline float reduce16(__m512 v) {
+  // Fixed tree: 512 -> 256 -> 128 -> 64 -> 32 bits.
+  const __m256 hi = _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1));
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+template <DType D, int MR, int NR>
+EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t K, float* out) {
+  const float* const* x = reinterpret_cast<const float* const*>(xv);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+  const int64_t kv = K / 16 * 16;
+  for (int64_t k = 0; k < kv; k += 16) {
+    __m512 wr[NR];
+    for (int j = 0; j < NR; j++) wr[j] = load_w16<D>(w[j], k);
+    for (int i = 0; i < MR; i++) {
+      const __m512 xr = _mm512_loadu_ps(x[i] + k);
+      for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xr, wr[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) {
+      float s = reduce16(acc[i][j]);
+      for (int64_t k = kv; k < K; k++) s += x[i][k] * load_w1<D>(w[j], k);
+      out[i * NR + j] = s;
+    }
+}
+
+template <int MR, int NR>
+EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, int64_t K, float* out) {
+  const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
+  const uint16_t* const* w = reinterpret_cast<const uint16_t* const*>(wv);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+  const int64_t kv = K / 32 * 32;
+  for (int64_t k = 0; k < kv; k += 32) {
+    __m512bh wr[NR];
+    for (int j = 0; j < NR; j++) wr[j] = (__m512bh)_mm512_loadu_si512(w[j] + k);
+    for (int i = 0; i < MR; i++) {
+      const __m512bh xr = (__m512bh)_mm512_loadu_si512(x[i] + k);
+      for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xr, wr[j]);
+    }
+  }
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) {
+      float s = reduce16(acc[i][j]);
+      for (int64_t k = kv; k < K; k++) s += bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]);
+      out[i * NR + j] = s;
+    }
+}
+
+// Runtime (mr, nr) -> the instantiation. Each instantiation does the same per-element work.
+template <template <int, int> class K>
+struct Table {
+  static void call(int mr, int nr, const void* const* x, const void* const* w, int64_t Kd, float* out) {
+    static constexpr MicroFn fns[kMaxMR][kMaxNR] = {
+        {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn},
+        {K<2, 1>::fn, K<2, 2>::fn, K<2, 3>::fn, K<2, 4>::fn},
+        {K<3, 1>::fn, K<3, 2>::fn, K<3, 3>::fn, K<3, 4>::fn},
+        {K<4, 1>::fn, K<4, 2>::fn, K<4, 3>::fn, K<4, 4>::fn},
+    };
+    fns[mr - 1][nr - 1](mr, nr, x, w, Kd, out);
+  }
+};
+
+template <DType D>
+struct F32K {
+  template <int MR, int NR>
+  struct K {
+    static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, float* out) {
+      micro_f32<D, MR, NR>(x, w, Kd, out);
+    }
+  };
+};
+
+template <int MR, int NR>
+struct Bf16K {
+  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, float* out) {
+    micro_bf16<MR, NR>(x, w, Kd, out);
+  }
+};
+
+template <int MR, int NR>
+using F32KF32 = F32K<DType::F32>::K<MR, NR>;
+template <int MR, int NR>
+using F32KBF16 = F32K<DType::BF16>::K<MR, NR>;
+
+}  // namespace
+
+Micro avx512_micro(DType w) {
+  switch (w) {
+    case DType::F32: return {&Table<F32KF32>::call, false, "avx512"};
+    case DType::BF16: return {&Table<F32KBF16>::call, false, "avx512"};
+    default: return {};
+  }
+}
+
+Micro avx512_bf16_micro(DType w) {
+  if (w != DType::BF16) return {};
+  return {&Table<Bf16K>::call, true, "avx512-bf16"};
+}
+
+}  // namespace epmoe
