@@ -17,6 +17,8 @@
 #include "ep/fault.h"
 #include "io/json_util.h"
 #include "io/safetensors.h"
+#include "kernels/matmul.h"
+#include "util/threads.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -136,6 +138,8 @@ int run_check(const CheckOptions& o) {
   const auto names = chosen_backends(o.backends);
   Communicator& comm = Communicator::world();
   comm.set_timeout(o.run.comm_timeout);
+  set_num_threads(o.run.threads);
+  set_compute_mode(o.run.compute == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);
   RunOptions ro = o.run;
   ro.backend = names[0];  // validated below for all of them
   ModelConfig cfg = load_model_config(o.run.model_dir);
@@ -144,6 +148,9 @@ int run_check(const CheckOptions& o) {
   const int E = cfg.routing.num_experts;
   Placement place = o.run.placement_file.empty() ? Placement::make_default(E, R, o.run.redundant_experts)
                                                  : Placement::from_file(o.run.placement_file, E, R);
+  if (o.run.check_weights)  // the local reference loads every expert on every rank
+    check_weights_finite(cfg, ckpt, o.reference == "local" ? Placement::make_default(E, 1, 0).logical_owned_by(0)
+                                                           : place.logical_owned_by(me));
   const BackendOptions bopt = backend_options(o.run);
   const bool exact = bopt.combine == CombineMode::Deterministic;
   std::vector<std::unique_ptr<A2ABackend>> backends;

@@ -18,5 +18,6 @@ Command register_score(CLI::App& app);
 Command register_generate(CLI::App& app);
 Command register_tokenize(CLI::App& app);
 Command register_check(CLI::App& app);
+Command register_synth(CLI::App& app);
 
 }  // namespace epmoe

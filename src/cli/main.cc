@@ -2,6 +2,7 @@
 // Exit codes: 0 success, 1 a failed check, 2 bad input (file, config, flag, ids).
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -16,26 +17,30 @@ int main(int argc, char** argv) {
       "Run several ranks with: mpirun -np R epmoe <command> ... --moe-a2a-backend NAME"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {register_info(app), register_score(app), register_generate(app),
-                                         register_tokenize(app), register_check(app)};
+                                         register_tokenize(app), register_check(app),
+                                         register_synth(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // One line per failing process. Under mpirun the line names the rank, and the rank aborts the
+  // group: a failing rank must not leave its peers waiting in a collective.
+  auto fail = [](const std::string& what, int code) {
+    Communicator& comm = Communicator::world();
+    if (comm.distributed()) comm.abort_group(what, code);
+    std::fprintf(stderr, "epmoe: %s\n", what.c_str());
+    return code;
+  };
   int rc = 0;
   try {
     for (auto& c : commands)
       if (c.app->parsed()) rc = c.run();
   } catch (const Error& e) {
-    std::fprintf(stderr, "epmoe: error: %s\n", e.what());
-    rc = e.exit_code();
-    // A failing rank must not leave its peers waiting in a collective.
-    if (Communicator::world().distributed()) Communicator::world().abort_group(e.what(), rc);
+    rc = fail(std::string("error: ") + e.what(), e.exit_code());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "epmoe: internal error: %s\n", e.what());
-    rc = 1;
-    if (Communicator::world().distributed()) Communicator::world().abort_group(e.what(), rc);
+    rc = fail(std::string("internal error: ") + e.what(), 1);
   }
   Communicator::finalize();
   return rc;

@@ -1,8 +1,10 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "check/audit.h"
+#include "kernels/matmul.h"
 #include "util/error.h"
 #include "util/threads.h"
 
@@ -43,6 +45,12 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
       ->capture_default_str();
   cmd.add_flag("--check-numerics", o.check_numerics, "Stop at the first layer that produces NaN or Inf");
   cmd.add_flag("--check-weights", o.check_weights, "Scan the weights this rank loads for NaN/Inf");
+  cmd.add_option("--compute", o.compute,
+                 "Activation precision of the matmuls: f32 (default), or bf16 (activations rounded to bf16 and "
+                 "multiplied with the AVX512-BF16 dot-product instructions on bf16 weights; needs that CPU feature, "
+                 "else f32 is used)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   cmd.add_flag("--audit", o.audit, "Run the reduction audit of the backend once before the work");
 }
 
@@ -51,11 +59,13 @@ Runtime make_runtime(const RunOptions& o) {
   rt.comm = &Communicator::world();
   rt.comm->set_timeout(o.comm_timeout);
   set_num_threads(o.threads);
+  set_compute_mode(o.compute == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);
   rt.cfg = load_model_config(o.model_dir);
   rt.ckpt = std::make_unique<Checkpoint>(o.model_dir);
   const int E = rt.cfg.routing.num_experts, R = rt.comm->size();
   rt.placement = o.placement_file.empty() ? Placement::make_default(E, R, o.redundant_experts)
                                           : Placement::from_file(o.placement_file, E, R);
+  if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(rt.comm->rank()));
   rt.model = std::make_unique<Model>(rt.cfg, *rt.ckpt, rt.placement, rt.comm->rank());
   rt.backend_options = backend_options(o);
   rt.backend = make_backend(o.backend, *rt.comm, rt.placement, rt.backend_options);
@@ -79,6 +89,22 @@ BackendOptions backend_options(const RunOptions& o) {
   b.max_dispatch_tokens_per_rank = o.max_dispatch_tokens_per_rank;
   b.chunk_tokens = o.chunk_tokens;
   return b;
+}
+
+void check_prompt(const std::vector<int32_t>& ids, const ModelConfig& cfg, const std::string& what, int new_tokens) {
+  if (ids.empty()) throw InputError(what + ": empty prompt");
+  for (size_t i = 0; i < ids.size(); i++)
+    if (ids[i] < 0 || ids[i] >= cfg.vocab_size)
+      throw InputError(what + ": token id " + std::to_string(ids[i]) + " (position " + std::to_string(i) +
+                       ") is outside the vocabulary 0.." + std::to_string(cfg.vocab_size - 1) + " (vocab_size of " +
+                       cfg.source + ")");
+  // The last generated token is never fed back, so it needs no position.
+  const int64_t positions = int64_t(ids.size()) + std::max(new_tokens, 1) - 1;
+  if (positions > cfg.max_position_embeddings)
+    throw InputError(what + ": " + std::to_string(ids.size()) + " prompt tokens" +
+                     (new_tokens > 1 ? " + " + std::to_string(new_tokens) + " new tokens" : std::string()) +
+                     " need " + std::to_string(positions) + " positions, more than max_position_embeddings (" +
+                     std::to_string(cfg.max_position_embeddings) + ") of " + cfg.source);
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {

@@ -27,6 +27,7 @@ struct RunOptions {
   double comm_timeout = 60.0;
   bool check_numerics = false;
   bool check_weights = false;
+  std::string compute = "f32";
   bool audit = false;
 };
 
@@ -49,6 +50,11 @@ BackendOptions backend_options(const RunOptions& o);
 // Builds everything a model-running command needs, in the order that reports input errors
 // before any collective work starts.
 Runtime make_runtime(const RunOptions& o);
+
+// Refuses, before any work, a prompt the model cannot take: an id outside the vocabulary, or more
+// positions than max_position_embeddings (the prompt plus the new_tokens - 1 tokens fed back
+// while generating). InputError naming `what` (the flag or file:line) and the config.
+void check_prompt(const std::vector<int32_t>& ids, const ModelConfig& cfg, const std::string& what, int new_tokens);
 
 // "1,2,3" -> ids; throws InputError naming the flag on bad syntax.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);

@@ -1,8 +1,11 @@
 #include "ep/combine.h"
 
+#include "util/threads.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <vector>
 
 namespace epmoe {
@@ -23,14 +26,32 @@ void run_experts_grouped(int64_t n, int H, const float* in, const int32_t* exper
                          const ExpertFn& expert, float* out) {
   std::map<int32_t, std::vector<int64_t>> by_expert;
   for (int64_t i = 0; i < n; i++) by_expert[expert_of[i]].push_back(i);
-  thread_local std::vector<float> xin, xout;  // grow-only scratch
+  std::vector<std::pair<int32_t, const std::vector<int64_t>*>> groups;
+  size_t largest = 0;
   for (auto& [e, idx] : by_expert) {
+    groups.push_back({e, &idx});
+    largest = std::max(largest, idx.size());
+  }
+  auto run_group = [&](size_t g) {
+    thread_local std::vector<float> xin, xout;  // grow-only scratch, one per thread
+    const auto& idx = *groups[g].second;
     const int64_t m = int64_t(idx.size());
     xin.resize(static_cast<size_t>(m * H));
     xout.resize(static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; j++) std::memcpy(&xin[size_t(j * H)], in + idx[size_t(j)] * H, sizeof(float) * size_t(H));
-    expert(e, xin.data(), m, xout.data());
+    expert(groups[g].first, xin.data(), m, xout.data());
     for (int64_t j = 0; j < m; j++) std::memcpy(out + idx[size_t(j)] * H, &xout[size_t(j * H)], sizeof(float) * size_t(H));
+  };
+  // Many experts with few rows each (decode): one thread per expert, its matmuls inline, so each
+  // thread streams whole experts and the pool is woken once per layer instead of twice per
+  // expert. Few or large groups: experts in turn, each matmul split over the threads. Either
+  // way a row's bits are the same (the kernels are batch- and thread-invariant).
+  if (groups.size() >= size_t(2 * num_threads()) && largest <= 16) {
+    parallel_for(int64_t(groups.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t g = b; g < e; g++) run_group(size_t(g));
+    });
+  } else {
+    for (size_t g = 0; g < groups.size(); g++) run_group(g);
   }
 }
 

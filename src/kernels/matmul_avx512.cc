@@ -1,4 +1,8 @@
-// AVX-512 micro-kernels. Dot-product form (each output element owns a vector of lane partial
+// AVX-512 micro-kernels. Every loop over the tile's rows is unrolled (#pragma GCC unroll) so that
+// the accumulators live in registers: a tile indexed at run time would sit on the stack. (Software
+// prefetch of the weight rows was tried and measured slower than the hardware prefetcher: 12 vs
+// 17 GB/s on one Zen 4 thread at T = 1.)
+// Dot-product form (each output element owns a vector of lane partial
 // sums over k) rather than the outer-product form of most GEMMs: it keeps one fixed reduction
 // order per element however the tile is shaped, which is what batch invariance needs. The cost
 // is one horizontal reduction per element per K, small next to K / 16 FMAs.
@@ -48,18 +52,25 @@ template <DType D, int MR, int NR>
 EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t K, float* out) {
   const float* const* x = reinterpret_cast<const float* const*>(xv);
   __m512 acc[MR][NR];
+  #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
   const int64_t kv = K / 16 * 16;
   for (int64_t k = 0; k < kv; k += 16) {
     __m512 wr[NR];
+    #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) wr[j] = load_w16<D>(w[j], k);
+    #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
       const __m512 xr = _mm512_loadu_ps(x[i] + k);
+      #pragma GCC unroll 4
       for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xr, wr[j], acc[i][j]);
     }
   }
+  #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
       float s = reduce16(acc[i][j]);
       for (int64_t k = kv; k < K; k++) s += x[i][k] * load_w1<D>(w[j], k);
@@ -72,18 +83,25 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
   const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
   const uint16_t* const* w = reinterpret_cast<const uint16_t* const*>(wv);
   __m512 acc[MR][NR];
+  #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
   const int64_t kv = K / 32 * 32;
   for (int64_t k = 0; k < kv; k += 32) {
     __m512bh wr[NR];
+    #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) wr[j] = (__m512bh)_mm512_loadu_si512(w[j] + k);
+    #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
       const __m512bh xr = (__m512bh)_mm512_loadu_si512(x[i] + k);
+      #pragma GCC unroll 4
       for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xr, wr[j]);
     }
   }
+  #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
       float s = reduce16(acc[i][j]);
       for (int64_t k = kv; k < K; k++) s += bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]);

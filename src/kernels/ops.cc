@@ -3,14 +3,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/vec.h"
+
 namespace epmoe {
 
 void rmsnorm(const float* x, int64_t T, int64_t H, const std::vector<float>& w, float eps, float* out) {
   for (int64_t t = 0; t < T; t++) {
     const float* r = x + t * H;
     float* o = out + t * H;
-    float ss = 0.f;
-    for (int64_t i = 0; i < H; i++) ss += r[i] * r[i];
+    const float ss = dot(r, r, H);
     const float inv = 1.0f / std::sqrt(ss / float(H) + eps);
     for (int64_t i = 0; i < H; i++) o[i] = w[size_t(i)] * (r[i] * inv);
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/matmul.h"
+#include "kernels/vec.h"
 #include "moe/moe_layer.h"
 #include "util/error.h"
 #include "util/threads.h"
@@ -91,20 +92,11 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
         const int64_t ctx_len = base + i + 1;
         const float* qh = &q[size_t((t0 + i) * qd + h * D)];
         p.resize(static_cast<size_t>(ctx_len));
-        for (int64_t j = 0; j < ctx_len; j++) {
-          const float* kj = &kc[size_t(j * kvd + hk * D)];
-          float sdot = 0.f;
-          for (int d = 0; d < D; d++) sdot += qh[d] * kj[d];
-          p[size_t(j)] = sdot * scale;
-        }
+        for (int64_t j = 0; j < ctx_len; j++) p[size_t(j)] = dot(qh, &kc[size_t(j * kvd + hk * D)], D) * scale;
         softmax(p.data(), ctx_len);
         float* o = &ctx[size_t((t0 + i) * qd + h * D)];
         std::fill(o, o + D, 0.f);
-        for (int64_t j = 0; j < ctx_len; j++) {
-          const float* vj = &vc[size_t(j * kvd + hk * D)];
-          const float pj = p[size_t(j)];
-          for (int d = 0; d < D; d++) o[d] += pj * vj[d];
-        }
+        for (int64_t j = 0; j < ctx_len; j++) axpy(p[size_t(j)], &vc[size_t(j * kvd + hk * D)], o, D);
       }
     });
   }
