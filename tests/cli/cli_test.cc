@@ -80,7 +80,8 @@ TEST(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   const std::string m = " --model " + test::fixture("qwen3moe-tiny");
   auto r = run_command(test::epmoe() + " score" + m + " --ids 1,2,999 --out " + tmp_file("x"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("token id 999 is outside the vocabulary"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("token id 999"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("outside the vocabulary"), std::string::npos) << r.output;
   r = run_command(test::epmoe() + " generate" + m + " --prompt-ids ''");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   r = run_command(test::epmoe() + " score --model /nonexistent --ids 1 --out " + tmp_file("y"));
