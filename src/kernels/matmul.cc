@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu_features.h"
@@ -120,6 +121,40 @@ struct Activations {
 // Tokens per block: the block's activations stay in L2 while the weight rows stream past them.
 constexpr int64_t kTokenBlock = 64;
 
+// With many tokens, the fp32-compute path widens a tile's bf16 weight rows to fp32 once per token
+// block instead of once per micro-tile: the conversion is exact and the fp32 micro-kernel does the
+// same multiply-adds in the same order, so the bits do not change -- only the shifts leave the
+// inner loop (they compete with the FMAs for the vector pipes).
+struct WeightRows {
+  const char* base;
+  size_t row_bytes;
+  int64_t K;
+  bool widen;  // bf16 rows widened to fp32 into a per-thread buffer
+  const void* row(int64_t n, int slot) const {
+    const char* r = base + size_t(n) * row_bytes;
+    if (!widen) return r;
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(kMaxNR) * size_t(K));
+    float* dst = &buf[size_t(slot) * size_t(K)];
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(r);
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {  // 16 at a time: widen and shift, as gload16 does
+      const f32x16 v = gload16<DType::BF16>(src, k);
+      std::memcpy(dst + k, &v, 64);
+    }
+    for (; k < K; k++) dst[k] = bf16_to_f32(src[k]);
+    return dst;
+  }
+};
+
+// The micro-kernel for weights of dtype w at T tokens, and whether rows are widened first.
+std::pair<Micro, bool> choose(DType w, int64_t T) {
+  Micro m = select_micro(w);
+  if (w == DType::BF16 && !m.x_bf16 && std::string(m.name) == "avx512" && T >= 8 * kMaxMR)
+    return {avx512_micro(DType::F32), true};
+  return {m, false};
+}
+
 // Drives tiles of (up to kMaxMR tokens) x (nr weight rows) over [0, T) x [tile0, tile1).
 // rows_of(tile, ptrs) fills the weight-row pointers of a tile and returns nr; store(t0, mr, tile,
 // nr, out) writes the results.
@@ -170,17 +205,16 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
   weight_row_check(W, "matmul");
   const int64_t N = W.shape[0], K = W.shape[1];
   if (T == 0 || N == 0) return;
-  const Micro m = select_micro(W.dtype);
+  const auto [m, widen] = choose(W.dtype, T);
   const Activations a(x, T, K, m.x_bf16);
-  const size_t row_bytes = size_t(K) * dtype_size(W.dtype);
-  const char* base = static_cast<const char*>(W.data);
+  const WeightRows rows{static_cast<const char*>(W.data), size_t(K) * dtype_size(W.dtype), K, widen};
   const int64_t tiles = (N + kMaxNR - 1) / kMaxNR;
   drive(
       m, a, T, tiles, K,
       [&](int64_t tile, const void** w) {
         const int64_t n0 = tile * kMaxNR;
         const int nr = int(std::min<int64_t>(kMaxNR, N - n0));
-        for (int j = 0; j < nr; j++) w[j] = base + size_t(n0 + j) * row_bytes;
+        for (int j = 0; j < nr; j++) w[j] = rows.row(n0 + j, j);
         return nr;
       },
       [&](int64_t t0, int mr, int64_t tile, int nr, const float* out) {
@@ -196,11 +230,11 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   EPMOE_ASSERT(Wg.shape == Wu.shape && Wg.dtype == Wu.dtype, "gate and up weights differ: " + Wg.name + " vs " + Wu.name);
   const int64_t I = Wg.shape[0], K = Wg.shape[1];
   if (T == 0 || I == 0) return;
-  const Micro m = select_micro(Wg.dtype);
+  const auto [m, widen] = choose(Wg.dtype, T);
   const Activations a(x, T, K, m.x_bf16);
   const size_t row_bytes = size_t(K) * dtype_size(Wg.dtype);
-  const char* g = static_cast<const char*>(Wg.data);
-  const char* u = static_cast<const char*>(Wu.data);
+  const WeightRows g{static_cast<const char*>(Wg.data), row_bytes, K, widen};
+  const WeightRows u{static_cast<const char*>(Wu.data), row_bytes, K, widen};
   // A tile holds gate and up rows of the same output columns: {g[n], g[n+1], u[n], u[n+1]}, so the
   // pass over x serves both and silu(g) * u is formed in registers' reach.
   constexpr int kCols = kMaxNR / 2;
@@ -211,8 +245,8 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
         const int64_t n0 = tile * kCols;
         const int nc = int(std::min<int64_t>(kCols, I - n0));
         for (int j = 0; j < nc; j++) {
-          w[j] = g + size_t(n0 + j) * row_bytes;
-          w[nc + j] = u + size_t(n0 + j) * row_bytes;
+          w[j] = g.row(n0 + j, j);
+          w[nc + j] = u.row(n0 + j, nc + j);
         }
         return 2 * nc;
       },
