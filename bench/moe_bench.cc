@@ -8,6 +8,9 @@
 // With --model DIR (e.g. from `epmoe synth --like qwen3-30b-a3b --layers 4`), also decode and
 // prefill tokens/s of the whole model. Figures are printed, never asserted.
 #include <cblas.h>
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined" vectors (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

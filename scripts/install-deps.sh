@@ -11,6 +11,7 @@ packages=(
   libpcre2-dev libutf8proc-dev
   libopenblas-dev
   python3
+  clang libclang-rt-14-dev llvm   # scripts/fuzz.sh: libFuzzer with ASan + UBSan, llvm-symbolizer
 )
 
 missing=()

@@ -1,1 +1,104 @@
-int main() { return 0; }
+// Decode and prefill tokens/s of a synthesized 4-layer Qwen3-30B-A3B-shaped model on one GPU
+// (issue 9): hidden 2048, 32 q heads / 4 kv heads of 128, q/k norm, 128 experts top-8 of 768,
+// vocab 151936, random weights generated on the device, bf16 compute. The numbers include what
+// `epmoe generate` does per step (host logits of the last position, host argmax).
+//
+//   gpu_model_bench [--out FILE.tsv]
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda/model.h"
+#include "model/model.h"
+
+using namespace epmoe;
+using namespace epmoe::cuda;
+
+int main(int argc, char** argv) {
+  try {
+    GpuGroup& g = GpuGroup::world();
+    (void)g;
+    nlohmann::json j = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                        {"model_type", "qwen3_moe"},
+                        {"hidden_size", 2048},
+                        {"num_hidden_layers", 4},
+                        {"num_attention_heads", 32},
+                        {"num_key_value_heads", 4},
+                        {"head_dim", 128},
+                        {"intermediate_size", 6144},
+                        {"moe_intermediate_size", 768},
+                        {"num_experts", 128},
+                        {"num_experts_per_tok", 8},
+                        {"norm_topk_prob", true},
+                        {"decoder_sparse_step", 1},
+                        {"mlp_only_layers", nlohmann::json::array()},
+                        {"vocab_size", 151936},
+                        {"max_position_embeddings", 40960},
+                        {"rms_norm_eps", 1e-6},
+                        {"rope_theta", 1000000.0},
+                        {"tie_word_embeddings", false},
+                        {"attention_bias", false},
+                        {"bos_token_id", 151643},
+                        {"eos_token_id", 151645},
+                        {"torch_dtype", "bfloat16"}};
+    ModelConfig cfg = parse_model_config(j, "synthesized Qwen3-30B-A3B (4 layers)");
+    Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
+    GpuOptions go;
+    GpuModel m(cfg, pl, 0, go, 42);
+    auto be = make_local_gpu_backend(pl);
+    FILE* f = argc > 2 && std::string(argv[1]) == "--out" ? std::fopen(argv[2], "w") : nullptr;
+    if (f) std::fprintf(f, "phase\tbatch\tcontext\ttokens_per_s\tms_per_step\n");
+    std::printf("| phase | sequences | context | tokens/s | ms per step |\n|---|---|---|---|---|\n");
+    auto now = [] { return std::chrono::steady_clock::now(); };
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    // Prefill: one sequence of L tokens.
+    for (int L : {512, 2048}) {
+      std::vector<int32_t> ids(static_cast<size_t>(L));
+      for (int i = 0; i < L; i++) ids[size_t(i)] = (i * 7919) % cfg.vocab_size;
+      for (int rep = 0; rep < 2; rep++) {  // the first run allocates
+        GpuSequence s = m.new_sequence(0);
+        auto t0 = now();
+        m.forward({&s}, {ids}, *be, false);
+        auto t1 = now();
+        if (rep == 1) {
+          std::printf("| prefill | 1 | %d | %.0f | %.2f |\n", L, L / (ms(t0, t1) / 1e3), ms(t0, t1));
+          if (f) std::fprintf(f, "prefill\t1\t%d\t%.1f\t%.3f\n", L, L / (ms(t0, t1) / 1e3), ms(t0, t1));
+        }
+      }
+    }
+    // Decode: B sequences with 128-token prompts, then 32 steps of one token each.
+    for (int B : {1, 8, 64, 256}) {
+      std::vector<GpuSequence> seqs;
+      for (int b = 0; b < B; b++) seqs.push_back(m.new_sequence(uint64_t(b)));
+      std::vector<GpuSequence*> ps;
+      std::vector<std::vector<int32_t>> prompts;
+      for (int b = 0; b < B; b++) {
+        ps.push_back(&seqs[size_t(b)]);
+        std::vector<int32_t> p(128);
+        for (int i = 0; i < 128; i++) p[size_t(i)] = (b * 131 + i * 17) % cfg.vocab_size;
+        prompts.push_back(p);
+      }
+      auto ids = m.forward_greedy(ps, prompts, *be);
+      const int steps = 32;
+      double total = 0;
+      for (int s = 0; s < steps + 2; s++) {
+        std::vector<std::vector<int32_t>> next;
+        for (int b = 0; b < B; b++) next.push_back({ids[size_t(b)]});
+        auto t0 = now();
+        ids = m.forward_greedy(ps, next, *be);
+        auto t1 = now();
+        if (s >= 2) total += ms(t0, t1);
+      }
+      std::printf("| decode | %d | 128+ | %.0f | %.2f |\n", B, B * steps / (total / 1e3), total / steps);
+      if (f) std::fprintf(f, "decode\t%d\t128\t%.1f\t%.3f\n", B, B * steps / (total / 1e3), total / steps);
+    }
+    if (f) std::fclose(f);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_model_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

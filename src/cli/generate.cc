@@ -18,26 +18,34 @@ namespace {
 struct GenerateOptions {
   RunOptions run;
   std::string prompt_ids;
+  bool prompt_ids_given = false;  // given, even if empty (an empty prompt is an error, not absent)
   std::string prompts_file;
   std::string prompt;
+  bool prompt_given = false;
   bool chat = false;
   std::string system;
   int max_new_tokens = 16;
   bool ignore_eos = false;
 };
 
-std::vector<std::vector<int32_t>> read_prompts_file(const std::string& path) {
+// A prompt and where it came from (the flag, or file:line), for messages.
+struct Prompt {
+  std::string source;
+  std::vector<int32_t> ids;
+};
+
+std::vector<Prompt> read_prompts_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw InputError(path + ": cannot open prompts file");
-  std::vector<std::vector<int32_t>> out;
+  std::vector<Prompt> out;
   std::string line;
   int n = 0;
   while (std::getline(f, line)) {
     n++;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (line.back() == '\r') line.pop_back();
-    out.push_back(parse_ids(line, path + ":" + std::to_string(n)));
-    if (out.back().empty()) throw InputError(path + ":" + std::to_string(n) + ": empty prompt");
+    const std::string where = path + ":" + std::to_string(n);
+    out.push_back({where, parse_ids(line, where)});
   }
   if (out.empty()) throw InputError(path + ": no prompts");
   return out;
@@ -73,29 +81,52 @@ std::vector<std::vector<int32_t>> gather_results(Communicator& comm, size_t tota
 }
 
 int run_generate(const GenerateOptions& o) {
-  const int sources = !o.prompt_ids.empty() + !o.prompts_file.empty() + !o.prompt.empty();
+  const int sources = o.prompt_ids_given + !o.prompts_file.empty() + o.prompt_given;
   if (sources != 1) throw InputError("generate: give exactly one of --prompt-ids, --prompts-file, --prompt");
-  if (o.chat && o.prompt.empty()) throw InputError("--chat needs a text --prompt");
+  if (o.chat && !o.prompt_given) throw InputError("--chat needs a text --prompt");
 
   std::unique_ptr<Tokenizer> tok;
-  std::vector<std::vector<int32_t>> prompts;
-  if (!o.prompt.empty()) {
+  std::vector<Prompt> prompts;
+  if (o.prompt_given) {
+    if (o.prompt.empty() && !o.chat) throw InputError("--prompt: empty prompt");
     tok = std::make_unique<Tokenizer>(Tokenizer::load(o.run.model_dir));
     std::string text = o.chat ? tok->chat_prompt(o.prompt, o.system) : o.prompt;
-    prompts.push_back(tok->encode(text));
-    if (prompts.back().empty()) throw InputError("--prompt: the prompt encodes to no tokens");
-  } else if (!o.prompt_ids.empty()) {
-    prompts.push_back(parse_ids(o.prompt_ids, "--prompt-ids"));
-    if (prompts.back().empty()) throw InputError("--prompt-ids: empty prompt");
+    prompts.push_back({"--prompt", tok->encode(text)});
+    if (prompts.back().ids.empty()) throw InputError("--prompt: the prompt encodes to no tokens");
+  } else if (o.prompt_ids_given) {
+    prompts.push_back({"--prompt-ids", parse_ids(o.prompt_ids, "--prompt-ids")});
   } else {
     prompts = read_prompts_file(o.prompts_file);
+  }
+  // Every prompt is checked against the model before any rank loads a weight.
+  const ModelConfig cfg = load_model_config(o.run.model_dir);
+  for (const Prompt& p : prompts) check_prompt(p.ids, cfg, p.source, o.max_new_tokens);
+  if (use_cuda(o.run)) {
+#ifdef EPMOE_HAVE_CUDA
+    // The GPU path: greedy on every rank's prompts, results on every rank; rank 0 prints them
+    // (text mode prints the decoded text at the end, not streamed).
+    std::vector<std::vector<int32_t>> ids;
+    for (const Prompt& p : prompts) ids.push_back(p.ids);
+    int rank = 0;
+    auto all = cuda::cuda_generate(cuda_options(o.run), ids, o.max_new_tokens,
+                                   o.ignore_eos ? std::vector<int>{} : cfg.eos_token_ids, &rank);
+    if (rank == 0) {
+      if (tok) {
+        std::printf("%s\n", tok->decode(all[0]).c_str());
+      } else {
+        for (auto& v : all) std::printf("%s\n", join_ids(v).c_str());
+      }
+      std::fflush(stdout);
+    }
+#endif
+    return 0;
   }
 
   Runtime rt = make_runtime(o.run);
   const int R = rt.comm->size(), me = rt.comm->rank();
   std::vector<GenerateRequest> mine;
   for (size_t i = 0; i < prompts.size(); i++)
-    if (int(i % size_t(R)) == me) mine.push_back({uint64_t(i), prompts[i]});
+    if (int(i % size_t(R)) == me) mine.push_back({uint64_t(i), prompts[i].ids});
 
   GenerateParams gp;
   gp.max_new_tokens = o.max_new_tokens;
@@ -132,11 +163,13 @@ Command register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Greedy decoding from token ids or text");
   auto o = std::make_shared<GenerateOptions>();
   add_run_options(*cmd, o->run);
-  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids");
+  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids")
+      ->each([o](const std::string&) { o->prompt_ids_given = true; });
   cmd->add_option("--prompts-file", o->prompts_file,
                   "File with one comma-separated id list per line; sequences are spread over the ranks, "
                   "results print one line per prompt in input order");
-  cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer files in the model folder); prints text");
+  cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer files in the model folder); prints text")
+      ->each([o](const std::string&) { o->prompt_given = true; });
   cmd->add_flag("--chat", o->chat, "Wrap --prompt in the ChatML template");
   cmd->add_option("--system", o->system, "System message for --chat");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")

@@ -52,9 +52,48 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd.add_flag("--audit", o.audit, "Run the reduction audit of the backend once before the work");
+  cmd.get_option("--compute")->each([&o](const std::string&) { o.compute_given = true; });
+  cmd.add_option("--device", o.device,
+                 "cpu, or cuda: the GPU path (one process per GPU; several GPUs through scripts/gpu-launch.sh; "
+                 "--compute defaults to bf16 there; needs a build with -DEPMOE_CUDA=ON)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd.add_flag("--batch-invariant", o.batch_invariant,
+               "--device cuda: a row's bits never depend on the batch (always so there: no split-K, fixed-order "
+               "reductions; accepted for compatibility, costs nothing)");
 }
 
+bool use_cuda(const RunOptions& o) {
+  if (o.device != "cuda") return false;
+#ifdef EPMOE_HAVE_CUDA
+  return true;
+#else
+  throw InputError("--device cuda: this epmoe was built without CUDA (configure with -DEPMOE_CUDA=ON on a machine "
+                   "with nvcc and NCCL)");
+#endif
+}
+
+#ifdef EPMOE_HAVE_CUDA
+cuda::CudaRunOptions cuda_options(const RunOptions& o) {
+  cuda::CudaRunOptions c;
+  c.model_dir = o.model_dir;
+  c.backend = o.backend;
+  c.compute = o.compute_given ? o.compute : "bf16";
+  c.batch_invariant = o.batch_invariant;
+  c.redundant_experts = o.redundant_experts;
+  c.placement_file = o.placement_file;
+  c.max_dispatch_tokens_per_rank = o.max_dispatch_tokens_per_rank;
+  c.comm_timeout = o.comm_timeout;
+  c.check_numerics = o.check_numerics;
+  if (o.combine != "deterministic") throw InputError("--device cuda: only --combine deterministic is implemented");
+  if (o.audit || o.check_weights) throw InputError("--device cuda: --audit and --check-weights run on the CPU path only");
+  return c;
+}
+#endif
+
 Runtime make_runtime(const RunOptions& o) {
+  if (o.device == "cuda")
+    throw InputError("--device cuda: this command runs on CPUs only (GPU checks: scripts/gpu-test.sh)");
   Runtime rt;
   rt.comm = &Communicator::world();
   rt.comm->set_timeout(o.comm_timeout);

@@ -29,6 +29,9 @@ struct RunOptions {
   bool check_weights = false;
   std::string compute = "f32";
   bool audit = false;
+  std::string device = "cpu";    // cpu | cuda (src/cuda; a build with -DEPMOE_CUDA=ON)
+  bool compute_given = false;    // --compute was given (--device cuda defaults to bf16 without it)
+  bool batch_invariant = false;  // --device cuda: its kernels are batch-invariant in every mode
 };
 
 void add_model_option(CLI::App& cmd, RunOptions& o);
@@ -56,8 +59,19 @@ Runtime make_runtime(const RunOptions& o);
 // while generating). InputError naming `what` (the flag or file:line) and the config.
 void check_prompt(const std::vector<int32_t>& ids, const ModelConfig& cfg, const std::string& what, int new_tokens);
 
+// --device: true for cuda; InputError when this epmoe was built without CUDA.
+bool use_cuda(const RunOptions& o);
+
 // "1,2,3" -> ids; throws InputError naming the flag on bad syntax.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
 std::string join_ids(const std::vector<int32_t>& ids);
 
 }  // namespace epmoe
+
+#ifdef EPMOE_HAVE_CUDA
+#include "cuda/run.h"
+namespace epmoe {
+// The options of the GPU path (src/cuda/run.h).
+cuda::CudaRunOptions cuda_options(const RunOptions& o);
+}  // namespace epmoe
+#endif

@@ -21,7 +21,13 @@ struct ScoreOptions {
 
 int run_score(const ScoreOptions& o) {
   std::vector<int32_t> ids = parse_ids(o.ids, "--ids");
-  if (ids.empty()) throw InputError("--ids: the sequence is empty");
+  check_prompt(ids, load_model_config(o.run.model_dir), "--ids", 0);
+  if (use_cuda(o.run)) {
+#ifdef EPMOE_HAVE_CUDA
+    cuda::cuda_score(cuda_options(o.run), ids, o.out);
+#endif
+    return 0;
+  }
   Runtime rt = make_runtime(o.run);
   const bool mine = rt.comm->rank() == 0;
   Sequence seq = rt.model->new_sequence(0);

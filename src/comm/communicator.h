@@ -3,7 +3,20 @@
 // and MPI is never initialised (a plain `epmoe score` needs no MPI runtime at all).
 //
 // Collectives are posted non-blocking and polled; a wait longer than the timeout aborts the whole
-// group (MPI_Abort) with a message that names the operation, this rank and the peers it waits on.
+// group (MPI_Abort) with a message that names the operation, this rank and the peers at fault.
+//
+// Naming the peer at fault: a collective does not say which rank is missing. So every rank that
+// has waited a while also answers status queries on a side channel (a duplicate of the world
+// communicator, point-to-point only). A rank whose wait times out asks every peer where it is and
+// listens for a short grace period: peers that answer are alive and waiting (and say in which
+// operation); peers that stay silent are dead, hung or stuck outside communication -- those are
+// named. Nothing is exchanged while collectives complete in time.
+//
+// Test-only fault hook: EPMOE_TEST_FAULT=ACTION:RANK:OP makes rank RANK, on entering its OP-th
+// collective (1-based, counted from the start), do ACTION: `throw` (an epmoe::Error, as a bug in
+// the forward pass would), `kill` (SIGKILL itself) or `hang` (sleep forever). Read once, here;
+// used by tests/cli/rank_faults_test.cc to prove that the group fails fast and names the rank.
+// Never set it in production.
 #pragma once
 
 #include <cstddef>
@@ -78,15 +91,31 @@ class Communicator {
   // Raw MPI communicator handle for backends that need MPI directly (RMA windows, non-blocking
   // collectives). Only valid when distributed(). Returned as void* to keep mpi.h out of headers.
   void* mpi_comm() const;
-  // Polls an MPI request (MPI_Request*) until done or the timeout; aborts the group on timeout.
+  // Polls an MPI request (MPI_Request*) until done or the timeout; aborts the group on timeout,
+  // naming the peers that do not answer a status query.
   void wait(void* request, const char* op);
+
+  // Collective operations this rank has entered so far (the same sequence on every rank).
+  uint64_t operations() const { return ops_; }
 
  private:
   Communicator();
+  // Counts a collective and applies the test-only fault hook (see the top of this file).
+  void begin_op(const char* op);
+  // While waiting: answers the status queries of peers whose waits timed out.
+  void answer_status_queries();
+  // After a timeout: which peers answer, and where they are. One line for the abort message.
+  std::string diagnose_peers(void* request);
+
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
   bool mpi_ = false;
   uint64_t bytes_sent_ = 0;
+  uint64_t ops_ = 0;
+  const char* current_op_ = "start-up";
+  std::unique_ptr<unsigned char[]> side_;  // MPI_Comm of the status channel
+  struct Status;                          // a reply on the status channel
+  std::vector<std::unique_ptr<Status>> replies_;  // kept alive while their sends may run
   uint64_t others(const std::vector<size_t>& per_peer) const;
 };
 

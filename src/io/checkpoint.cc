@@ -9,6 +9,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const std::string index_path = dir + "/model.safetensors.index.json";
   const std::string single_path = dir + "/model.safetensors";
   if (file_exists(index_path)) {
+    index_path_ = index_path;
     const std::string text = read_text_file(index_path);
     nlohmann::json index = parse_json_text(index_path, text);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
@@ -19,40 +20,54 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     for (auto& [name, shard] : index["weight_map"].items()) {
       if (!shard.is_string()) throw InputError(index_path + ": weight_map['" + name + "'] is not a file name");
       const std::string fname = shard.get<std::string>();
-      if (fname.find('/') != std::string::npos)
-        throw InputError(index_path + ": shard name '" + fname + "' must be a plain file name");
+      if (fname.empty() || fname.find('/') != std::string::npos)
+        throw InputError(index_path + ": shard name '" + fname + "' (for tensor '" + name +
+                         "') must be a plain file name");
       auto it = shard_index.find(fname);
       if (it == shard_index.end()) {
-        const std::string path = dir + "/" + fname;
-        if (!file_exists(path))
-          throw InputError(index_path + ": shard '" + fname + "' (listed for tensor '" + name + "') is missing");
-        files_.push_back(std::make_unique<SafetensorsFile>(path));
-        it = shard_index.emplace(fname, files_.size() - 1).first;
+        shards_.push_back({dir + "/" + fname, name, nullptr});
+        it = shard_index.emplace(fname, shards_.size() - 1).first;
       }
-      if (!files_[it->second]->contains(name))
-        throw InputError(files_[it->second]->path() + ": lacks tensor '" + name + "' that " + index_path +
-                         " lists in it");
       where_[name] = it->second;
     }
+    if (shards_.empty()) throw InputError(index_path + ": weight_map lists no tensor");
   } else if (file_exists(single_path)) {
-    files_.push_back(std::make_unique<SafetensorsFile>(single_path));
-    for (auto& n : files_[0]->names()) where_[n] = 0;
+    shards_.push_back({single_path, "", nullptr});
+    for (auto& n : open(0).names()) where_[n] = 0;
   } else {
     throw InputError(dir + ": no model.safetensors or model.safetensors.index.json");
   }
 }
 
+const SafetensorsFile& Checkpoint::open(size_t i) const {
+  std::lock_guard<std::mutex> lock(open_mutex_);
+  Shard& s = shards_[i];
+  if (s.file) return *s.file;
+  if (!index_path_.empty()) {
+    if (!file_exists(s.path))
+      throw InputError(index_path_ + ": shard '" + s.path.substr(dir_.size() + 1) + "' (listed for tensor '" +
+                       s.first_tensor + "') is missing");
+  }
+  auto file = std::make_unique<SafetensorsFile>(s.path);
+  // Every tensor the index places in this shard must be there; checked once, when it opens.
+  for (auto& [name, shard] : where_)
+    if (shard == i && !file->contains(name))
+      throw InputError(s.path + ": lacks tensor '" + name + "' that " + index_path_ + " lists in it");
+  s.file = std::move(file);
+  return *s.file;
+}
+
 std::optional<TensorView> Checkpoint::find(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) return std::nullopt;
-  return files_[it->second]->get(name);
+  return open(it->second).get(name);
 }
 
 TensorView Checkpoint::get(const std::string& name) const {
   auto v = find(name);
   if (!v) {
     std::string searched;
-    for (auto& f : files_) searched += (searched.empty() ? "" : ", ") + f->path();
+    for (auto& f : files()) searched += (searched.empty() ? "" : ", ") + f;
     throw InputError("tensor '" + name + "' not found in checkpoint " + dir_ + " (searched " + searched + ")");
   }
   return *v;
@@ -66,8 +81,13 @@ std::vector<std::string> Checkpoint::names() const {
 
 std::vector<std::string> Checkpoint::files() const {
   std::vector<std::string> out;
-  for (auto& f : files_) out.push_back(f->path());
+  for (auto& s : shards_) out.push_back(s.path);
   return out;
+}
+
+std::string Checkpoint::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? std::string() : shards_[it->second].path;
 }
 
 }  // namespace epmoe

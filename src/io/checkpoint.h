@@ -1,9 +1,15 @@
 // A Hugging Face checkpoint folder: one model.safetensors, or shards listed in
 // model.safetensors.index.json. Tensors are looked up by name across shards.
+//
+// Shards are opened (mapped and validated) on first use, not when the index is read: a rank of an
+// expert-parallel group touches only the shards that hold its weights, so a node may lack the
+// shards of other ranks' experts, and a shard missing for one rank's experts fails only that rank
+// (which then aborts the group, naming itself; docs/hostile-inputs.md).
 #pragma once
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,20 +20,34 @@ namespace epmoe {
 
 class Checkpoint {
  public:
+  // Reads and validates the index (or finds model.safetensors); opens no shard yet.
   explicit Checkpoint(const std::string& dir);
 
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
-  // Throws InputError naming the tensor and the files searched.
+  // Throws InputError naming the tensor and the files searched, or the shard at fault when the
+  // shard holding it is missing or malformed.
   TensorView get(const std::string& name) const;
   std::optional<TensorView> find(const std::string& name) const;
   std::vector<std::string> names() const;
   const std::string& dir() const { return dir_; }
+  // Every shard file, opened or not.
   std::vector<std::string> files() const;
+  // The shard file that holds `name` ("" when no shard does).
+  std::string file_of(const std::string& name) const;
 
  private:
+  struct Shard {
+    std::string path;
+    std::string first_tensor;                // a tensor the index lists in it, for messages
+    std::unique_ptr<SafetensorsFile> file;   // null until first use
+  };
+  const SafetensorsFile& open(size_t shard) const;
+
   std::string dir_;
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, size_t> where_;  // tensor name -> index in files_
+  std::string index_path_;  // "" for a single model.safetensors
+  mutable std::mutex open_mutex_;  // loaders may look tensors up from several threads
+  mutable std::vector<Shard> shards_;
+  std::map<std::string, size_t> where_;  // tensor name -> index in shards_
 };
 
 }  // namespace epmoe

@@ -1,6 +1,7 @@
 #include "io/hf_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "io/json_util.h"
@@ -66,15 +67,28 @@ struct Fields {
   std::vector<int> int_list_or_empty(const std::string& k) const {
     std::vector<int> out;
     if (!has(k)) return out;
-    if (j[k].is_number_integer()) return {int(j[k].get<int64_t>())};
-    if (!j[k].is_array()) bad(k, "must be a list of integers, got " + j[k].dump());
-    for (auto& v : j[k]) {
-      if (!v.is_number_integer()) bad(k, "must be a list of integers, got " + j[k].dump());
+    // Range-checked: an id of 2^32 + 2 must not wrap around to token 2.
+    auto one = [&](const json& v) {
+      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)
+        bad(k, "must be a list of integers, got " + j[k].dump());
       out.push_back(int(v.get<int64_t>()));
+    };
+    if (j[k].is_array()) {
+      for (auto& v : j[k]) one(v);
+    } else {
+      one(j[k]);
     }
     return out;
   }
 };
+
+// head_dim * partial_rotary_factor, which must be in (0, 1]: the rotation covers part of the head,
+// never more (found by fuzz/config_fuzz.cc: 5.5 inside rope_parameters made the rotary dimension
+// exceed head_dim, and rope then wrote past the head).
+void set_rotary_dim(const Fields& f, const std::string& key, double p, ModelConfig& c) {
+  if (!(p > 0 && p <= 1)) f.bad(key, "must be in (0, 1], got " + std::to_string(p));
+  c.rotary_dim = int(c.head_dim * p);
+}
 
 // Rope parameters: v4 `rope_theta` + `rope_scaling`, v5 `rope_parameters`. Only the default
 // rope is implemented; a scaled rope silently treated as default would give wrong logits.
@@ -92,14 +106,16 @@ void parse_rope(const Fields& f, ModelConfig& c) {
       if (!obj["rope_theta"].is_number()) f.bad(key + ".rope_theta", "must be a number");
       c.rope_theta = float(obj["rope_theta"].get<double>());
     }
-    if (obj.contains("partial_rotary_factor") && obj["partial_rotary_factor"].is_number()) {
-      double p = obj["partial_rotary_factor"].get<double>();
-      c.rotary_dim = int(c.head_dim * p);
+    if (obj.contains("partial_rotary_factor")) {
+      const json& p = obj["partial_rotary_factor"];
+      if (!p.is_number()) f.bad(key + ".partial_rotary_factor", "must be a number");
+      set_rotary_dim(f, key + ".partial_rotary_factor", p.get<double>(), c);
     }
   };
   if (f.has("rope_scaling")) check_type("rope_scaling", f.j["rope_scaling"]);
   if (f.has("rope_parameters")) check_type("rope_parameters", f.j["rope_parameters"]);
-  if (!(c.rope_theta > 0)) f.bad("rope_theta", "must be positive");
+  // As a float: 1e39 would become Inf and every rotation angle NaN.
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) f.bad("rope_theta", "must be a positive number");
 }
 
 }  // namespace
@@ -138,14 +154,11 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   if (c.head_dim % 2) f.bad("head_dim", "must be even for rotary embeddings");
   c.rotary_dim = c.head_dim;
   c.rms_norm_eps = float(f.number_or("rms_norm_eps", 1e-6));
+  if (!(c.rms_norm_eps >= 0) || !std::isfinite(c.rms_norm_eps)) f.bad("rms_norm_eps", "must be a small non-negative number");
   c.max_position_embeddings = f.positive_or("max_position_embeddings", 1 << 20);
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   parse_rope(f, c);
-  if (f.has("partial_rotary_factor")) {
-    double p = f.number("partial_rotary_factor");
-    if (!(p > 0 && p <= 1)) f.bad("partial_rotary_factor", "must be in (0, 1]");
-    c.rotary_dim = int(c.head_dim * p);
-  }
+  if (f.has("partial_rotary_factor")) set_rotary_dim(f, "partial_rotary_factor", f.number("partial_rotary_factor"), c);
   if (c.rotary_dim % 2 || c.rotary_dim <= 0) f.bad("partial_rotary_factor", "gives an odd or empty rotary dimension");
   if (f.boolean_or("use_sliding_window", false))
     f.bad("use_sliding_window", "is true; sliding-window attention is not supported");
@@ -191,10 +204,13 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
       r.n_group = f.positive_or("n_group", 1);
       r.topk_group = f.positive_or("topk_group", 1);
       r.routed_scaling_factor = float(f.number_or("routed_scaling_factor", 1.0));
+      if (!std::isfinite(r.routed_scaling_factor)) f.bad("routed_scaling_factor", "must be a finite number");
       r.has_correction_bias = true;
       int first_dense = f.non_negative_or("first_k_dense_replace", 0);
       for (int l = 0; l < L; l++) c.sparse_layer[size_t(l)] = l >= first_dense;
-      c.shared_intermediate_size = f.non_negative_or("n_shared_experts", 0) * c.moe_intermediate_size;
+      const int64_t shared = int64_t(f.non_negative_or("n_shared_experts", 0)) * c.moe_intermediate_size;
+      if (shared > (1 << 30)) f.bad("n_shared_experts", "times moe_intermediate_size is too large");
+      c.shared_intermediate_size = int(shared);
       if (r.num_experts % r.n_group != 0)
         f.bad("n_group", "(" + std::to_string(r.n_group) + ") must divide n_routed_experts (" +
                              std::to_string(r.num_experts) + ")");

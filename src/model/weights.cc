@@ -1,6 +1,12 @@
 #include "model/weights.h"
 
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
 #include "util/error.h"
+#include "util/threads.h"
 
 namespace epmoe {
 
@@ -24,10 +30,17 @@ MoeNames moe_names(Family f) {
   return {};
 }
 
+// Called with every weight view the loader hands out and the checkpoint name it came from.
+using WeightVisitor = std::function<void(const TensorView& v, const std::string& tensor)>;
+
 struct Loader {
   const ModelConfig& cfg;
   const Checkpoint& ckpt;
+  WeightVisitor visit;  // empty: plain loading
 
+  void seen(const TensorView& v, const std::string& tensor) const {
+    if (visit) visit(v, tensor);
+  }
   TensorView matrix(const std::string& name, int64_t rows, int64_t cols) const {
     TensorView v = ckpt.get(name);
     if (v.rank() != 2 || v.shape[0] != rows || v.shape[1] != cols)
@@ -35,6 +48,7 @@ struct Loader {
                        ", " + std::to_string(cols) + "] from " + cfg.source);
     if (!dtype_is_float_weight(v.dtype))
       throw InputError("tensor '" + name + "' has dtype " + std::string(dtype_name(v.dtype)) + "; expected F32, BF16 or F16");
+    seen(v, name);
     return v;
   }
   std::vector<float> vec(const std::string& name, int64_t n) const {
@@ -43,6 +57,7 @@ struct Loader {
       throw InputError("tensor '" + name + "' has shape " + v.shape_str() + ", expected [" + std::to_string(n) + "]");
     if (!dtype_is_float_weight(v.dtype))
       throw InputError("tensor '" + name + "' has dtype " + std::string(dtype_name(v.dtype)) + "; expected F32, BF16 or F16");
+    seen(v, name);
     return to_f32(v);
   }
   SwigluWeights swiglu(const std::string& prefix, const std::string& g, const std::string& u, const std::string& d,
@@ -69,8 +84,10 @@ void load_experts(const Loader& ld, const MoeNames& n, const std::string& pfx, c
       throw InputError("tensor '" + fused_d + "' has shape " + d.shape_str() + ", expected [" + std::to_string(E) +
                        ", " + std::to_string(H) + ", " + std::to_string(I) + "]");
     for (int e : experts) {
-      TensorView g = gu.index0(e);
-      m.experts[e] = {g.slice_rows(0, I), g.slice_rows(I, I), d.index0(e)};
+      TensorView g = gu.index0(e), de = d.index0(e);
+      ld.seen(g, fused_gu);  // only this rank's slices: the others are never read
+      ld.seen(de, fused_d);
+      m.experts[e] = {g.slice_rows(0, I), g.slice_rows(I, I), de};
     }
     return;
   }
@@ -78,10 +95,64 @@ void load_experts(const Loader& ld, const MoeNames& n, const std::string& pfx, c
     m.experts[e] = ld.swiglu(pfx + "experts." + std::to_string(e) + ".", n.gate, n.up, n.down, I);
 }
 
+// Index of the first NaN or Inf in a float-weight view, or -1. Works on the bits (exponent all
+// ones), so it needs no conversion, and splits the scan over the threads; the minimum over the
+// ranges is the first bad element whatever the split.
+int64_t first_non_finite(const TensorView& v) {
+  const int64_t n = v.numel();
+  std::atomic<int64_t> first{n};
+  parallel_for(n, int64_t(1) << 16, [&](int64_t b, int64_t e) {
+    auto scan = [&](auto bits_of, auto mask) {
+      for (int64_t i = b; i < e && i < first.load(std::memory_order_relaxed); i++)
+        if ((bits_of(i) & mask) == mask) {
+          int64_t cur = first.load();
+          while (i < cur && !first.compare_exchange_weak(cur, i)) {
+          }
+          return;
+        }
+    };
+    const auto* bytes = static_cast<const unsigned char*>(v.data);
+    switch (v.dtype) {
+      case DType::F32:
+        scan([&](int64_t i) { uint32_t u; std::memcpy(&u, bytes + 4 * i, 4); return u; }, uint32_t(0x7f800000u));
+        break;
+      case DType::BF16:
+        scan([&](int64_t i) { uint16_t u; std::memcpy(&u, bytes + 2 * i, 2); return u; }, uint16_t(0x7f80u));
+        break;
+      case DType::F16:
+        scan([&](int64_t i) { uint16_t u; std::memcpy(&u, bytes + 2 * i, 2); return u; }, uint16_t(0x7c00u));
+        break;
+      default: break;  // the loader accepts only float weights
+    }
+  });
+  return first.load() < n ? first.load() : -1;
+}
+
+ModelWeights load_weights_impl(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts,
+                               WeightVisitor visit);
+
 }  // namespace
 
 ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts) {
-  Loader ld{cfg, ckpt};
+  return load_weights_impl(cfg, ckpt, experts, {});
+}
+
+void check_weights_finite(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts) {
+  load_weights_impl(cfg, ckpt, experts, [&](const TensorView& v, const std::string& tensor) {
+    const int64_t i = first_non_finite(v);
+    if (i < 0) return;
+    const float x = v.at(i);
+    throw InputError("--check-weights: tensor '" + v.name + "' in " + ckpt.file_of(tensor) + " holds " +
+                     (std::isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf") + " at element " + std::to_string(i) +
+                     " of shape " + v.shape_str());
+  });
+}
+
+namespace {
+
+ModelWeights load_weights_impl(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts,
+                               WeightVisitor visit) {
+  Loader ld{cfg, ckpt, std::move(visit)};
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
   const int64_t q_out = int64_t(cfg.num_heads) * D, kv_out = int64_t(cfg.num_kv_heads) * D;
   ModelWeights w;
@@ -126,5 +197,7 @@ ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const 
   }
   return w;
 }
+
+}  // namespace
 
 }  // namespace epmoe

@@ -37,4 +37,9 @@ struct ModelWeights {
 // others are never touched, so their bytes are never read). Shapes are checked against the config.
 ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts);
 
+// --check-weights: reads every weight load_weights(cfg, ckpt, experts) would use (for fused
+// expert tensors, only the slices of `experts`) and throws InputError naming the first tensor
+// that holds a NaN or an Inf, its file and the element. Costs one pass over those bytes.
+void check_weights_finite(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts);
+
 }  // namespace epmoe

@@ -41,8 +41,19 @@ Tokenizer::Impl::Impl(TokenizerSpec spec)
       added(std::move(spec.added_tokens)) {
   assign_added_token_ids(added, bpe.vocab());
   int32_t max_id = -1;
-  for (const auto& [spelling, id] : bpe.vocab()) max_id = std::max(max_id, id);
-  for (const AddedToken& t : added) max_id = std::max(max_id, t.id);
+  const std::string* max_token = nullptr;
+  for (const auto& [spelling, id] : bpe.vocab())
+    if (id > max_id) max_id = id, max_token = &spelling;
+  for (const AddedToken& t : added)
+    if (t.id > max_id) max_id = t.id, max_token = &t.content;
+  // The decode table below has a slot for every id up to the largest. Ids are dense in real
+  // tokenizers (gaps of a few reserved ids at most); one stray huge id would make the table
+  // gigabytes and end in bad_alloc, so it is refused by name.
+  const size_t tokens = bpe.vocab().size() + added.size();
+  if (max_id >= 0 && static_cast<size_t>(max_id) >= 2 * tokens + 1024)
+    throw InputError(spec.source + ": token '" + *max_token + "' has id " + std::to_string(max_id) +
+                     ", far beyond the " + std::to_string(tokens) +
+                     " tokens of the vocabulary (ids must be dense)");
   id_bytes.resize(static_cast<size_t>(max_id) + 1);
   id_flags.assign(id_bytes.size(), 0);
 

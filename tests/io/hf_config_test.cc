@@ -1,6 +1,8 @@
 // config.json parsing: v4 and v5 spellings, every family's keys, and clear refusals.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "common/golden.h"
@@ -108,6 +110,34 @@ TEST(HfConfig, RefusesWhatItCannotRunWithTheFieldNamed) {
   j["num_experts_per_tok"] = 9;
   EXPECT_NE(error_of(j).find("exceeds the number of experts"), std::string::npos) << error_of(j);
   EXPECT_NE(error_of(json::array()).find("not a JSON object"), std::string::npos);
+}
+
+// What the config fuzzer (fuzz/config_fuzz.cc) checks of every accepted config, here on the
+// values that once got through.
+TEST(HfConfig, RotaryFactorInsideRopeParametersIsRangeChecked) {
+  json j = qwen3_base();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 5.5}};  // rotary dim > head_dim
+  EXPECT_NE(error_of(j).find("field 'rope_parameters.partial_rotary_factor' must be in (0, 1]"), std::string::npos)
+      << error_of(j);
+  j["rope_parameters"]["partial_rotary_factor"] = -1e300;  // int(head_dim * p) would be undefined
+  EXPECT_NE(error_of(j).find("must be in (0, 1]"), std::string::npos);
+  j["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  EXPECT_EQ(parse_model_config(j, "c").rotary_dim, 4);
+}
+
+TEST(HfConfig, NumbersMustFitTheirFloatOrIntField) {
+  json j = qwen3_base();
+  j["rms_norm_eps"] = 1e300;  // Inf as a float
+  EXPECT_NE(error_of(j).find("field 'rms_norm_eps'"), std::string::npos) << error_of(j);
+  j = qwen3_base();
+  j["rope_theta"] = 1e300;
+  EXPECT_NE(error_of(j).find("field 'rope_theta' must be a positive number"), std::string::npos) << error_of(j);
+  j = qwen3_base();
+  j["eos_token_id"] = {2, 4294967298};  // would wrap to token 2
+  EXPECT_NE(error_of(j).find("field 'eos_token_id' must be a list of integers"), std::string::npos) << error_of(j);
+  json g = json::parse(std::ifstream(test::fixture("glm4moe-tiny") + "/config.json"));
+  g["n_shared_experts"] = 1 << 30;  // times moe_intermediate_size overflows an int
+  EXPECT_NE(error_of(g).find("field 'n_shared_experts'"), std::string::npos) << error_of(g);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -108,6 +109,16 @@ TEST(Safetensors, OffsetsOverlap) {
                      {"'a'", "'b'", "overlap"});
 }
 
+// An empty tensor sorts between two overlapping ones; it must not hide their overlap.
+TEST(Safetensors, OverlapBesideAnEmptyTensor) {
+  expect_input_error(write_raw("overlap_empty",
+                               R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                   "e": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+                                   "c": {"dtype": "F32", "shape": [1], "data_offsets": [6, 10]}})",
+                               10),
+                     {"'a'", "'c'", "overlap"});
+}
+
 TEST(Safetensors, DuplicateNames) {
   expect_input_error(write_raw("dup",
                                R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
@@ -138,6 +149,32 @@ TEST(Checkpoint, MissingTensorNamesTensorAndFiles) {
     EXPECT_NE(m.find("model.layers.9.mlp.gate.weight"), std::string::npos) << m;
     EXPECT_NE(m.find("model-00001-of-00002.safetensors"), std::string::npos) << m;
     EXPECT_NE(m.find("model-00002-of-00002.safetensors"), std::string::npos) << m;
+  }
+}
+
+// Shards open on first use: a rank that needs nothing from a missing shard never notices it,
+// and the first lookup into it names the shard.
+TEST(Checkpoint, OpensShardsOnFirstUse) {
+  const std::string dir = tmp_path("lazy");
+  std::filesystem::create_directories(dir);
+  const std::string src = test::fixture("qwen3moe-tiny-mixed-bf16");
+  for (const char* f : {"config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"})
+    std::filesystem::copy_file(src + "/" + f, dir + "/" + f, std::filesystem::copy_options::overwrite_existing);
+  auto index = nlohmann::json::parse(std::ifstream(dir + "/model.safetensors.index.json"));
+  std::string in1, in2;
+  for (auto& [name, shard] : index["weight_map"].items())
+    (shard == "model-00001-of-00002.safetensors" ? in1 : in2) = name;
+  Checkpoint ck(dir);
+  EXPECT_TRUE(ck.contains(in2));
+  EXPECT_EQ(ck.files().size(), 2u);
+  EXPECT_EQ(ck.file_of(in2), dir + "/model-00002-of-00002.safetensors");
+  EXPECT_NO_THROW(ck.get(in1));
+  try {
+    ck.get(in2);
+    FAIL() << "no error for a tensor of the missing shard";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("shard 'model-00002-of-00002.safetensors'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is missing"), std::string::npos) << e.what();
   }
 }
 

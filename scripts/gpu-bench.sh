@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU benchmarks (docs/gpu.md), from .gpu/ (scripts/gpu-package.sh): the MoE layer at the
+# Qwen3-30B-A3B shape beside torch._grouped_mm in the same run, a synthesized 4-layer model's
+# decode / prefill tokens/s, and (2 GPUs) dispatch + combine over NCCL beside a raw all-to-all.
+# Tables on stdout; TSVs and logs in $OUT (or /tmp/epmoe-gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+out=${OUT:-/tmp/epmoe-gpu}
+mkdir -p "$out"
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+timeout 120 "$GPU_BIN/gpu_moe_bench" --out "$out/moe_bench.tsv" 2>&1 | tee "$out/moe_bench.log"
+PYTHONUNBUFFERED=1 timeout 120 python3 bench/cuda/torch_moe_bench.py --out "$out/torch_bench.tsv" 2>&1 |
+  tee "$out/torch_bench.log"
+python3 scripts/gpu-bench-table.py "$out/moe_bench.tsv" "$out/torch_bench.tsv" | tee "$out/moe_table.md"
+if ((ngpu >= 2)); then
+  timeout 120 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_bench" --out "$out/ep_bench.tsv" 2>&1 | tee "$out/ep_bench.log"
+fi
+timeout 120 "$GPU_BIN/gpu_model_bench" --out "$out/model_bench.tsv" 2>&1 | tee "$out/model_bench.log"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the CUDA targets on this machine and gathers what a GPU machine needs into .gpu/ (listed
+# in .git/info/exclude): stripped binaries, and the shared libraries they use that such a machine
+# lacks (OpenMPI, PCRE2, utf8proc and their dependencies; libc, libstdc++ and NCCL are found there).
+#   bash scripts/gpu-package.sh          # then carry .gpu to the GPU machine and run scripts/gpu-test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build-cuda}
+jobs=${JOBS:-2}
+PATH=/usr/local/cuda/bin:$PATH cmake -S . -B "$build" -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=OFF \
+  -DCMAKE_BUILD_TYPE=Release >/dev/null
+targets=(epmoe gpu_test gpu_ep_test gpu_moe_bench gpu_ep_bench gpu_model_bench)
+cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+rm -rf .gpu
+mkdir -p .gpu/bin .gpu/lib
+for t in "${targets[@]}"; do
+  f=$(find "$build" -type f -name "$t" -perm -u+x | head -1)
+  strip -o ".gpu/bin/$t" "$f"
+done
+cp bench/cuda/torch_moe_bench.py .gpu/bin/
+ldd .gpu/bin/epmoe | awk '/=> \//{print $3}' |
+  grep -vE '/lib(c|m|stdc\+\+|gcc_s|pthread|dl|rt|nccl)\.so' | while read -r lib; do cp -L "$lib" .gpu/lib/; done
+du -sh .gpu

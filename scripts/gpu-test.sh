@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU tests (issues 9 and 10), on a machine with NVIDIA GPUs, from the binaries that
+# scripts/gpu-package.sh put in .gpu/ (or GPU_BIN=DIR). Not part of CI (CI has no GPU).
+#   1 GPU:  kernels, and every fixture against transformers' goldens in bf16 and f32 (gpu_test);
+#           epmoe score / generate --device cuda
+#   2 GPUs: expert parallelism over NCCL, bit-identical to one GPU for every backend (gpu_ep_test);
+#           epmoe generate --device cuda on 2 processes
+# Logs go to $OUT (or /tmp/epmoe-gpu). Exit status 0 when everything passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+out=${OUT:-/tmp/epmoe-gpu}
+mkdir -p "$out"
+export EPMOE_COMM_TIMEOUT=${EPMOE_COMM_TIMEOUT:-30}
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+status=0
+step() {  # step NAME TIMEOUT command...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$out/$name.log"
+  echo "=== $name: exit $rc"
+  ((rc == 0)) || status=1
+}
+fx=tests/data/qwen3moe-tiny
+ids=$(python3 -c "
+from safetensors.numpy import load_file
+print(','.join(str(int(v)) for v in load_file('$fx/golden.safetensors')['seq0.all_ids']))" 2>/dev/null || echo 5,17,42,99,3)
+step gpu_test 150 "$GPU_BIN/gpu_test"
+step cli_score 60 "$GPU_BIN/epmoe" score --device cuda --model $fx --ids "$ids" --out "$out/score.safetensors"
+step cli_generate 60 "$GPU_BIN/epmoe" generate --device cuda --model $fx --prompt-ids "$ids" --max-new-tokens 8
+step cli_generate_f32 60 "$GPU_BIN/epmoe" generate --device cuda --compute f32 --model $fx --prompt-ids "$ids" \
+  --max-new-tokens 8
+if ((ngpu >= 2)); then
+  step gpu_ep_test 150 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test"
+  printf '%s\n' "$ids" "${ids%,*}" "${ids#*,}" > "$out/prompts.txt"
+  for b in none alltoall lowlatency; do
+    step "cli_generate_2gpu_$b" 90 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda \
+      --moe-a2a-backend $b --model $fx --prompts-file "$out/prompts.txt" --max-new-tokens 8
+  done
+  step cli_generate_1gpu_ref 60 "$GPU_BIN/epmoe" generate --device cuda --model $fx --prompts-file "$out/prompts.txt" \
+    --max-new-tokens 8
+  # Greedy ids of 2 GPUs (every backend) == 1 GPU.
+  ref=$(grep -E '^[0-9,]+$' "$out/cli_generate_1gpu_ref.log")
+  for b in none alltoall lowlatency; do
+    got=$(grep -E '^[0-9,]+$' "$out/cli_generate_2gpu_$b.log")
+    if [[ -n $ref && $got == "$ref" ]]; then echo "generate 2 GPUs $b == 1 GPU: ok"
+    else echo "generate 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
+  done
+else
+  echo "only $ngpu GPU(s): the 2-GPU tests did not run"
+fi
+exit $status

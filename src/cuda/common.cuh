@@ -1,0 +1,153 @@
+// Shared helpers of the CUDA code: error checks that throw epmoe::Error with file:line, a grow-only
+// device array, bf16 <-> fp32, warp reductions. Internal to src/cuda (included by .cu files only).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "util/error.h"
+
+namespace epmoe::cuda {
+
+using bf16 = __nv_bfloat16;
+
+[[noreturn]] void cuda_fail(const char* expr, cudaError_t e, const char* file, int line);
+
+#define EPMOE_CUDA_CHECK(x)                                                             \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) ::epmoe::cuda::cuda_fail(#x, e_, __FILE__, __LINE__);        \
+  } while (0)
+// After every launch: a bad configuration shows up here, not at the next synchronisation.
+#define EPMOE_CUDA_LAUNCHED() EPMOE_CUDA_CHECK(cudaGetLastError())
+
+// A device allocation that only grows (a layer runs many times with similar sizes; cudaMalloc
+// synchronises the device and must stay out of the steady state). Contents are not preserved.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t n) { reserve(n); }
+  ~DeviceArray() { release(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = o.p_, n_ = o.n_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  void reserve(size_t n) {
+    if (n <= n_) return;
+    release();
+    EPMOE_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
+    n_ = n;
+  }
+  void upload(const T* host, size_t n) {
+    reserve(n);
+    if (n) EPMOE_CUDA_CHECK(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
+  std::vector<T> download(size_t n) const {
+    std::vector<T> out(n);
+    if (n) EPMOE_CUDA_CHECK(cudaMemcpy(out.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t capacity() const { return n_; }
+  bool empty() const { return p_ == nullptr; }
+
+ private:
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+__host__ __device__ inline float to_f32(float x) { return x; }
+__host__ __device__ inline float to_f32(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__host__ __device__ inline T from_f32(float x);
+template <>
+__host__ __device__ inline float from_f32<float>(float x) { return x; }
+template <>
+__host__ __device__ inline bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum with a fixed tree (deterministic): every thread gets the result.
+// scratch: >= 32 floats of shared memory.
+__device__ inline float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? scratch[lane] : 0.f;
+  t = warp_sum(t);
+  return t;
+}
+__device__ inline float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? scratch[lane] : -INFINITY;
+  t = warp_max(t);
+  return t;
+}
+
+// Exclusive prefix sum over the block (int), in thread order; *total gets the sum.
+// scratch: >= 33 ints of shared memory.
+__device__ inline int block_exclusive_scan(int v, int* scratch, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  int incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  __syncthreads();
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nw ? scratch[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < nw) scratch[lane] = w;  // inclusive warp totals
+    if (lane == nw - 1) scratch[32] = w;
+  }
+  __syncthreads();
+  const int before = warp > 0 ? scratch[warp - 1] : 0;
+  *total = scratch[32];
+  return before + incl - v;
+}
+
+__host__ __device__ inline int64_t lmin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// The device's multiprocessor count (cached per device).
+int sm_count();
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,359 @@
+#include "cuda/gemm.cuh"
+
+#include <algorithm>
+
+namespace epmoe::cuda {
+
+namespace {
+
+__device__ inline float silu_f(float g) { return g / (1.0f + expf(-g)); }
+
+template <class TC, bool SWIGLU>
+__device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
+  TC* C = static_cast<TC*>(p.C);
+  if constexpr (SWIGLU) {
+    // col is even: (gate, up) of output column col / 2.
+    if (col + 1 < p.N) C[orow * p.ldc + col / 2] = from_f32<TC>(silu_f(v0) * v1);
+  } else {
+    if (p.bias) {
+      if (col < p.N) v0 += p.bias[col];
+      if (col + 1 < p.N) v1 += p.bias[col + 1];
+    }
+    if (col < p.N) C[orow * p.ldc + col] = from_f32<TC>(v0);
+    if (col + 1 < p.N) C[orow * p.ldc + col + 1] = from_f32<TC>(v1);
+  }
+}
+
+__device__ inline void group_range(const GemmArgs& p, int g, int& begin, int& rows) {
+  if (p.offsets) {
+    begin = p.offsets[g];
+    rows = p.offsets[g + 1] - begin;
+  } else {  // G groups of M rows each (G = 1: a dense GEMM)
+    begin = g * p.M;
+    rows = p.M;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 tensor-core kernel (sm_80+ mma.sync; runs on sm_90a).
+//
+// Tile BM x BN x 64, WM x WN warps, each warp a (BM/WM) x (BN/WN) tile of m16n8k16 MMAs. Shared
+// memory rows are 64 bf16 = 128 bytes = 8 chunks of 16 bytes; chunk c of row r is stored at
+// chunk c ^ (r & 7), so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+
+__device__ inline uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem)));
+}
+
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
+
+template <int BM_, int BN_, int WM_, int WN_, int STAGES_>
+struct TcCfg {
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_, BK = 64;
+  static constexpr int NT = WM * WN * 32;
+  static constexpr int TM = BM / WM, TN = BN / WN;
+  static constexpr int MI = TM / 16, NI = TN / 8;
+  static constexpr int A_CH = BM * 8 / NT, B_CH = BN * 8 / NT;  // 16-byte chunks per thread per stage
+  static constexpr int SMEM = STAGES * (BM + BN) * BK * 2;
+  static_assert(TM % 16 == 0 && TN % 16 == 0, "warp tile");
+  static_assert((BM * 8) % NT == 0 && (BN * 8) % NT == 0, "chunks per thread");
+};
+
+template <class Cfg, class TC, bool SWIGLU>
+__global__ void __launch_bounds__(Cfg::NT) tc_gemm_kernel(const GemmArgs p) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, NT = Cfg::NT, STAGES = Cfg::STAGES;
+  constexpr int TM = Cfg::TM, TN = Cfg::TN, MI = Cfg::MI, NI = Cfg::NI, A_CH = Cfg::A_CH, B_CH = Cfg::B_CH;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sA = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sB = sA + STAGES * BM * BK;
+
+  int row_begin, rows, group, m_first, m_step;
+  if (p.tiles) {
+    if (int(blockIdx.y) >= *p.num_tiles) return;
+    group = p.tiles[2 * blockIdx.y];
+    m_first = p.tiles[2 * blockIdx.y + 1] / BM;
+    m_step = 1 << 30;  // one tile
+  } else {
+    group = blockIdx.y;
+    m_first = blockIdx.z;
+    m_step = gridDim.z;
+  }
+  group_range(p, group, row_begin, rows);
+  if (m_first * BM >= rows) return;
+  const int n0 = blockIdx.x * BN;
+  const int K = p.K, KT = (K + BK - 1) / BK;
+  const bf16* A = static_cast<const bf16*>(p.A);
+  const bf16* B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
+
+  // The B rows this thread copies are fixed for the whole CTA.
+  const bf16* b_src[B_CH];
+  int b_off[B_CH], b_col[B_CH];
+  bool b_ok[B_CH];
+#pragma unroll
+  for (int i = 0; i < B_CH; i++) {
+    const int idx = tid + i * NT, r = idx >> 3, c = idx & 7;
+    b_ok[i] = n0 + r < p.N;
+    b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb + c * 8;
+    b_off[i] = swz(r, c);
+    b_col[i] = c * 8;
+  }
+
+  for (int mt = m_first; mt * BM < rows; mt += m_step) {
+    const int m0 = mt * BM;
+    const bf16* a_src[A_CH];
+    int a_off[A_CH], a_col[A_CH];
+    bool a_ok[A_CH];
+#pragma unroll
+    for (int i = 0; i < A_CH; i++) {
+      const int idx = tid + i * NT, r = idx >> 3, c = idx & 7;
+      a_ok[i] = m0 + r < rows;
+      int src = row_begin + m0 + r;
+      if (a_ok[i] && p.a_rows) src = p.a_rows[src];
+      a_src[i] = A + int64_t(a_ok[i] ? src : 0) * p.lda + c * 8;
+      a_off[i] = swz(r, c);
+      a_col[i] = c * 8;
+    }
+    auto load_stage = [&](int stage, int kt) {
+      const int k0 = kt * BK;
+      bf16* da = sA + stage * BM * BK;
+      bf16* db = sB + stage * BN * BK;
+#pragma unroll
+      for (int i = 0; i < A_CH; i++) {
+        const bool ok = a_ok[i] && k0 + a_col[i] < K;
+        cp_async16(da + a_off[i], ok ? a_src[i] + k0 : A, ok ? 16 : 0);
+      }
+#pragma unroll
+      for (int i = 0; i < B_CH; i++) {
+        const bool ok = b_ok[i] && k0 + b_col[i] < K;
+        cp_async16(db + b_off[i], ok ? b_src[i] + k0 : B, ok ? 16 : 0);
+      }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+      for (int j = 0; j < NI; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) load_stage(s, s);
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      const int nk = kt + STAGES - 1;
+      if (nk < KT) load_stage(nk % STAGES, nk);
+      cp_async_commit();
+      const bf16* a = sA + (kt % STAGES) * BM * BK;
+      const bf16* b = sB + (kt % STAGES) * BN * BK;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ks++) {
+        uint32_t af[MI][4];
+        uint32_t bfr[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+          const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
+          ldmatrix_x4(af[mi], a + swz(r, c));
+        }
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; nj++) {
+          const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
+          uint32_t t[4];
+          ldmatrix_x4(t, b + swz(r, c));
+          bfr[2 * nj][0] = t[0];
+          bfr[2 * nj][1] = t[1];
+          bfr[2 * nj + 1][0] = t[2];
+          bfr[2 * nj + 1][1] = t[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+          for (int ni = 0; ni < NI; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next m-tile's copies overwrite these stages
+
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int lr = wm * TM + mi * 16 + (lane >> 2) + h * 8;
+        if (m0 + lr >= rows) continue;
+        const int r = row_begin + m0 + lr;
+        const int64_t orow = p.c_rows ? p.c_rows[r] : r;
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+          const int col = n0 + wn * TN + ni * 8 + (lane & 3) * 2;
+          store_pair<TC, SWIGLU>(p, orow, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp32 SIMT kernel: 64 x 64 tile, 256 threads of 4 x 4 outputs, k in steps of 16. Columns of a
+// thread are contiguous and start even, so (gate, up) pairs of the SwiGLU layout stay together.
+
+template <class TA, class TC, bool SWIGLU>
+__global__ void __launch_bounds__(256) simt_gemm_kernel(const GemmArgs p) {
+  constexpr int BM = 64, BN = 64, BK = 16;
+  __shared__ float As[BK][BM + 4];
+  __shared__ float Bs[BK][BN + 4];
+  int row_begin, rows;
+  group_range(p, blockIdx.y, row_begin, rows);
+  if (int(blockIdx.z) * BM >= rows) return;
+  const int n0 = blockIdx.x * BN;
+  const TA* A = static_cast<const TA*>(p.A);
+  const TA* B = static_cast<const TA*>(p.B) + int64_t(blockIdx.y) * p.b_group_stride;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int K = p.K;
+
+  for (int mt = blockIdx.z; mt * BM < rows; mt += gridDim.z) {
+    const int m0 = mt * BM;
+    const TA* a_src[4];
+    const TA* b_src[4];
+    bool a_ok[4], b_ok[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int idx = tid + i * 256, r = idx >> 4;
+      a_ok[i] = m0 + r < rows;
+      int src = row_begin + m0 + r;
+      if (a_ok[i] && p.a_rows) src = p.a_rows[src];
+      a_src[i] = A + int64_t(a_ok[i] ? src : 0) * p.lda;
+      b_ok[i] = n0 + r < p.N;
+      b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb;
+    }
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += BK) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int idx = tid + i * 256, r = idx >> 4, kk = idx & 15;
+        const bool kin = k0 + kk < K;
+        As[kk][r] = a_ok[i] && kin ? to_f32(a_src[i][k0 + kk]) : 0.f;
+        Bs[kk][r] = b_ok[i] && kin ? to_f32(b_src[i][k0 + kk]) : 0.f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < BK; kk++) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = As[kk][ty * 4 + i];
+#pragma unroll
+        for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx * 4 + j];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int lr = ty * 4 + i;
+      if (m0 + lr >= rows) continue;
+      const int r = row_begin + m0 + lr;
+      const int64_t orow = p.c_rows ? p.c_rows[r] : r;
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) store_pair<TC, SWIGLU>(p, orow, n0 + tx * 4 + j, acc[i][j], acc[i][j + 1]);
+    }
+  }
+}
+
+// Small tiles stream weights for decode-sized groups (6 stages: ~40 KB in flight per CTA);
+// large ones keep the tensor cores fed when groups have hundreds of rows.
+using Tiny = TcCfg<16, 32, 1, 2, 8>;  // dense decode GEMMs with few N-tiles: twice the CTAs
+using Small = TcCfg<16, 64, 1, 4, 6>;
+using Medium = TcCfg<64, 128, 2, 2, 4>;
+using Large = TcCfg<128, 128, 2, 4, 3>;
+
+template <class Cfg, class TC>
+void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
+  const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
+  dim3 grid(ceil_div(a.N, Cfg::BN), a.G, std::max(1, std::min(ceil_div(per_group, Cfg::BM), 65535)));
+  if (a.tiles) {
+    EPMOE_ASSERT(a.max_tiles <= 65535, "gemm: too many tiles");
+    grid = dim3(ceil_div(a.N, Cfg::BN), std::max(1, a.max_tiles), 1);
+  }
+  // More than 48 KB of dynamic shared memory must be asked for once per kernel (and device).
+  static const bool ready = [] {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<Cfg, TC, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<Cfg, TC, false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
+    return true;
+  }();
+  (void)ready;
+  if (ep == Epilogue::SwiGLU) tc_gemm_kernel<Cfg, TC, true><<<grid, Cfg::NT, Cfg::SMEM, stream>>>(a);
+  else tc_gemm_kernel<Cfg, TC, false><<<grid, Cfg::NT, Cfg::SMEM, stream>>>(a);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+void check_args(const GemmArgs& a, Epilogue ep) {
+  EPMOE_ASSERT(a.N > 0 && a.K > 0 && a.G >= 1, "gemm: empty shape");
+  if (ep == Epilogue::SwiGLU) EPMOE_ASSERT(a.N % 2 == 0 && !a.bias, "gemm: SwiGLU needs an even N and no bias");
+}
+
+}  // namespace
+
+int gemm_tile_m(int rows_hint) { return rows_hint <= 16 ? Small::BM : rows_hint <= 64 ? Medium::BM : Large::BM; }
+
+template <class TA, class TC>
+void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
+  check_args(a, ep);
+  if (!a.offsets && a.M == 0) return;
+  if constexpr (std::is_same_v<TA, bf16>) {
+    EPMOE_ASSERT(a.K % 8 == 0 && a.lda % 8 == 0 && a.ldb % 8 == 0 && a.b_group_stride % 8 == 0,
+                 "bf16 gemm: K and the row strides must be multiples of 8 (16-byte rows), K = " + std::to_string(a.K));
+    // Tile shape from the expected rows per group (a batch-invariant choice: the per-element
+    // accumulation order is the same for every shape).
+    const int rows = a.offsets ? a.rows_hint : a.M;
+    EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
+    if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
+      launch_tc<Tiny, TC>(a, ep, stream);
+    else if (rows <= 16) launch_tc<Small, TC>(a, ep, stream);
+    else if (rows <= 64) launch_tc<Medium, TC>(a, ep, stream);
+    else launch_tc<Large, TC>(a, ep, stream);
+  } else {
+    EPMOE_ASSERT(!a.tiles, "gemm f32: no tile lists (the fp32 path loops over m-tiles)");
+    const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
+    dim3 grid(ceil_div(a.N, 64), a.G, std::max(1, std::min(ceil_div(per_group, 64), 65535)));
+    if (ep == Epilogue::SwiGLU) simt_gemm_kernel<TA, TC, true><<<grid, 256, 0, stream>>>(a);
+    else simt_gemm_kernel<TA, TC, false><<<grid, 256, 0, stream>>>(a);
+    EPMOE_CUDA_LAUNCHED();
+  }
+}
+
+template void gemm<bf16, bf16>(const GemmArgs&, Epilogue, cudaStream_t);
+template void gemm<bf16, float>(const GemmArgs&, Epilogue, cudaStream_t);
+template void gemm<float, float>(const GemmArgs&, Epilogue, cudaStream_t);
+template void gemm<float, bf16>(const GemmArgs&, Epilogue, cudaStream_t);
+
+}  // namespace epmoe::cuda

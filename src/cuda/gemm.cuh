@@ -1,0 +1,57 @@
+// Grouped GEMM for the MoE experts and every dense projection: C = A * B^T, per group g
+//
+//   rows [offsets[g], offsets[g+1]) of the (sorted) row space, weights B_g [N, K] (K contiguous),
+//   A row of sorted row r:  A[a_rows ? a_rows[r] : r]          (the gather of the dispatch, fused)
+//   C row of sorted row r:  C[c_rows ? c_rows[r] : r]          (the scatter to slot rows, fused)
+//
+// Epilogues: Store (optional fp32 bias) or SwiGLU, where B holds the gate and up rows interleaved
+// (row 2j = gate_j, row 2j+1 = up_j) and C[r, j] = silu(gate_j . a) * (up_j . a): the fused
+// gate+up projection with the activation in registers. A dense GEMM is one group (offsets null).
+//
+// Two implementations with the same contract:
+//   bf16: tensor cores (mma.sync m16n8k16, fp32 accumulation), cp.async multi-stage pipeline,
+//         swizzled shared memory; needs K, lda, ldb multiples of 8 (16-byte rows).
+//   f32:  SIMT fp32 FMA (the --compute f32 path and the router).
+// Both are batch-invariant: an output element is the sum over k in ascending order, in a chain
+// that depends on nothing but K -- never on M, the tile shape or the group sizes (no split-K).
+#pragma once
+
+#include "cuda/common.cuh"
+
+namespace epmoe::cuda {
+
+enum class Epilogue { Store, SwiGLU };
+
+struct GemmArgs {
+  const void* A = nullptr;
+  int64_t lda = 0;
+  const int32_t* a_rows = nullptr;
+  const void* B = nullptr;
+  int64_t ldb = 0;
+  int64_t b_group_stride = 0;  // elements from one group's weights to the next
+  const int32_t* offsets = nullptr;  // [G + 1] on the device, or nullptr: G groups of M rows each
+  int G = 1;
+  int M = 0;           // rows of the single group (offsets == nullptr)
+  int rows_hint = 0;   // expected rows per group (grouped): picks the tile shape and the grid
+  int N = 0, K = 0;
+  void* C = nullptr;
+  int64_t ldc = 0;
+  const int32_t* c_rows = nullptr;
+  const float* bias = nullptr;  // [N], Store only
+  // Grouped GEMMs: the m-tiles to run, (group, first row) pairs that plan() wrote for the tile
+  // height gemm_tile_m(rows_hint) -- one CTA per tile and N-tile, none looping over m, so a group
+  // with twice the rows gets twice the CTAs instead of twice the time. num_tiles on the device;
+  // max_tiles bounds it on the host. nullptr: every group loops over its m-tiles.
+  const int32_t* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int max_tiles = 0;
+};
+
+// The m-tile height the bf16 GEMM uses for rows_hint rows per group (plan() lays tiles out for it).
+int gemm_tile_m(int rows_hint);
+
+// TA: element type of A and B (bf16 or float); TC: of C (bf16 or float).
+template <class TA, class TC>
+void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream);
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,606 @@
+#include "cuda/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "cuda/moe.cuh"
+#include "model/weights.h"
+#include "moe/moe_layer.h"
+#include "tensor/dtype.h"
+
+namespace epmoe::cuda {
+
+struct GpuKvCache {
+  DeviceArray<float> k, v;  // [layers][cap][kv_heads * head_dim]
+  int cap = 0;
+};
+
+struct GpuModel::Impl {
+  virtual ~Impl() = default;
+  ModelConfig cfg;
+  virtual std::vector<std::vector<float>> forward(const std::vector<GpuSequence*>& seqs,
+                                                  const std::vector<std::vector<int32_t>>& tokens,
+                                                  GpuBackend& backend, bool all_logits) = 0;
+  virtual void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, GpuBackend& backend,
+                         float* y) = 0;
+  virtual std::vector<int32_t> forward_greedy(const std::vector<GpuSequence*>& seqs,
+                                              const std::vector<std::vector<int32_t>>& tokens,
+                                              GpuBackend& backend) = 0;
+};
+
+namespace {
+
+template <class T>
+std::vector<T> from_floats(const std::vector<float>& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    return f;
+  } else {
+    std::vector<T> out(f.size());
+    for (size_t i = 0; i < f.size(); i++) {
+      __nv_bfloat16_raw r;
+      r.x = f32_to_bf16(f[i]);  // round to nearest even, as torch
+      out[i] = r;
+    }
+    return out;
+  }
+}
+
+template <class T>
+void upload_at(DeviceArray<T>& dst, size_t offset, const std::vector<T>& h) {
+  EPMOE_ASSERT(offset + h.size() <= dst.capacity(), "gpu weights: upload past the allocation");
+  if (!h.empty())
+    EPMOE_CUDA_CHECK(cudaMemcpy(dst.data() + offset, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+// gate [I, H] and up [I, H] -> [2I, H] with gate row j at 2j and up row j at 2j + 1.
+std::vector<float> interleave_gate_up(const TensorView& gate, const TensorView& up) {
+  const std::vector<float> g = to_f32(gate), u = to_f32(up);
+  const int64_t I = gate.shape[0], H = gate.shape[1];
+  std::vector<float> out(static_cast<size_t>(2 * I * H));
+  for (int64_t j = 0; j < I; j++) {
+    std::memcpy(&out[size_t(2 * j * H)], &g[size_t(j * H)], sizeof(float) * size_t(H));
+    std::memcpy(&out[size_t((2 * j + 1) * H)], &u[size_t(j * H)], sizeof(float) * size_t(H));
+  }
+  return out;
+}
+
+template <class T>
+struct Swiglu {
+  int I = 0;
+  DeviceArray<T> w1, w2;  // [2I, H] interleaved, [H, I]
+  bool empty() const { return I == 0; }
+};
+
+template <class T>
+struct Layer {
+  DeviceArray<float> in_norm, post_norm;
+  DeviceArray<T> qkv, o;  // [(Hq + 2 Hkv) D, H], [H, Hq D]
+  DeviceArray<float> qkv_bias, q_norm, k_norm;
+  bool has_bias = false, has_qk_norm = false;
+  bool sparse = false;
+  Swiglu<T> dense;
+  RouterGpu router;
+  DeviceArray<float> corr_bias;  // [E]
+  bool has_corr_bias = false;
+  ExpertWeightsGpu<T> experts;
+  std::unique_ptr<ExpertRunnerGpu<T>> runner;
+  Swiglu<T> shared;
+  DeviceArray<float> shared_gate;  // [1, H]
+  bool has_shared_gate = false;
+};
+
+template <class T>
+struct ModelImpl final : GpuModel::Impl {
+  static constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  Placement placement;
+  int rank = 0;
+  int H = 0, V = 0, Hq = 0, Hkv = 0, D = 0, qd = 0, kvd = 0, E = 0, K = 0;
+  bool identity_placement = true;  // physical expert e is logical expert e, no replicas
+  std::vector<std::unique_ptr<Layer<T>>> layers;
+  DeviceArray<T> embed_w, lm_w_own;
+  const T* lm_w = nullptr;
+  DeviceArray<float> final_norm, inv_freq;
+  DeviceArray<int32_t> rep_off, rep_list;
+  // Scratch, grown to the largest forward seen.
+  DeviceArray<float> x, hn_f, qkv, q, tmp, routed, rlog, wts, shared_out, gate, logits;
+  DeviceArray<T> hn_a, ctx, h, lm_in;
+  DeviceArray<int32_t> ids, phys, sel, best_ids;
+  DeviceArray<uint64_t> gids;
+  DeviceArray<TokenSlot> slots;
+
+  void init_shapes(const ModelConfig& c, const Placement& p, int r) {
+    cfg = c;
+    placement = p;
+    rank = r;
+    H = c.hidden_size, V = c.vocab_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+    qd = Hq * D, kvd = Hkv * D, E = c.routing.num_experts, K = c.routing.top_k;
+    if constexpr (kBf16) {
+      auto m8 = [](int v) { return v % 8 == 0; };
+      if (!m8(H) || !m8(qd) || !m8(c.moe_intermediate_size) || !m8(c.intermediate_size) ||
+          !m8(c.shared_intermediate_size))
+        throw InputError("--compute bf16 on the GPU needs hidden, head and intermediate sizes that are multiples "
+                         "of 8 (16-byte rows); use --compute f32 for " + c.source);
+    }
+    for (int e = 0; e < E; e++)
+      identity_placement &= p.replicas[size_t(e)].size() == 1 && p.replicas[size_t(e)][0] == e;
+    std::vector<int32_t> off{0}, list;
+    for (auto& reps : p.replicas) {
+      for (int s : reps) list.push_back(s);
+      off.push_back(int32_t(list.size()));
+    }
+    rep_off.upload(off);
+    rep_list.upload(list);
+    std::vector<float> f;
+    for (int i = 0; i < c.rotary_dim / 2; i++) f.push_back(1.0f / std::pow(c.rope_theta, float(2 * i) / float(c.rotary_dim)));
+    inv_freq.upload(f);
+  }
+
+  void init_experts(Layer<T>& L) {
+    L.experts.H = H;
+    L.experts.I = cfg.moe_intermediate_size;
+    L.experts.p0 = placement.first_local(rank);
+    L.experts.n_local = placement.num_local(rank);
+    const size_t n = size_t(L.experts.n_local), I = size_t(L.experts.I);
+    L.experts.w1.reserve(n * 2 * I * size_t(H));
+    L.experts.w2.reserve(n * size_t(H) * I);
+    L.runner = std::make_unique<ExpertRunnerGpu<T>>(L.experts);
+  }
+
+  // From the checkpoint.
+  ModelImpl(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r) {
+    init_shapes(c, p, r);
+    ModelWeights w = load_weights(c, ckpt, p.logical_owned_by(r));
+    for (int l = 0; l < c.num_layers; l++) {
+      const LayerWeights& lw = w.layers[size_t(l)];
+      auto L = std::make_unique<Layer<T>>();
+      L->in_norm.upload(lw.input_norm);
+      L->post_norm.upload(lw.post_attention_norm);
+      std::vector<float> qkv_h = to_f32(lw.attn.q), kf = to_f32(lw.attn.k), vf = to_f32(lw.attn.v);
+      qkv_h.insert(qkv_h.end(), kf.begin(), kf.end());
+      qkv_h.insert(qkv_h.end(), vf.begin(), vf.end());
+      L->qkv.upload(from_floats<T>(qkv_h));
+      L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
+      if (!lw.attn.q_bias.empty()) {
+        std::vector<float> b = lw.attn.q_bias;
+        b.insert(b.end(), lw.attn.k_bias.begin(), lw.attn.k_bias.end());
+        b.insert(b.end(), lw.attn.v_bias.begin(), lw.attn.v_bias.end());
+        L->qkv_bias.upload(b);
+        L->has_bias = true;
+      }
+      if (!lw.attn.q_norm.empty()) {
+        L->q_norm.upload(lw.attn.q_norm);
+        L->k_norm.upload(lw.attn.k_norm);
+        L->has_qk_norm = true;
+      }
+      L->sparse = lw.sparse;
+      auto load_swiglu = [&](Swiglu<T>& s, const SwigluWeights& sw) {
+        s.I = int(sw.inter());
+        s.w1.upload(from_floats<T>(interleave_gate_up(sw.gate, sw.up)));
+        s.w2.upload(from_floats<T>(to_f32(sw.down)));
+      };
+      if (!lw.sparse) {
+        load_swiglu(L->dense, lw.dense);
+      } else {
+        L->router.init(to_f32(lw.moe.router), E, H, kBf16);
+        if (!lw.moe.correction_bias.empty()) {
+          L->corr_bias.upload(lw.moe.correction_bias);
+          L->has_corr_bias = true;
+        }
+        init_experts(*L);
+        const size_t I = size_t(L->experts.I);
+        for (int q = 0; q < L->experts.n_local; q++) {
+          const int logical = p.logical_of[size_t(L->experts.p0 + q)];
+          const SwigluWeights& sw = lw.moe.experts.at(logical);
+          upload_at(L->experts.w1, size_t(q) * 2 * I * size_t(H), from_floats<T>(interleave_gate_up(sw.gate, sw.up)));
+          upload_at(L->experts.w2, size_t(q) * size_t(H) * I, from_floats<T>(to_f32(sw.down)));
+        }
+        if (!lw.moe.shared.empty()) load_swiglu(L->shared, lw.moe.shared);
+        if (!lw.moe.shared_gate.empty()) {
+          L->shared_gate.upload(to_f32(lw.moe.shared_gate));
+          L->has_shared_gate = true;
+        }
+      }
+      layers.push_back(std::move(L));
+    }
+    embed_w.upload(from_floats<T>(to_f32(w.embed)));
+    if (w.lm_head.data == w.embed.data) {
+      lm_w = embed_w.data();
+    } else {
+      lm_w_own.upload(from_floats<T>(to_f32(w.lm_head)));
+      lm_w = lm_w_own.data();
+    }
+    final_norm.upload(w.final_norm);
+  }
+
+  // Synthesized: uniform weights with the variance of a unit-gain init, norms of one.
+  ModelImpl(const ModelConfig& c, const Placement& p, int r, uint64_t seed) {
+    init_shapes(c, p, r);
+    cudaStream_t s = stream();
+    auto rnd = [&](auto& arr, size_t n, int fan_in) {
+      arr.reserve(n);
+      fill_random(arr.data(), int64_t(n), seed++, std::sqrt(3.0f / float(fan_in)), s);
+    };
+    auto ones = [&](DeviceArray<float>& arr, size_t n) { arr.upload(std::vector<float>(n, 1.0f)); };
+    for (int l = 0; l < c.num_layers; l++) {
+      auto L = std::make_unique<Layer<T>>();
+      ones(L->in_norm, size_t(H));
+      ones(L->post_norm, size_t(H));
+      rnd(L->qkv, size_t(qd + 2 * kvd) * size_t(H), H);
+      rnd(L->o, size_t(H) * size_t(qd), qd);
+      if (c.qk_norm) {
+        ones(L->q_norm, size_t(D));
+        ones(L->k_norm, size_t(D));
+        L->has_qk_norm = true;
+      }
+      L->sparse = c.sparse_layer[size_t(l)];
+      auto make_swiglu = [&](Swiglu<T>& sw, int I) {
+        sw.I = I;
+        rnd(sw.w1, size_t(2 * I) * size_t(H), H);
+        rnd(sw.w2, size_t(H) * size_t(I), I);
+      };
+      if (!L->sparse) {
+        make_swiglu(L->dense, c.intermediate_size);
+      } else {
+        {
+          std::mt19937_64 g(seed++);
+          std::uniform_real_distribution<float> u(-std::sqrt(3.0f / float(H)), std::sqrt(3.0f / float(H)));
+          std::vector<float> wr(size_t(E) * size_t(H));
+          for (auto& v : wr) v = u(g);
+          L->router.init(wr, E, H, kBf16);
+        }
+        init_experts(*L);
+        const size_t n = size_t(L->experts.n_local), I = size_t(L->experts.I);
+        fill_random(L->experts.w1.data(), int64_t(n * 2 * I * size_t(H)), seed++, std::sqrt(3.0f / float(H)), s);
+        fill_random(L->experts.w2.data(), int64_t(n * size_t(H) * I), seed++, std::sqrt(3.0f / float(I)), s);
+        if (c.shared_intermediate_size > 0) make_swiglu(L->shared, c.shared_intermediate_size);
+      }
+      layers.push_back(std::move(L));
+    }
+    rnd(embed_w, size_t(V) * size_t(H), 3);
+    rnd(lm_w_own, size_t(V) * size_t(H), H);
+    lm_w = lm_w_own.data();
+    ones(final_norm, size_t(H));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  T* act(DeviceArray<T>& a_bf, DeviceArray<float>& a_f) {
+    if constexpr (kBf16) return a_bf.data();
+    else return a_f.data();
+  }
+
+  void reserve(int64_t T_) {
+    const size_t t = size_t(std::max<int64_t>(T_, 1));
+    int maxI = std::max(cfg.intermediate_size, cfg.shared_intermediate_size);
+    x.reserve(t * H);
+    hn_f.reserve(t * H);
+    if constexpr (kBf16) hn_a.reserve(t * H);
+    qkv.reserve(t * size_t(qd + 2 * kvd));
+    q.reserve(t * size_t(qd));
+    ctx.reserve(t * size_t(qd));
+    tmp.reserve(t * H);
+    routed.reserve(t * H);
+    rlog.reserve(t * size_t(E));
+    wts.reserve(t * size_t(K));
+    phys.reserve(t * size_t(K));
+    shared_out.reserve(t * H);
+    gate.reserve(t);
+    h.reserve(t * size_t(std::max(maxI, 1)));
+    gids.reserve(t);
+    ids.reserve(t);
+    slots.reserve(t);
+  }
+
+  // Dense SwiGLU on the normalised rows (act) -> out fp32 [T, H].
+  void swiglu(const Swiglu<T>& s, const T* in, int64_t T_, float* out) {
+    GemmArgs g1;
+    g1.A = in;
+    g1.lda = H;
+    g1.B = s.w1.data();
+    g1.ldb = H;
+    g1.M = int(T_);
+    g1.N = 2 * s.I;
+    g1.K = H;
+    g1.C = h.data();
+    g1.ldc = s.I;
+    gemm<T, T>(g1, Epilogue::SwiGLU, stream());
+    GemmArgs g2;
+    g2.A = h.data();
+    g2.lda = s.I;
+    g2.B = s.w2.data();
+    g2.ldb = s.I;
+    g2.M = int(T_);
+    g2.N = H;
+    g2.K = s.I;
+    g2.C = out;
+    g2.ldc = H;
+    gemm<T, float>(g2, Epilogue::Store, stream());
+  }
+
+  // The MLP block on hn_f / act(hn): out = block(x) (accumulate: out += block(x)).
+  void mlp(int l, int64_t T_, GpuBackend& backend, float* out, bool accumulate) {
+    Layer<T>& L = *layers[size_t(l)];
+    cudaStream_t s = stream();
+    const T* xin = act(hn_a, hn_f);
+    if (!L.sparse) {
+      swiglu(L.dense, xin, T_, tmp.data());
+      if (accumulate) add_inplace(out, tmp.data(), T_ * H, s);
+      else EPMOE_CUDA_CHECK(cudaMemcpyAsync(out, tmp.data(), sizeof(float) * size_t(T_ * H), cudaMemcpyDeviceToDevice, s));
+      return;
+    }
+    // Router logits with fp32 accuracy (top-k choices are sensitive to rounding), then routing.
+    const RouterGpu::Logits lg = L.router.run(hn_f.data(), T_, s);
+    RouteArgs ra;
+    ra.cfg = cfg.routing;
+    ra.logits = lg.ptr;
+    ra.parts = lg.parts;
+    ra.part_stride = lg.stride;
+    ra.identity = identity_placement;
+    ra.bias = L.has_corr_bias ? L.corr_bias.data() : nullptr;
+    ra.T = T_;
+    ra.gids = gids.data();
+    ra.rep_off = rep_off.data();
+    ra.rep_list = rep_list.data();
+    ra.physical = phys.data();
+    ra.weights = wts.data();
+    route(ra, s);
+    GpuMoeTokens tok;
+    tok.T = T_;
+    tok.H = H;
+    tok.K = K;
+    tok.bf16 = kBf16;
+    tok.x = xin;
+    tok.physical = phys.data();
+    tok.weights = wts.data();
+    backend.run(tok, *L.runner, routed.data());
+    const float* sh = nullptr;
+    const float* gl = nullptr;
+    if (!L.shared.empty() && T_ > 0) {
+      swiglu(L.shared, xin, T_, shared_out.data());
+      sh = shared_out.data();
+      if (L.has_shared_gate) {
+        GemmArgs gg;
+        gg.A = hn_f.data();
+        gg.lda = H;
+        gg.B = L.shared_gate.data();
+        gg.ldb = H;
+        gg.M = int(T_);
+        gg.N = 1;
+        gg.K = H;
+        gg.C = gate.data();
+        gg.ldc = 1;
+        gemm<float, float>(gg, Epilogue::Store, s);
+        gl = gate.data();
+      }
+    }
+    moe_output(routed.data(), sh, gl, T_, H, out, accumulate, s);
+  }
+
+  void attention_block(int l, int64_t T_, int max_ctx) {
+    Layer<T>& L = *layers[size_t(l)];
+    cudaStream_t s = stream();
+    GemmArgs g;
+    g.A = act(hn_a, hn_f);
+    g.lda = H;
+    g.B = L.qkv.data();
+    g.ldb = H;
+    g.M = int(T_);
+    g.N = qd + 2 * kvd;
+    g.K = H;
+    g.C = qkv.data();
+    g.ldc = qd + 2 * kvd;
+    g.bias = L.has_bias ? L.qkv_bias.data() : nullptr;
+    gemm<T, float>(g, Epilogue::Store, s);
+    RopeArgs ra;
+    ra.qkv = qkv.data();
+    ra.T = T_;
+    ra.Hq = Hq;
+    ra.Hkv = Hkv;
+    ra.D = D;
+    ra.rotary_dim = cfg.rotary_dim;
+    ra.q_norm = L.has_qk_norm ? L.q_norm.data() : nullptr;
+    ra.k_norm = L.has_qk_norm ? L.k_norm.data() : nullptr;
+    ra.eps = cfg.rms_norm_eps;
+    ra.inv_freq = inv_freq.data();
+    ra.slots = slots.data();
+    ra.layer = l;
+    ra.q_out = q.data();
+    qk_norm_rope_cache(ra, s);
+    attention<T>(q.data(), slots.data(), l, T_, Hq, Hkv, D, max_ctx, ctx.data(), s);
+    GemmArgs go;
+    go.A = ctx.data();
+    go.lda = qd;
+    go.B = L.o.data();
+    go.ldb = qd;
+    go.M = int(T_);
+    go.N = H;
+    go.K = qd;
+    go.C = tmp.data();
+    go.ldc = H;
+    gemm<T, float>(go, Epilogue::Store, s);
+    add_inplace(x.data(), tmp.data(), T_ * H, s);
+  }
+
+  void norm(const float* in, const DeviceArray<float>& w, int64_t T_, const int32_t* rows = nullptr) {
+    if constexpr (kBf16) rmsnorm<bf16>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), hn_a.data(), stream());
+    else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
+  }
+
+  void ensure_cache(GpuSequence& seq, int64_t need) {
+    if (!seq.kv) seq.kv = std::make_shared<GpuKvCache>();
+    GpuKvCache& c = *seq.kv;
+    if (need <= c.cap) return;
+    int cap = std::max(64, c.cap);
+    while (cap < need) cap *= 2;
+    const size_t L = size_t(cfg.num_layers), row = size_t(kvd) * sizeof(float);
+    DeviceArray<float> nk(L * size_t(cap) * size_t(kvd)), nv(L * size_t(cap) * size_t(kvd));
+    if (seq.len > 0) {
+      EPMOE_CUDA_CHECK(cudaMemcpy2D(nk.data(), size_t(cap) * row, c.k.data(), size_t(c.cap) * row, size_t(seq.len) * row,
+                                    L, cudaMemcpyDeviceToDevice));
+      EPMOE_CUDA_CHECK(cudaMemcpy2D(nv.data(), size_t(cap) * row, c.v.data(), size_t(c.cap) * row, size_t(seq.len) * row,
+                                    L, cudaMemcpyDeviceToDevice));
+    }
+    c.k = std::move(nk);
+    c.v = std::move(nv);
+    c.cap = cap;
+  }
+
+  std::vector<std::vector<float>> forward(const std::vector<GpuSequence*>& seqs,
+                                          const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend,
+                                          bool all_logits) override {
+    return run(seqs, tokens, backend, all_logits, nullptr);
+  }
+
+  std::vector<int32_t> forward_greedy(const std::vector<GpuSequence*>& seqs,
+                                      const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend) override {
+    std::vector<int32_t> next;
+    run(seqs, tokens, backend, false, &next);
+    return next;
+  }
+
+  // greedy != nullptr: only the argmax of each sequence's last logits comes back (-1 for none).
+  std::vector<std::vector<float>> run(const std::vector<GpuSequence*>& seqs,
+                                      const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend,
+                                      bool all_logits, std::vector<int32_t>* greedy) {
+    EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
+    std::vector<int64_t> off{0};
+    for (auto& t : tokens) off.push_back(off.back() + int64_t(t.size()));
+    const int64_t T_ = off.back();
+    reserve(T_);
+    std::vector<int32_t> ids_h(static_cast<size_t>(T_));
+    std::vector<uint64_t> gids_h(static_cast<size_t>(T_));
+    std::vector<TokenSlot> slots_h(static_cast<size_t>(T_));
+    int max_ctx = 1;
+    for (size_t s = 0; s < seqs.size(); s++) {
+      GpuSequence& seq = *seqs[s];
+      const int64_t n = int64_t(tokens[s].size());
+      if (n == 0) continue;
+      ensure_cache(seq, seq.len + n);
+      for (int64_t i = 0; i < n; i++) {
+        const int32_t id = tokens[s][size_t(i)];
+        if (id < 0 || id >= V)
+          throw InputError("token id " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
+        const int64_t pos = seq.len + i;
+        if (pos >= cfg.max_position_embeddings)
+          throw InputError("sequence " + std::to_string(seq.id) + " reaches position " + std::to_string(pos) +
+                           ", beyond max_position_embeddings (" + std::to_string(cfg.max_position_embeddings) + ")");
+        const size_t t = size_t(off[s] + i);
+        ids_h[t] = id;
+        gids_h[t] = token_gid(seq.id, uint64_t(pos));
+        slots_h[t] = {seq.kv->k.data(), seq.kv->v.data(), int(pos), seq.kv->cap, int(off[s])};
+        max_ctx = std::max<int>(max_ctx, int(pos + 1));
+      }
+    }
+    cudaStream_t s = stream();
+    ids.upload(ids_h);
+    gids.upload(gids_h);
+    slots.upload(slots_h);
+    if (T_ > 0) embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
+    for (int l = 0; l < cfg.num_layers; l++) {
+      norm(x.data(), layers[size_t(l)]->in_norm, T_);
+      if (T_ > 0) attention_block(l, T_, max_ctx);
+      norm(x.data(), layers[size_t(l)]->post_norm, T_);
+      mlp(l, T_, backend, x.data(), /*accumulate=*/true);
+    }
+    for (size_t q = 0; q < seqs.size(); q++) seqs[q]->len += int64_t(tokens[q].size());
+
+    // The rows whose logits are wanted, normalised, through lm_head.
+    std::vector<int32_t> sel_h;
+    std::vector<std::pair<int64_t, int64_t>> span(seqs.size(), {0, 0});
+    for (size_t q = 0; q < seqs.size(); q++) {
+      const int64_t n = int64_t(tokens[q].size());
+      if (n == 0) continue;
+      const int64_t first = all_logits ? off[q] : off[q + 1] - 1;
+      span[q] = {int64_t(sel_h.size()), off[q + 1] - first};
+      for (int64_t t = first; t < off[q + 1]; t++) sel_h.push_back(int32_t(t));
+    }
+    std::vector<std::vector<float>> out(seqs.size());
+    const int64_t R = int64_t(sel_h.size());
+    if (greedy) greedy->assign(seqs.size(), -1);
+    if (R == 0) {
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+      return out;
+    }
+    sel.upload(sel_h);
+    reserve(R);
+    norm(x.data(), final_norm, R, sel.data());
+    logits.reserve(size_t(R) * size_t(V));
+    GemmArgs g;
+    g.A = act(hn_a, hn_f);
+    g.lda = H;
+    g.B = lm_w;
+    g.ldb = H;
+    g.M = int(R);
+    g.N = V;
+    g.K = H;
+    g.C = logits.data();
+    g.ldc = V;
+    gemm<T, float>(g, Epilogue::Store, s);
+    if (greedy) {
+      best_ids.reserve(size_t(R));
+      argmax_rows(logits.data(), R, V, best_ids.data(), s);
+      std::vector<int32_t> best = best_ids.download(size_t(R));
+      for (size_t q = 0; q < seqs.size(); q++)
+        if (span[q].second > 0) (*greedy)[q] = best[size_t(span[q].first)];
+      return out;
+    }
+    std::vector<float> all = logits.download(size_t(R) * size_t(V));
+    for (size_t q = 0; q < seqs.size(); q++) {
+      if (span[q].second == 0) continue;
+      out[q].assign(all.begin() + span[q].first * V, all.begin() + (span[q].first + span[q].second) * V);
+    }
+    return out;
+  }
+
+  void mlp_block(int l, const float* xh, int64_t T_, const uint64_t* gids_h, GpuBackend& backend, float* y) override {
+    reserve(T_);
+    std::vector<float> in(xh, xh + T_ * H);
+    hn_f.upload(in);
+    if constexpr (kBf16) convert<bf16>(hn_f.data(), hn_a.data(), T_ * H, stream());
+    gids.upload(gids_h, size_t(T_));
+    mlp(l, T_, backend, x.data(), /*accumulate=*/false);
+    std::vector<float> o = x.download(size_t(T_ * H));
+    std::copy(o.begin(), o.end(), y);
+  }
+};
+
+}  // namespace
+
+GpuModel::GpuModel(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
+                   const GpuOptions& opt) {
+  if (opt.f32) impl_ = std::make_unique<ModelImpl<float>>(cfg, ckpt, placement, rank);
+  else impl_ = std::make_unique<ModelImpl<bf16>>(cfg, ckpt, placement, rank);
+}
+
+GpuModel::GpuModel(const ModelConfig& cfg, const Placement& placement, int rank, const GpuOptions& opt, uint64_t seed) {
+  if (opt.f32) impl_ = std::make_unique<ModelImpl<float>>(cfg, placement, rank, seed);
+  else impl_ = std::make_unique<ModelImpl<bf16>>(cfg, placement, rank, seed);
+}
+
+GpuModel::~GpuModel() = default;
+
+const ModelConfig& GpuModel::config() const { return impl_->cfg; }
+
+GpuSequence GpuModel::new_sequence(uint64_t id) const {
+  GpuSequence s;
+  s.id = id;
+  return s;
+}
+
+std::vector<std::vector<float>> GpuModel::forward(const std::vector<GpuSequence*>& seqs,
+                                                  const std::vector<std::vector<int32_t>>& tokens,
+                                                  GpuBackend& backend, bool all_logits) {
+  return impl_->forward(seqs, tokens, backend, all_logits);
+}
+
+std::vector<int32_t> GpuModel::forward_greedy(const std::vector<GpuSequence*>& seqs,
+                                              const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend) {
+  return impl_->forward_greedy(seqs, tokens, backend);
+}
+
+void GpuModel::mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, GpuBackend& backend, float* y) {
+  impl_->mlp_block(layer, x, T, gids, backend, y);
+}
+
+}  // namespace epmoe::cuda

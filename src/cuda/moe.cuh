@@ -1,0 +1,158 @@
+// The expert side of the GPU MoE layer: the weights of this rank's physical experts and the
+// runner a backend calls (plan -> fused gate+up GEMM with SwiGLU -> down GEMM scattered to the
+// output rows).
+#pragma once
+
+#include "cuda/common.cuh"
+#include "cuda/ep.h"
+#include "cuda/gemm.cuh"
+#include "cuda/kernels.cuh"
+
+namespace epmoe::cuda {
+
+// The process's stream (created by init_device; the legacy default stream before that).
+cudaStream_t stream();
+
+// The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
+// bf16 mode: the split-bf16 tensor-core GEMM of kernels.cuh (fp32-grade logits, batch-invariant);
+// f32 mode: the fp32 SIMT GEMM.
+struct RouterGpu {
+  int E = 0, H = 0, S = 1;
+  bool split = true;
+  DeviceArray<float> w32;  // [E, H] (f32 mode)
+  DeviceArray<bf16> w3;    // [E, 3H] = [wh | wl | wh] (bf16 mode)
+  DeviceArray<bf16> a3;    // [S][T][3H / S]
+  DeviceArray<float> part; // [S][T][E]
+
+  void init(const std::vector<float>& w, int E_, int H_, bool split_) {
+    E = E_, H = H_, split = split_, S = router_chunks(H_);
+    if (split) w3.upload(router_split_weights(w, E, H));
+    else w32.upload(w);
+  }
+  // Logits for route(): either one [T, E] array (parts = 1) or S split-K partials [S][T, E] that
+  // route() sums in order.
+  struct Logits {
+    const float* ptr;
+    int parts;
+    int64_t stride;
+  };
+  Logits run(const float* x, int64_t T, cudaStream_t s) {
+    GemmArgs g;
+    g.N = E;
+    if (!split) {
+      full.reserve(size_t(std::max<int64_t>(T, 1)) * size_t(E));
+      g.A = x, g.lda = H, g.B = w32.data(), g.ldb = H, g.M = int(T), g.K = H, g.C = full.data(), g.ldc = E;
+      if (T > 0) gemm<float, float>(g, Epilogue::Store, s);
+      return {full.data(), 1, 0};
+    }
+    const int Kc = 3 * H / S;
+    a3.reserve(size_t(std::max<int64_t>(T, 1)) * 3 * size_t(H));
+    part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
+    if (T > 0) {
+      router_split(x, T, H, S, a3.data(), s);
+      g.C = part.data();
+      g.A = a3.data(), g.lda = Kc, g.B = w3.data(), g.ldb = 3 * H, g.b_group_stride = Kc;
+      g.G = S, g.M = int(T), g.K = Kc, g.ldc = E;
+      gemm<bf16, float>(g, Epilogue::Store, s);
+    }
+    return {part.data(), S, int64_t(T) * E};
+  }
+  DeviceArray<float> full;  // [T, E] (f32 mode)
+};
+
+template <class T>
+struct ExpertWeightsGpu {
+  int H = 0, I = 0;
+  int p0 = 0, n_local = 0;  // physical experts [p0, p0 + n_local) of this rank
+  DeviceArray<T> w1;        // [n_local][2I][H], gate row j at 2j, up row j at 2j + 1
+  DeviceArray<T> w2;        // [n_local][H][I]
+};
+
+template <class T>
+class ExpertRunnerGpu : public GpuExpertRunner {
+ public:
+  explicit ExpertRunnerGpu(const ExpertWeightsGpu<T>& w) : w_(w) {}
+  void run(const GpuExpertJobs& j, void* out) override {
+    if (j.rows == 0) {
+      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
+      return;
+    }
+    const int64_t cap = j.rows * j.K;
+    const int n = w_.n_local;
+    const int hint = std::max<int>(1, ceil_div(cap, std::max(n, 1)));
+    // bf16: one CTA per (m-tile, N-tile), from a tile list the plan writes.
+    constexpr bool kTiles = std::is_same_v<T, bf16>;
+    const int tile_m = gemm_tile_m(hint);
+    const int max_tiles = plan_max_tiles(j.rows, j.K, n, tile_m);
+    if (kTiles) {
+      tiles_.reserve(2 * size_t(max_tiles));
+      num_tiles_.reserve(1);
+    }
+    offsets_.reserve(size_t(n) + 1);
+    a_rows_.reserve(size_t(cap));
+    c_rows_.reserve(size_t(cap));
+    h_.reserve(size_t(cap) * size_t(w_.I));
+    PlanArgs pa;
+    pa.phys = j.phys;
+    pa.phys_stride = j.phys_stride;
+    pa.rows = j.rows;
+    pa.rows_dev = j.rows_dev;
+    pa.K = j.K;
+    pa.p0 = w_.p0;
+    pa.n_local = n;
+    pa.compact = j.compact;
+    pa.one_per_row = j.one_per_row;
+    pa.offsets = offsets_.data();
+    pa.a_rows = a_rows_.data();
+    pa.c_rows = c_rows_.data();
+    pa.row_base = j.row_base;
+    if (kTiles) {
+      pa.tile_m = tile_m;
+      pa.tiles = tiles_.data();
+      pa.num_tiles = num_tiles_.data();
+    }
+    plan(pa, stream());
+    if (n == 0) return;
+    GemmArgs g1;
+    if (kTiles) g1.tiles = tiles_.data(), g1.num_tiles = num_tiles_.data(), g1.max_tiles = max_tiles;
+    g1.A = j.x;
+    g1.lda = j.x_stride;
+    g1.a_rows = a_rows_.data();
+    g1.B = w_.w1.data();
+    g1.ldb = w_.H;
+    g1.b_group_stride = int64_t(2) * w_.I * w_.H;
+    g1.offsets = offsets_.data();
+    g1.G = n;
+    g1.rows_hint = hint;
+    g1.N = 2 * w_.I;
+    g1.K = w_.H;
+    g1.C = h_.data();
+    g1.ldc = w_.I;
+    gemm<T, T>(g1, Epilogue::SwiGLU, stream());
+    GemmArgs g2;
+    if (kTiles) g2.tiles = tiles_.data(), g2.num_tiles = num_tiles_.data(), g2.max_tiles = max_tiles;
+    g2.A = h_.data();
+    g2.lda = w_.I;
+    g2.B = w_.w2.data();
+    g2.ldb = w_.I;
+    g2.b_group_stride = int64_t(w_.H) * w_.I;
+    g2.offsets = offsets_.data();
+    g2.G = n;
+    g2.rows_hint = hint;
+    g2.N = w_.H;
+    g2.K = w_.I;
+    g2.C = out;
+    g2.ldc = w_.H;
+    g2.c_rows = c_rows_.data();
+    gemm<T, T>(g2, Epilogue::Store, stream());
+  }
+  // For tests and benchmarks: the per-expert offsets of the last plan.
+  const int32_t* offsets() const { return offsets_.data(); }
+
+ private:
+  const ExpertWeightsGpu<T>& w_;
+  DeviceArray<int32_t> offsets_, a_rows_, c_rows_, tiles_, num_tiles_;
+  DeviceArray<T> h_;
+};
+
+}  // namespace epmoe::cuda
