@@ -9,11 +9,11 @@ source scripts/gpu-env.sh
 out=${OUT:-/tmp/epmoe-gpu}
 mkdir -p "$out"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-timeout 120 "$GPU_BIN/gpu_moe_bench" --out "$out/moe_bench.tsv" 2>&1 | tee "$out/moe_bench.log"
+if ((ngpu >= 2)); then
+  timeout 90 scripts/gpu-launch.sh 2 stdbuf -oL "$GPU_BIN/gpu_ep_bench" --out "$out/ep_bench.tsv" 2>&1 | tee "$out/ep_bench.log"
+fi
+timeout 120 stdbuf -oL "$GPU_BIN/gpu_moe_bench" --out "$out/moe_bench.tsv" 2>&1 | tee "$out/moe_bench.log"
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/cuda/torch_moe_bench.py --out "$out/torch_bench.tsv" 2>&1 |
   tee "$out/torch_bench.log"
 python3 scripts/gpu-bench-table.py "$out/moe_bench.tsv" "$out/torch_bench.tsv" | tee "$out/moe_table.md"
-if ((ngpu >= 2)); then
-  timeout 120 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_bench" --out "$out/ep_bench.tsv" 2>&1 | tee "$out/ep_bench.log"
-fi
-timeout 120 "$GPU_BIN/gpu_model_bench" --out "$out/model_bench.tsv" 2>&1 | tee "$out/model_bench.log"
+timeout 100 stdbuf -oL "$GPU_BIN/gpu_model_bench" --out "$out/model_bench.tsv" 2>&1 | tee "$out/model_bench.log"

@@ -18,7 +18,7 @@ step() {  # step NAME TIMEOUT command...
   local name=$1 limit=$2
   shift 2
   echo "=== $name"
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  timeout "$limit" stdbuf -oL -eL "$@" > "$out/$name.log" 2>&1
   local rc=$?
   tail -n 40 "$out/$name.log"
   echo "=== $name: exit $rc"

@@ -68,7 +68,14 @@ int main(int argc, char** argv) {
     GpuGroup& g = GpuGroup::world();
     const int R = g.size(), me = g.rank();
     FILE* f = nullptr;
-    if (me == 0 && argc > 2 && std::string(argv[1]) == "--out") f = std::fopen(argv[2], "w");
+    std::vector<int> Ts = {128, 1024, 4096};
+    bool ll_full = true;  // the lowlatency variant whose capacity holds every token in one round
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string a = argv[i], v = argv[i + 1];
+      if (a == "--out" && me == 0) f = std::fopen(v.c_str(), "w");
+      if (a == "--t") Ts = {std::stoi(v)};
+      if (a == "--ll-full") ll_full = v != "0";
+    }
     if (f) std::fprintf(f, "tokens_per_rank\tbackend\tus\tbytes_sent_per_rank\traw_us\tratio\n");
     Placement pl = Placement::make_default(E, R, 0);
     PlanOnly runner(pl.first_local(me), pl.num_local(me));
@@ -76,7 +83,7 @@ int main(int argc, char** argv) {
       std::printf("| tokens/rank | backend | dispatch+combine us | bytes sent/rank | raw NCCL a2a us (same bytes) | ratio |\n");
       std::printf("|---|---|---|---|---|---|\n");
     }
-    for (int T : {128, 1024, 4096}) {
+    for (int T : Ts) {
       DeviceArray<bf16> x(size_t(T) * H);
       fill_random(x.data(), int64_t(T) * H, 7 + me, 1.0f, stream());
       std::mt19937 rng(1234 + me);
@@ -95,10 +102,11 @@ int main(int argc, char** argv) {
       GpuMoeTokens tok;
       tok.T = T, tok.H = H, tok.K = K, tok.bf16 = true, tok.x = x.data(), tok.physical = dph.data(), tok.weights = dw.data();
       double a2a_bytes = 0;
-      std::vector<std::pair<std::string, int>> variants = {{"none", 128}, {"alltoall", 128}, {"lowlatency", 128},
-                                                           {"lowlatency", T}};
+      std::vector<std::pair<std::string, int>> variants = {{"none", 128}, {"alltoall", 128}, {"lowlatency", 128}};
+      if (ll_full && T > 128) variants.push_back({"lowlatency", T});
       std::vector<std::pair<std::string, std::pair<double, double>>> res;
       for (auto& [name, cap] : variants) {
+        if (me == 0) std::fprintf(stderr, "gpu_ep_bench: T=%d %s cap %d\n", T, name.c_str(), cap);
         GpuBackendOptions bo;
         bo.max_dispatch_tokens_per_rank = cap;
         auto be = make_gpu_backend(name, g, pl, bo);
@@ -108,21 +116,29 @@ int main(int argc, char** argv) {
         const double sent = double(g.bytes_sent() - b0);
         const double us = median_us([&] { be->run(tok, runner, y.data()); }, 20);
         if (name == "alltoall") a2a_bytes = sent;
+        std::fprintf(stderr, "gpu_ep_bench: rank %d: T=%d %s cap %d: %.0f us\n", me, T, name.c_str(), cap, us);
         res.push_back({name + (cap != 128 ? " (cap " + std::to_string(cap) + ")" : ""), {us, sent}});
       }
-      // Raw NCCL all-to-all: the alltoall backend's bytes, in equal chunks to every peer (self too).
+      // Raw NCCL all-to-all: the bytes the alltoall backend sent to other ranks, in equal chunks to
+      // every other rank (grouped ncclSend/ncclRecv). (Run 5 of docs/gpu.md: at 4096 tokens/rank the
+      // earlier version, which also sent a chunk to itself, did not complete; unverified since.)
       const size_t per_peer = size_t(a2a_bytes / std::max(1, R - 1) / 16) * 16 + 16;
       DeviceArray<unsigned char> sb(per_peer * size_t(R)), rb(per_peer * size_t(R));
       auto comm = static_cast<ncclComm_t>(g.nccl_comm());
+      auto ok = [](ncclResult_t r) {
+        if (r != ncclSuccess) throw Error(std::string("raw all-to-all: ") + ncclGetErrorString(r));
+      };
       const double raw = median_us(
           [&] {
             if (R == 1) return;
-            ncclGroupStart();
+            ok(ncclGroupStart());
             for (int d = 0; d < R; d++) {
-              ncclSend(sb.data() + size_t(d) * per_peer, per_peer, ncclChar, d, comm, stream());
-              ncclRecv(rb.data() + size_t(d) * per_peer, per_peer, ncclChar, d, comm, stream());
+              if (d == me) continue;
+              ok(ncclSend(sb.data() + size_t(d) * per_peer, per_peer, ncclChar, d, comm, stream()));
+              ok(ncclRecv(rb.data() + size_t(d) * per_peer, per_peer, ncclChar, d, comm, stream()));
             }
-            ncclGroupEnd();
+            ok(ncclGroupEnd());
+            g.sync("raw all-to-all");
           },
           20);
       for (auto& [name, v] : res) {
@@ -131,6 +147,8 @@ int main(int argc, char** argv) {
           std::printf("| %d | %s | %.0f | %.3g | %.0f | %.2f |\n", T, name.c_str(), us, v.second, raw,
                       raw > 0 ? us / raw : 0.0);
           if (f) std::fprintf(f, "%d\t%s\t%.1f\t%.6g\t%.1f\t%.3f\n", T, name.c_str(), us, v.second, raw, raw > 0 ? us / raw : 0.0);
+          std::fflush(stdout);
+          if (f) std::fflush(f);
         }
       }
     }

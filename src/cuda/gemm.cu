@@ -68,9 +68,10 @@ __device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t 
 
 __device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
-template <int BM_, int BN_, int WM_, int WN_, int STAGES_>
+template <int BM_, int BN_, int WM_, int WN_, int STAGES_, int MIN_CTAS_ = 1>
 struct TcCfg {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_, BK = 64;
+  static constexpr int MIN_CTAS = MIN_CTAS_;  // CTAs per SM the register budget must allow
   static constexpr int NT = WM * WN * 32;
   static constexpr int TM = BM / WM, TN = BN / WN;
   static constexpr int MI = TM / 16, NI = TN / 8;
@@ -81,24 +82,25 @@ struct TcCfg {
 };
 
 template <class Cfg, class TC, bool SWIGLU>
-__global__ void __launch_bounds__(Cfg::NT) tc_gemm_kernel(const GemmArgs p) {
+__global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const GemmArgs p) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, NT = Cfg::NT, STAGES = Cfg::STAGES;
   constexpr int TM = Cfg::TM, TN = Cfg::TN, MI = Cfg::MI, NI = Cfg::NI, A_CH = Cfg::A_CH, B_CH = Cfg::B_CH;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sA = reinterpret_cast<bf16*>(smem_raw);
   bf16* sB = sA + STAGES * BM * BK;
 
-  int row_begin, rows, group, m_first, m_step;
-  if (p.tiles) {
+  int row_begin, rows, group, m_first, m_end;
+  if (p.tiles) {  // exactly one m-tile
     if (int(blockIdx.y) >= *p.num_tiles) return;
     group = p.tiles[2 * blockIdx.y];
     m_first = p.tiles[2 * blockIdx.y + 1] / BM;
-    m_step = 1 << 30;  // one tile
-  } else {
+    m_end = m_first + 1;
+  } else {        // m-tiles blockIdx.z, + gridDim.z, ...
     group = blockIdx.y;
     m_first = blockIdx.z;
-    m_step = gridDim.z;
+    m_end = 0x7fffffff;
   }
+  const int m_step = p.tiles ? 1 : int(gridDim.z);
   group_range(p, group, row_begin, rows);
   if (m_first * BM >= rows) return;
   const int n0 = blockIdx.x * BN;
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(Cfg::NT) tc_gemm_kernel(const GemmArgs p) {
     b_col[i] = c * 8;
   }
 
-  for (int mt = m_first; mt * BM < rows; mt += m_step) {
+  for (int mt = m_first; mt < m_end && mt * BM < rows; mt += m_step) {
     const int m0 = mt * BM;
     const bf16* a_src[A_CH];
     int a_off[A_CH], a_col[A_CH];
@@ -292,7 +294,8 @@ __global__ void __launch_bounds__(256) simt_gemm_kernel(const GemmArgs p) {
 using Tiny = TcCfg<16, 32, 1, 2, 8>;  // dense decode GEMMs with few N-tiles: twice the CTAs
 using Small = TcCfg<16, 64, 1, 4, 6>;
 using Medium = TcCfg<64, 128, 2, 2, 4>;
-using Large = TcCfg<128, 128, 2, 4, 3>;
+// Two CTAs per SM (<= 128 registers): one CTA of 8 warps cannot hide the latency of its loads.
+using Large = TcCfg<128, 128, 2, 4, 3, 2>;
 
 template <class Cfg, class TC>
 void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {

@@ -59,6 +59,8 @@ __device__ inline void warp_topk(const float* v, int n, int k, int* sel) {
   }
 }
 
+constexpr int kMaxRouterParts = 16;  // router_chunks() never returns more
+
 __global__ void route_kernel(const RouteArgs a) {
   extern __shared__ float rsm[];
   const RoutingConfig& c = a.cfg;
@@ -72,9 +74,16 @@ __global__ void route_kernel(const RouteArgs a) {
   int* sel = reinterpret_cast<int*>(gs + E);       // [K <= 32]
   const uint64_t gid = a.identity ? 0 : a.gids[t];  // loaded early: its latency overlaps the rest
   // The logits of this token (the split-K partials summed in order, as router_sum does).
+  // All partial loads are issued before the first add (a loop of dependent load-add pairs costs
+  // one memory latency per partial: 20 us at one token).
   for (int e = lane; e < E; e += 32) {
+    float vals[kMaxRouterParts];
+#pragma unroll
+    for (int p = 0; p < kMaxRouterParts; p++) vals[p] = p < a.parts ? a.logits[p * a.part_stride + t * E + e] : 0.f;
     float v = 0.f;
-    for (int p = 0; p < a.parts; p++) v += a.logits[p * a.part_stride + t * E + e];
+#pragma unroll
+    for (int p = 0; p < kMaxRouterParts; p++)
+      if (p < a.parts) v += vals[p];
     sc[e] = v;
   }
   __syncwarp();
@@ -523,15 +532,18 @@ __global__ void attention_kernel(const float* q, const TokenSlot* slots, int lay
   for (int i = threadIdx.x; i < D; i += blockDim.x) qs[i] = qh[i];
   __syncthreads();
   const float scale = 1.0f / sqrtf(float(D));
+  // Scores: one warp per key, lanes over the head dims (coalesced rows of K), a fixed-order tree.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   float m = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+  for (int j = warp; j < n; j += nw) {
     const float* kj = kc + int64_t(j) * kvd;
     float d = 0.f;
-    for (int i = 0; i < D; i++) d += qs[i] * kj[i];
-    p[j] = d * scale;
-    m = fmaxf(m, p[j]);
+    for (int i = lane; i < D; i += 32) d += qs[i] * kj[i];
+    d = warp_sum(d) * scale;
+    if (lane == 0) p[j] = d;
+    m = fmaxf(m, d);
   }
-  m = block_max(m, scratch);
+  m = block_max(m, scratch);  // (its barriers also publish p[])
   float sum = 0.f;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     p[j] = expf(p[j] - m);
@@ -593,6 +605,7 @@ void route(const RouteArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   const int E = a.cfg.num_experts;
   EPMOE_ASSERT(a.cfg.top_k <= 32 && a.cfg.n_group <= E, "gpu routing: top_k <= 32 and n_group <= E");
+  EPMOE_ASSERT(a.parts >= 1 && a.parts <= kMaxRouterParts, "gpu routing: 1..16 logit partials");
   constexpr int warps = 4;
   const size_t smem = size_t(warps) * (3 * E + 32) * sizeof(float);
   EPMOE_ASSERT(smem <= 48 * 1024, "gpu routing: too many experts for one warp's shared memory");

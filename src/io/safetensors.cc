@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "io/json_util.h"
@@ -94,7 +95,8 @@ std::map<std::string, SafetensorsEntry> parse_safetensors_header(const std::stri
   return entries;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : map_(std::make_shared<MappedFile>(path)) {
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : map_(std::make_shared<MappedFile>(path)), aligned_(std::make_shared<AlignedCopies>()) {
   const size_t size = map_->size();
   if (size < 8) bad(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   uint64_t n;
@@ -116,13 +118,31 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(std::make_share
       if (v.is_string()) metadata_[k] = v.get<std::string>();
 }
 
+struct SafetensorsFile::AlignedCopies {
+  std::mutex mutex;  // get() may be called from several threads
+  std::map<std::string, std::unique_ptr<uint64_t[]>> copies;
+};
+
+const void* SafetensorsFile::aligned_copy(const std::string& name, const unsigned char* bytes, size_t n) const {
+  std::lock_guard<std::mutex> lock(aligned_->mutex);
+  auto& copy = aligned_->copies[name];
+  if (!copy) {
+    copy.reset(new uint64_t[(n + 7) / 8]);  // 8-byte aligned: enough for every dtype
+    std::memcpy(copy.get(), bytes, n);
+  }
+  return copy.get();
+}
+
 TensorView SafetensorsFile::get(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw InputError(path() + ": no tensor '" + name + "'");
+  const SafetensorsEntry& e = it->second;
   TensorView v;
-  v.dtype = it->second.dtype;
-  v.shape = it->second.shape;
-  v.data = data_ + it->second.begin;
+  v.dtype = e.dtype;
+  v.shape = e.shape;
+  v.data = data_ + e.begin;
+  if (reinterpret_cast<uintptr_t>(v.data) % dtype_size(e.dtype) != 0)
+    v.data = aligned_copy(name, data_ + e.begin, e.end - e.begin);
   v.name = name;
   return v;
 }

@@ -6,6 +6,11 @@
 // bounded, the JSON is an object, dtypes are known, shape x dtype size equals the byte range,
 // ranges lie inside the data and do not overlap. A malformed file is an InputError naming the
 // file and the tensor, never a crash.
+//
+// Tensors are used in place from the map. The safetensors library aligns every tensor to its
+// dtype (header padded to 8 bytes, data sorted by dtype); a file written without that padding is
+// still read, but its misaligned tensors are copied once, on first get(), to aligned memory --
+// reading a bf16 or f32 through a misaligned pointer is undefined behaviour.
 #pragma once
 
 #include <map>
@@ -45,10 +50,14 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
+  const void* aligned_copy(const std::string& name, const unsigned char* bytes, size_t n) const;
+
   std::shared_ptr<MappedFile> map_;
   const unsigned char* data_ = nullptr;
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
+  struct AlignedCopies;  // of misaligned tensors, made on first use and kept with the file
+  std::shared_ptr<AlignedCopies> aligned_;
 };
 
 // Writes tensors (fp32 or raw bytes with dtype) as a safetensors file; used by `score` and synth.

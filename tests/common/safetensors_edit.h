@@ -28,9 +28,12 @@ struct RawSafetensors {
   }
 
   // Writes the file; `header_text` replaces the JSON (for headers nlohmann cannot express, such
-  // as a duplicate key), `length` the 8-byte length.
-  void write(const std::string& path, const std::string& header_text = "", int64_t length = -1) const {
-    const std::string h = header_text.empty() ? header.dump() : header_text;
+  // as a duplicate key), `length` the 8-byte length. The header is padded with spaces to keep
+  // the data 8-byte aligned, as the safetensors library does, unless `pad` is false.
+  void write(const std::string& path, const std::string& header_text = "", int64_t length = -1,
+             bool pad = true) const {
+    std::string h = header_text.empty() ? header.dump() : header_text;
+    while (pad && (8 + h.size()) % 8) h.push_back(' ');
     const uint64_t n = length >= 0 ? uint64_t(length) : h.size();
     std::string bytes(8, '\0');
     std::memcpy(bytes.data(), &n, 8);
