@@ -163,6 +163,7 @@ Command register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Greedy decoding from token ids or text");
   auto o = std::make_shared<GenerateOptions>();
   add_run_options(*cmd, o->run);
+  add_device_options(*cmd, o->run);
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids")
       ->each([o](const std::string&) { o->prompt_ids_given = true; });
   cmd->add_option("--prompts-file", o->prompts_file,

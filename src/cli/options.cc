@@ -52,6 +52,9 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd.add_flag("--audit", o.audit, "Run the reduction audit of the backend once before the work");
+}
+
+void add_device_options(CLI::App& cmd, RunOptions& o) {
   cmd.get_option("--compute")->each([&o](const std::string&) { o.compute_given = true; });
   cmd.add_option("--device", o.device,
                  "cpu, or cuda: the GPU path (one process per GPU; several GPUs through scripts/gpu-launch.sh; "

@@ -36,6 +36,8 @@ struct RunOptions {
 
 void add_model_option(CLI::App& cmd, RunOptions& o);
 void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true);
+// --device cpu|cuda and --batch-invariant (score and generate; after add_run_options).
+void add_device_options(CLI::App& cmd, RunOptions& o);
 
 struct Runtime {
   Communicator* comm = nullptr;

@@ -55,6 +55,7 @@ Command register_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Write the logits at every position of a token sequence (safetensors)");
   auto o = std::make_shared<ScoreOptions>();
   add_run_options(*cmd, o->run);
+  add_device_options(*cmd, o->run);
   cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", o->out, "Output safetensors file (tensor 'logits', F32 [T, vocab])")->required();
   return {cmd, [o] { return run_score(*o); }};
