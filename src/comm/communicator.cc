@@ -111,6 +111,8 @@ Communicator::Communicator() {
                 2);
 }
 
+Communicator::~Communicator() = default;  // here, where Status is complete
+
 Communicator& Communicator::world() {
   if (!g_world) g_world = new Communicator();
   return *g_world;

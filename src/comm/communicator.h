@@ -44,8 +44,10 @@ class PendingOp {
 
 class Communicator {
  public:
-  // The process-wide group (MPI_COMM_WORLD under mpirun, else a group of one).
+  // The process-wide group (MPI_COMM_WORLD under mpirun, else a group of one). Never destroyed:
+  // finalize() ends MPI explicitly, and nothing running at exit can find the group gone.
   static Communicator& world();
+  ~Communicator();
   // Finalises MPI if it was initialised (call once at exit).
   static void finalize();
 

@@ -80,7 +80,7 @@ std::map<std::string, SafetensorsEntry> parse_safetensors_header(const std::stri
   // Ranges must not overlap (a tensor aliasing another is a corrupt or hostile file). Empty
   // tensors occupy no bytes and are left out: an empty one inside another's range used to sit
   // between two overlapping neighbours in the sorted order and hide them from the check of
-  // adjacent pairs (the safetensors fuzz target's invariant showed it). Among non-empty ranges
+  // adjacent pairs (found in review; fuzz/safetensors_fuzz.cc checks it). Among non-empty ranges
   // sorted by begin, the first overlap is always between neighbours.
   std::vector<std::pair<const std::string*, const SafetensorsEntry*>> sorted;
   for (auto& [n, e] : entries)

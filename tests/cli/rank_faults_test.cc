@@ -24,6 +24,10 @@ namespace {
 
 using test::Scratch;
 
+// Faults the group sees at once (an abort, a death noticed by mpirun) must end it long before
+// the timeout, which is set high so that a slow machine (the sanitizer build) cannot make the
+// test flaky. Faults only the timeout can catch (a hang) use a short one.
+constexpr int kLongTimeout = 30;
 constexpr int kCommTimeout = 3;
 
 struct Timed {
@@ -74,10 +78,10 @@ std::string with_fault(const std::string& fault, int ranks, const std::string& e
   return "EPMOE_TEST_FAULT=" + fault + " " + test::mpirun(ranks) + extra_mpirun;
 }
 
-std::string generate_args(const std::string& model) {
+std::string generate_args(const std::string& model, int comm_timeout) {
   return test::epmoe() + " generate --model " + model + " --prompts-file " + test::data_dir() +
          "/demo-prompts.txt --max-new-tokens 4 --ignore-eos --moe-a2a-backend alltoall --comm-timeout " +
-         std::to_string(kCommTimeout);
+         std::to_string(comm_timeout);
 }
 
 // ---- a rank that cannot load its experts ----
@@ -105,21 +109,21 @@ TEST(RankFaults, ShardMissingOnlyForOneRanksExperts) {
   Scratch s("qwen3moe-tiny");
   write_split_checkpoint(s);
   // The split checkpoint is the same model: same output as the fixture.
-  const auto whole = test::run_command(generate_args(test::fixture("qwen3moe-tiny")));
+  const auto whole = test::run_command(generate_args(test::fixture("qwen3moe-tiny"), kLongTimeout));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  const auto split = test::run_command(test::mpirun(2) + generate_args(s.dir()));
+  const auto split = test::run_command(test::mpirun(2) + generate_args(s.dir(), kLongTimeout));
   ASSERT_EQ(split.exit_code, 0) << split.output;
   EXPECT_EQ(split.output, whole.output);
 
   s.remove("experts-4-7.safetensors");
-  const Timed t = timed(test::mpirun(2) + generate_args(s.dir()));
+  const Timed t = timed(test::mpirun(2) + generate_args(s.dir(), kLongTimeout));
   EXPECT_EQ(t.r.exit_code, 2);  // the failed rank's input error, through MPI_Abort
   EXPECT_NE(t.r.output.find("epmoe: rank 1: error: " + s.path("model.safetensors.index.json") +
                             ": shard 'experts-4-7.safetensors'"),
             std::string::npos);
   EXPECT_NE(t.r.output.find("is missing"), std::string::npos);
   EXPECT_EQ(t.r.output.find("rank 0: error"), std::string::npos) << "rank 0 has all it needs";
-  EXPECT_LT(t.seconds, kCommTimeout) << "the failing rank aborts the group at once";
+  EXPECT_LT(t.seconds, kLongTimeout) << "the failing rank aborts the group at once";
   expect_no_orphans(s);
 }
 
@@ -130,23 +134,23 @@ TEST(RankFaults, ShardMissingOnlyForOneRanksExperts) {
 
 TEST(RankFaults, ThrowInForwardPassAbortsTheGroup) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("throw:1:12", 3) + generate_args(s.dir()));
+  const Timed t = timed(with_fault("throw:1:12", 3) + generate_args(s.dir(), kLongTimeout));
   EXPECT_EQ(t.r.exit_code, 1);
   EXPECT_NE(t.r.output.find("epmoe: rank 1: error: EPMOE_TEST_FAULT: injected failure on entering all-to-all "
                             "(operation 12)"),
             std::string::npos);
-  EXPECT_LT(t.seconds, kCommTimeout) << "the failing rank aborts the group at once";
+  EXPECT_LT(t.seconds, kLongTimeout) << "the failing rank aborts the group at once";
   expect_no_orphans(s);
 }
 
 TEST(RankFaults, SigkilledRankEndsTheJob) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("kill:1:12", 3) + generate_args(s.dir()));
+  const Timed t = timed(with_fault("kill:1:12", 3) + generate_args(s.dir(), kLongTimeout));
   EXPECT_NE(t.r.exit_code, 0);
   EXPECT_NE(t.r.output.find("rank 1 kills itself (SIGKILL) on entering all-to-all"), std::string::npos);
   // mpirun sees the signal, names the rank and ends the others.
   EXPECT_TRUE(std::regex_search(t.r.output, std::regex("process rank 1 .*(signal 9|Killed)"))) << t.r.output;
-  EXPECT_LT(t.seconds, kCommTimeout);
+  EXPECT_LT(t.seconds, kLongTimeout);
   expect_no_orphans(s);
 }
 
@@ -156,7 +160,7 @@ TEST(RankFaults, SigkilledRankEndsTheJob) {
 // no other rank can abort it first.
 TEST(RankFaults, SigkilledRankIsNamedBySurvivorsAfterTheTimeout) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("kill:1:12", 2, "--enable-recovery ") + generate_args(s.dir()));
+  const Timed t = timed(with_fault("kill:1:12", 2, "--enable-recovery ") + generate_args(s.dir(), kCommTimeout));
   EXPECT_NE(t.r.output.find("epmoe: rank 0: all-to-all (operation 12): no answer from the group for " +
                             std::to_string(kCommTimeout) +
                             " s (--comm-timeout): rank 1 does not answer (dead, hung, or stuck outside communication)"),
@@ -170,7 +174,7 @@ TEST(RankFaults, SigkilledRankIsNamedBySurvivorsAfterTheTimeout) {
 // and tell it apart from a peer that waits with them.
 TEST(RankFaults, HungRankIsNamedAfterTheTimeout) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("hang:1:12", 3) + generate_args(s.dir()));
+  const Timed t = timed(with_fault("hang:1:12", 3) + generate_args(s.dir(), kCommTimeout));
   EXPECT_EQ(t.r.exit_code, 1);
   EXPECT_NE(t.r.output.find("rank 1 hangs on entering all-to-all (operation 12)"), std::string::npos);
   // Ranks 0 and 2 time out together; the first to abort may end the other before it prints.
@@ -189,7 +193,7 @@ TEST(RankFaults, HungRankIsNamedAfterTheTimeout) {
 // must not pass because nothing was injected.
 TEST(RankFaults, MalformedFaultHookIsAnInputError) {
   Scratch s("qwen3moe-tiny");
-  const auto r = test::run_command(with_fault("explode:1:12", 2) + generate_args(s.dir()));
+  const auto r = test::run_command(with_fault("explode:1:12", 2) + generate_args(s.dir(), kLongTimeout));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("EPMOE_TEST_FAULT='explode:1:12': expected ACTION:RANK:OP"), std::string::npos) << r.output;
 }
