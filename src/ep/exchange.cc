@@ -157,7 +157,7 @@ void finish_slots(const MoeTokens& in, const Placement& p, int me, int64_t t0, i
           if (remote && fault == Fault::WrongCombineIds) dst = (t + 1) % n;
           std::memcpy(&moved[size_t((dst * K + k) * H)], &slot_rows[size_t((t * K + k) * H)], sizeof(float) * size_t(H));
         }
-      std::memcpy(slot_rows, moved.data(), moved.size() * sizeof(float));
+      if (!moved.empty()) std::memcpy(slot_rows, moved.data(), moved.size() * sizeof(float));  // n = 0: both null
     }
   }
   combine_slots(n, H, K, weights, slot_rows, y + t0 * H);
