@@ -79,7 +79,8 @@ __attribute__((target("avx512f,fma"))) double fma_loop(int64_t iters) {
   for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
   const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
   for (int64_t it = 0; it < iters; it++)
-    for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);  // unrolled: accumulators in registers
   float s = 0;
   for (int i = 0; i < 12; i++) s += _mm512_reduce_add_ps(a[i]);
   return s;
@@ -90,6 +91,7 @@ __attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop(int64_t iters) 
   for (int i = 0; i < 12; i++) a[i] = _mm512_setzero_ps();
   const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3c00);
   for (int64_t it = 0; it < iters; it++)
+#pragma GCC unroll 12
     for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
   float s = 0;
   for (int i = 0; i < 12; i++) s += _mm512_reduce_add_ps(a[i]);
