@@ -395,47 +395,39 @@ void Communicator::all_to_all(const void* send, size_t bytes, void* recv) {
   wait(&r, "all-to-all");
 }
 
+// One element, reduced over the group: the four typed all-reduces share it.
+void Communicator::allreduce_one(const void* in, void* out, bool is_double, bool is_max) {
+  begin_op("allreduce");
+  MPI_Request r;
+  MPI_Iallreduce(in, out, 1, is_double ? MPI_DOUBLE : MPI_INT64_T, is_max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD, &r);
+  wait(&r, "allreduce");
+}
+
 int64_t Communicator::allreduce_max(int64_t v) {
   if (!mpi_) return v;
-  begin_op("allreduce");
   int64_t out = 0;
-  MPI_Request r;
-  MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &r);
-  wait(&r, "allreduce");
+  allreduce_one(&v, &out, false, true);
   return out;
 }
 
 int64_t Communicator::allreduce_sum(int64_t v) {
   if (!mpi_) return v;
-  begin_op("allreduce");
   int64_t out = 0;
-  MPI_Request r;
-  MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD, &r);
-  wait(&r, "allreduce");
+  allreduce_one(&v, &out, false, false);
   return out;
 }
 
-}  // namespace epmoe
-
-namespace epmoe {
-
 double Communicator::allreduce_max_f64(double v) {
   if (!mpi_) return v;
-  begin_op("allreduce");
   double out = 0;
-  MPI_Request r;
-  MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r);
-  wait(&r, "allreduce");
+  allreduce_one(&v, &out, true, true);
   return out;
 }
 
 double Communicator::allreduce_sum_f64(double v) {
   if (!mpi_) return v;
-  begin_op("allreduce");
   double out = 0;
-  MPI_Request r;
-  MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);
-  wait(&r, "allreduce");
+  allreduce_one(&v, &out, true, false);
   return out;
 }
 

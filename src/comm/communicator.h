@@ -119,6 +119,7 @@ class Communicator {
   struct Status;                          // a reply on the status channel
   std::vector<std::unique_ptr<Status>> replies_;  // kept alive while their sends may run
   uint64_t others(const std::vector<size_t>& per_peer) const;
+  void allreduce_one(const void* in, void* out, bool is_double, bool is_max);
 };
 
 }  // namespace epmoe
