@@ -4,7 +4,8 @@
 #   1 GPU:  kernels, and every fixture against transformers' goldens in bf16 and f32 (gpu_test);
 #           epmoe score / generate --device cuda
 #   2 GPUs: expert parallelism over NCCL, bit-identical to one GPU for every backend (gpu_ep_test);
-#           epmoe generate --device cuda on 2 processes
+#           epmoe generate --device cuda on 2 processes; epmoe check --device cuda on every
+#           fixture (must pass) and with an injected double reduce (must fail, naming it)
 # Logs go to $OUT (or /tmp/epmoe-gpu). Exit status 0 when everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,25 @@ if ((ngpu >= 2)); then
     if [[ -n $ref && $got == "$ref" ]]; then echo "generate 2 GPUs $b == 1 GPU: ok"
     else echo "generate 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
   done
+  # epmoe check on GPUs: every fixture, both compute modes; redundant experts and a capacity of
+  # 3 tokens per round (several lowlatency rounds) on the first.
+  for name in qwen3moe-tiny qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny; do
+    for c in bf16 f32; do
+      step "check_2gpu_${name}_$c" 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --compute $c \
+        --model tests/data/$name --json "$out/check_2gpu_${name}_$c.json"
+    done
+  done
+  step check_2gpu_redundant_cap3 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx \
+    --ep-redundant-experts 2 --max-dispatch-tokens-per-rank 3
+  # The bug class of sglang #34006 must be caught: exit 1, every backend's audit says "reduced twice".
+  echo "=== check_2gpu_inject_double_reduce"
+  timeout 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx --inject double-reduce \
+    > "$out/check_2gpu_inject.log" 2>&1
+  rc=$?
+  tail -n 20 "$out/check_2gpu_inject.log"
+  caught=$(grep -cE '^(none|alltoall|lowlatency) +reduced twice .* FAIL$' "$out/check_2gpu_inject.log")
+  if ((rc == 1 && caught == 3)); then echo "=== check_2gpu_inject_double_reduce: caught (exit 1, 3/3 backends)"
+  else echo "=== check_2gpu_inject_double_reduce: NOT caught (exit $rc, $caught/3 backends)"; status=1; fi
 else
   echo "only $ngpu GPU(s): the 2-GPU tests did not run"
 fi

@@ -119,9 +119,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "gpu_ep_bench: rank %d: T=%d %s cap %d: %.0f us\n", me, T, name.c_str(), cap, us);
         res.push_back({name + (cap != 128 ? " (cap " + std::to_string(cap) + ")" : ""), {us, sent}});
       }
-      // Raw NCCL all-to-all: the bytes the alltoall backend sent to other ranks, in equal chunks to
-      // every other rank (grouped ncclSend/ncclRecv). (Run 5 of docs/gpu.md: at 4096 tokens/rank the
-      // earlier version, which also sent a chunk to itself, did not complete; unverified since.)
+      // Raw NCCL all-to-all: the bytes the alltoall backend sent to other ranks (the most any rank
+      // sent), in equal chunks to every other rank (grouped ncclSend/ncclRecv). Every rank must use
+      // the same chunk size: a send and its receive of different counts never complete (run 5 of
+      // docs/gpu.md hung at 4096 tokens/rank for that reason: each rank sized by its own bytes).
+      a2a_bytes = double(g.allreduce_max(int64_t(a2a_bytes)));
       const size_t per_peer = size_t(a2a_bytes / std::max(1, R - 1) / 16) * 16 + 16;
       DeviceArray<unsigned char> sb(per_peer * size_t(R)), rb(per_peer * size_t(R));
       auto comm = static_cast<ncclComm_t>(g.nccl_comm());

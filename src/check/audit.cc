@@ -45,72 +45,81 @@ std::string diagnose(const float* x, const float* y, int H, double c_ok, double 
 
 }  // namespace
 
-AuditResult run_audit(Communicator& comm, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
-  const int R = comm.size(), me = comm.rank(), H = opt.H, K = opt.K, E = p.num_logical;
+AuditTokens make_audit_tokens(const Placement& p, int me, int R, const AuditOptions& opt) {
+  AuditTokens tok;
+  const int H = opt.H, K = opt.K, E = p.num_logical;
   int64_t T = opt.tokens_per_rank + 3 * me;
   if (R >= 3 && me == R - 1) T = 0;  // a rank without tokens still takes part
-
+  tok.T = T, tok.H = H, tok.K = K;
   std::mt19937_64 rng(opt.seed * 1000003 + uint64_t(me));
   std::uniform_real_distribution<float> mag(0.5f, 1.5f), wdist(0.05f, 1.0f);
-  std::vector<float> x(size_t(T * H)), w(size_t(T * K)), y(size_t(T * H), NAN);
-  std::vector<int32_t> logical(size_t(T * K)), physical(size_t(T * K));
-  for (auto& v : x) v = (rng() & 1 ? 1.f : -1.f) * mag(rng);
+  tok.x.resize(size_t(T * H));
+  tok.w.resize(size_t(T * K));
+  tok.logical.resize(size_t(T * K));
+  tok.physical.resize(size_t(T * K));
+  for (auto& v : tok.x) v = (rng() & 1 ? 1.f : -1.f) * mag(rng);
   std::vector<int> perm(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; t++) {
     for (int e = 0; e < E; e++) perm[size_t(e)] = e;
     std::shuffle(perm.begin(), perm.end(), rng);
     for (int k = 0; k < K; k++) {
-      logical[size_t(t * K + k)] = perm[size_t(k)];
-      physical[size_t(t * K + k)] = p.choose(perm[size_t(k)], token_gid(uint64_t(me), uint64_t(t)), k);
-      w[size_t(t * K + k)] = wdist(rng);
+      tok.logical[size_t(t * K + k)] = perm[size_t(k)];
+      tok.physical[size_t(t * K + k)] = p.choose(perm[size_t(k)], token_gid(uint64_t(me), uint64_t(t)), k);
+      tok.w[size_t(t * K + k)] = wdist(rng);
     }
   }
-  // Probe experts: expert e scales its rows by (e + 1), so that every expert leaves its mark.
-  ExpertFn probe = [&p, H](int phys, const float* in, int64_t n, float* out) {
-    const float scale = float(p.logical_of[size_t(phys)] + 1);
-    for (int64_t i = 0; i < n * H; i++) out[i] = scale * in[i];
-  };
-  MoeTokens tok{T, H, K, x.data(), physical.data(), w.data()};
-  backend.run(tok, probe, y.data());
+  return tok;
+}
 
-  AuditResult res;
-  std::vector<int64_t> counts(std::size(kDiagnoses) + 1, 0);  // last: ok
-  double max_rel = 0;
+// Probe experts: expert e scales its rows by (e + 1), so that every expert leaves its mark.
+float audit_probe_scale(const Placement& p, int phys) { return float(p.logical_of[size_t(phys)] + 1); }
+
+AuditTally tally_audit(const Placement& p, int me, int R, const AuditTokens& tok, const float* y, const float* exact_ref,
+                       bool exact) {
+  const int H = tok.H, K = tok.K;
+  AuditTally tally;
+  tally.counts.assign(std::size(kDiagnoses) + 1, 0);  // last: ok
+  tally.tokens = tok.T;
   std::vector<float> expect(static_cast<size_t>(H));
-  for (int64_t t = 0; t < T; t++) {
-    const float* xt = &x[size_t(t * H)];
+  for (int64_t t = 0; t < tok.T; t++) {
+    const float* xt = &tok.x[size_t(t * H)];
     const float* yt = &y[size_t(t * H)];
     // The local formula, in slot order in fp32: the deterministic combine must match it bit for bit.
     std::fill(expect.begin(), expect.end(), 0.f);
     double c_ok = 0, c_local = 0, c_rep = 0;
     std::vector<double> c_lost;
     for (int k = 0; k < K; k++) {
-      const float wk = w[size_t(t * K + k)];
-      const int e = logical[size_t(t * K + k)];
+      const float wk = tok.w[size_t(t * K + k)];
+      const int e = tok.logical[size_t(t * K + k)];
       for (int h = 0; h < H; h++) expect[size_t(h)] += wk * (float(e + 1) * xt[h]);
       const double part = double(wk) * (e + 1);
       c_ok += part;
-      if (p.owner(physical[size_t(t * K + k)]) == me) c_local += part;
+      if (p.owner(tok.physical[size_t(t * K + k)]) == me) c_local += part;
       c_rep += part * double(p.replicas[size_t(e)].size());
     }
-    for (int k = 0; k < K; k++) c_lost.push_back(c_ok - double(w[size_t(t * K + k)]) * (logical[size_t(t * K + k)] + 1));
+    for (int k = 0; k < K; k++)
+      c_lost.push_back(c_ok - double(tok.w[size_t(t * K + k)]) * (tok.logical[size_t(t * K + k)] + 1));
     double err = 0;
     for (int h = 0; h < H; h++)
       err = std::max(err, std::fabs(double(yt[h]) - expect[size_t(h)]) / std::max(1e-30, std::fabs(double(expect[size_t(h)]))));
     if (!std::isfinite(err)) err = INFINITY;
-    max_rel = std::max(max_rel, err);
-    const bool ok = opt.exact ? std::equal(expect.begin(), expect.end(), yt) : err <= 1e-5;
+    tally.max_rel_error = std::max(tally.max_rel_error, err);
+    const float* bits = exact_ref ? &exact_ref[size_t(t * H)] : expect.data();
+    const bool ok = exact ? std::equal(yt, yt + H, bits) : err <= 1e-5;
     std::string d = ok ? "ok" : diagnose(xt, yt, H, c_ok, c_ok * R, c_local, c_rep, c_lost);
     if (d == "ok" && !ok) d = kDiagnoses[std::size(kDiagnoses) - 1];  // within 1e-4, yet not exact
     size_t i = 0;
     while (i < std::size(kDiagnoses) && d != kDiagnoses[i]) i++;
-    counts[i]++;
+    tally.counts[i]++;
   }
+  return tally;
+}
 
-  // Everyone's counts, everywhere.
-  for (auto& c : counts) c = comm.allreduce_sum(c);
-  res.tokens = comm.allreduce_sum(T);
-  res.max_rel_error = comm.allreduce_max_f64(max_rel);
+AuditResult audit_result(const AuditTally& all) {
+  AuditResult res;
+  const auto& counts = all.counts;
+  res.tokens = all.tokens;
+  res.max_rel_error = all.max_rel_error;
   res.pass = counts[std::size(kDiagnoses)] == res.tokens;
   for (size_t i = 0; i < std::size(kDiagnoses); i++)
     if (counts[i]) res.counts[kDiagnoses[i]] = counts[i];
@@ -128,6 +137,26 @@ AuditResult run_audit(Communicator& comm, const Placement& p, A2ABackend& backen
                      "/" + std::to_string(res.tokens) + " tokens)";
   }
   return res;
+}
+
+AuditResult run_audit(Communicator& comm, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
+  const int R = comm.size(), me = comm.rank();
+  AuditTokens tok = make_audit_tokens(p, me, R, opt);
+  std::vector<float> y(size_t(tok.T * tok.H), NAN);
+  const int H = tok.H;
+  ExpertFn probe = [&p, H](int phys, const float* in, int64_t n, float* out) {
+    const float scale = audit_probe_scale(p, phys);
+    for (int64_t i = 0; i < n * H; i++) out[i] = scale * in[i];
+  };
+  MoeTokens mt{tok.T, tok.H, tok.K, tok.x.data(), tok.physical.data(), tok.w.data()};
+  backend.run(mt, probe, y.data());
+
+  AuditTally tally = tally_audit(p, me, R, tok, y.data(), nullptr, opt.exact);
+  // Everyone's counts, everywhere.
+  for (auto& c : tally.counts) c = comm.allreduce_sum(c);
+  tally.tokens = comm.allreduce_sum(tally.tokens);
+  tally.max_rel_error = comm.allreduce_max_f64(tally.max_rel_error);
+  return audit_result(tally);
 }
 
 }  // namespace epmoe

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "ep/backend.h"
@@ -34,5 +35,31 @@ struct AuditResult {
 
 // Collective: every rank of comm calls it with the same options.
 AuditResult run_audit(Communicator& comm, const Placement& placement, A2ABackend& backend, const AuditOptions& opt);
+
+// The pieces of run_audit, for a runtime with another communicator (the GPU check, src/cuda).
+
+// This rank's random tokens and routing: x [T, H], logical/physical/w [T, K].
+struct AuditTokens {
+  int64_t T = 0;
+  int H = 0, K = 0;
+  std::vector<float> x, w;
+  std::vector<int32_t> logical, physical;
+};
+AuditTokens make_audit_tokens(const Placement& placement, int rank, int ranks, const AuditOptions& opt);
+
+// What probe expert `physical` does to its rows: multiplies them by this.
+float audit_probe_scale(const Placement& placement, int physical);
+
+// This rank's verdicts: counts per diagnosis (the last entry: ok), the worst relative error.
+// `exact_ref` (optional): the bits a correct backend must reproduce (else the formula in slot order).
+struct AuditTally {
+  std::vector<int64_t> counts;
+  int64_t tokens = 0;
+  double max_rel_error = 0;
+};
+AuditTally tally_audit(const Placement& placement, int rank, int ranks, const AuditTokens& tok, const float* y,
+                       const float* exact_ref, bool exact);
+// The result from the tallies summed over the ranks (counts and tokens summed, max_rel_error the max).
+AuditResult audit_result(const AuditTally& all_ranks);
 
 }  // namespace epmoe

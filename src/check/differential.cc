@@ -72,49 +72,58 @@ ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm
   return r;
 }
 
+ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std::vector<float>>& logits,
+                                 const std::vector<std::vector<int32_t>>& gen, int64_t V) {
+  ComparisonTally t;
+  for (size_t i = 0; i < logits.size(); i++) {
+    const bool same_shape = i < ref.logits.size() && logits[i].size() == ref.logits[i].size();
+    t.identical &= same_shape && std::memcmp(logits[i].data(), ref.logits[i].data(), logits[i].size() * sizeof(float)) == 0;
+    if (!same_shape) {
+      t.max_abs = 1e30;
+      continue;
+    }
+    auto lp = log_softmax_rows(logits[i], V);
+    for (size_t j = 0; j < lp.size(); j++) {
+      double d = std::fabs(double(lp[j]) - double(ref.logprobs[i][j]));
+      if (!std::isfinite(d)) d = 1e30;
+      t.max_abs = std::max(t.max_abs, d);
+      t.sum_abs += d;
+      t.count++;
+    }
+  }
+  t.identical &= logits.size() == ref.logits.size();
+  for (size_t i = 0; i < gen.size() && i < ref.generated.size(); i++) {
+    size_t k = 0;
+    while (k < gen[i].size() && k < ref.generated[i].size() && gen[i][k] == ref.generated[i][k]) k++;
+    t.greedy_agree += int64_t(k);
+    t.greedy_total += int64_t(ref.generated[i].size());
+    t.degenerate |= is_degenerate_tail(gen[i]) && !is_degenerate_tail(ref.generated[i]);
+  }
+  return t;
+}
+
 BackendStats compare_backend(Model& model, A2ABackend& backend, Communicator& comm, const ReferenceRun& ref,
                              int gen_tokens) {
   const int64_t V = model.config().vocab_size;
-  BackendStats st;
   auto logits = score(model, backend, ref.ids, full_sequences(ref));
-  double sum = 0;
-  int64_t count = 0;
-  bool identical = true;
-  for (size_t i = 0; i < logits.size(); i++) {
-    identical &= logits[i].size() == ref.logits[i].size() &&
-                 std::memcmp(logits[i].data(), ref.logits[i].data(), logits[i].size() * sizeof(float)) == 0;
-    auto lp = log_softmax_rows(logits[i], V);
-    for (size_t j = 0; j < lp.size(); j++) {
-      const double d = std::fabs(double(lp[j]) - double(ref.logprobs[i][j]));
-      st.max_abs_dlogprob = std::max(st.max_abs_dlogprob, std::isfinite(d) ? d : 1e30);
-      sum += std::isfinite(d) ? d : 1e30;
-      count++;
-    }
-  }
-  bool degenerate = false;
-  int64_t agree = 0, total = 0;
+  std::vector<std::vector<int32_t>> gen;
   if (gen_tokens > 0) {
     std::vector<GenerateRequest> req;
     for (size_t i = 0; i < ref.ids.size(); i++) req.push_back({ref.ids[i], ref.prompts[i]});
     GenerateParams gp;
     gp.max_new_tokens = gen_tokens;
-    auto gen = generate_greedy(model, backend, comm, req, gp);
-    for (size_t i = 0; i < gen.size(); i++) {
-      size_t k = 0;
-      while (k < gen[i].size() && k < ref.generated[i].size() && gen[i][k] == ref.generated[i][k]) k++;
-      agree += int64_t(k);
-      total += int64_t(ref.generated[i].size());
-      degenerate |= is_degenerate_tail(gen[i]) && !is_degenerate_tail(ref.generated[i]);
-    }
+    gen = generate_greedy(model, backend, comm, req, gp);
   }
+  const ComparisonTally t = tally_comparison(ref, logits, gen, V);
   // Over all ranks.
-  st.max_abs_dlogprob = comm.allreduce_max_f64(st.max_abs_dlogprob);
-  const int64_t n_all = comm.allreduce_sum(count);
-  st.mean_abs_dlogprob = comm.allreduce_sum_f64(sum) / double(std::max<int64_t>(1, n_all));
-  st.identical = comm.allreduce_sum(identical ? 0 : 1) == 0;
-  st.greedy_agree = comm.allreduce_sum(agree);
-  st.greedy_total = comm.allreduce_sum(total);
-  st.degenerate = comm.any(degenerate);
+  BackendStats st;
+  st.max_abs_dlogprob = comm.allreduce_max_f64(t.max_abs);
+  const int64_t n_all = comm.allreduce_sum(t.count);
+  st.mean_abs_dlogprob = comm.allreduce_sum_f64(t.sum_abs) / double(std::max<int64_t>(1, n_all));
+  st.identical = comm.allreduce_sum(t.identical ? 0 : 1) == 0;
+  st.greedy_agree = comm.allreduce_sum(t.greedy_agree);
+  st.greedy_total = comm.allreduce_sum(t.greedy_total);
+  st.degenerate = comm.any(t.degenerate);
   return st;
 }
 

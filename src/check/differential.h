@@ -46,4 +46,17 @@ ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm
 BackendStats compare_backend(Model& model, A2ABackend& backend, Communicator& comm, const ReferenceRun& ref,
                              int gen_tokens);
 
+// The pieces of compare_backend, for a runtime with another communicator (the GPU check).
+// This rank's share: its logits (teacher-forced on the reference tokens) and, when generation was
+// run, its greedy tokens, against the reference.
+struct ComparisonTally {
+  double max_abs = 0, sum_abs = 0;
+  int64_t count = 0;
+  bool identical = true;
+  int64_t greedy_agree = 0, greedy_total = 0;
+  bool degenerate = false;
+};
+ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std::vector<float>>& logits,
+                                 const std::vector<std::vector<int32_t>>& generated, int64_t V);
+
 }  // namespace epmoe

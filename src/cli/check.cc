@@ -2,6 +2,7 @@
 //
 //   mpirun -np R epmoe check --model DIR [--moe-a2a-backend all|NAME,...] [--prompts N]
 //       [--prompt-len L] [--gen-tokens G] [--json FILE] [--inject FAULT] [--reference local|FILE]
+//   scripts/gpu-launch.sh R epmoe check --device cuda --model DIR ...   (one process per GPU)
 //
 // Exit 0 when every backend passes, 1 when one fails, 2 on bad input.
 #include <cstdio>
@@ -12,6 +13,9 @@
 
 #include "check/audit.h"
 #include "check/differential.h"
+#ifdef EPMOE_HAVE_CUDA
+#include "cuda/check.h"
+#endif
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "ep/fault.h"
@@ -133,7 +137,50 @@ void write_json(const std::string& path, const CheckOptions& o, int R, const std
   f << j.dump(2) << "\n";
 }
 
+bool row_passes(const Row& r, bool exact) {
+  const bool logits_ok = exact ? r.stats.identical : r.stats.max_abs_dlogprob <= 1e-4;
+  return r.audit.pass && logits_ok && !r.stats.degenerate && r.stats.greedy_agree == r.stats.greedy_total;
+}
+
+int report(const CheckOptions& o, const ModelConfig& cfg, int R, int me, const std::vector<Row>& rows, bool exact) {
+  bool all_pass = true;
+  for (auto& r : rows) all_pass &= r.pass;
+  if (me == 0) {
+    print_table(o, cfg, R, rows, exact);
+    std::printf("%s\n", all_pass ? "check: every backend passes" : "check: FAILED");
+    if (!o.json.empty()) write_json(o.json, o, R, rows, exact, all_pass);
+    std::fflush(stdout);
+  }
+  return all_pass ? 0 : 1;
+}
+
+#ifdef EPMOE_HAVE_CUDA
+// --device cuda: the same check over the GPU group (src/cuda/check.cu), deterministic combine.
+int run_check_cuda(const CheckOptions& o) {
+  if (o.reference != "local") throw InputError("--device cuda: only --reference local is implemented");
+  cuda::CudaCheckOptions c;
+  c.run = cuda_options(o.run);
+  c.backends = o.backends == "all" ? cuda::gpu_backend_names() : chosen_backends(o.backends);
+  c.prompts = o.prompts, c.prompt_len = o.prompt_len, c.gen_tokens = o.gen_tokens, c.seed = o.seed;
+  c.fault = parse_fault(o.inject);
+  const ModelConfig cfg = load_model_config(o.run.model_dir);
+  const cuda::CudaCheckResult res = cuda::cuda_check(c);
+  std::vector<Row> rows;
+  for (auto& r : res.rows) {
+    Row row{r.backend, r.audit, r.stats, false};
+    row.pass = row_passes(row, true);
+    rows.push_back(row);
+  }
+  return report(o, cfg, res.ranks, res.rank, rows, true);
+}
+#endif
+
 int run_check(const CheckOptions& o) {
+  if (use_cuda(o.run)) {
+#ifdef EPMOE_HAVE_CUDA
+    return run_check_cuda(o);
+#endif
+  }
   const Fault fault = parse_fault(o.inject);
   const auto names = chosen_backends(o.backends);
   Communicator& comm = Communicator::world();
@@ -182,7 +229,6 @@ int run_check(const CheckOptions& o) {
 
   Model model(cfg, ckpt, place, me);
   std::vector<Row> rows;
-  bool all_pass = true;
   for (size_t i = 0; i < names.size(); i++) {
     set_injected_fault(fault);
     Row row;
@@ -195,18 +241,10 @@ int run_check(const CheckOptions& o) {
     row.audit = run_audit(comm, place, *backends[i], ao);
     row.stats = compare_backend(model, *backends[i], comm, ref, gen);
     set_injected_fault(Fault::None);
-    const bool logits_ok = exact ? row.stats.identical : row.stats.max_abs_dlogprob <= 1e-4;
-    row.pass = row.audit.pass && logits_ok && !row.stats.degenerate && row.stats.greedy_agree == row.stats.greedy_total;
-    all_pass &= row.pass;
+    row.pass = row_passes(row, exact);
     rows.push_back(row);
   }
-  if (me == 0) {
-    print_table(o, cfg, R, rows, exact);
-    std::printf("%s\n", all_pass ? "check: every backend passes" : "check: FAILED");
-    if (!o.json.empty()) write_json(o.json, o, R, rows, exact, all_pass);
-    std::fflush(stdout);
-  }
-  return all_pass ? 0 : 1;
+  return report(o, cfg, R, me, rows, exact);
 }
 
 }  // namespace
@@ -215,9 +253,11 @@ Command register_check(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "check",
       "Prove every a2a backend against the single-process reference: a reduction audit with probe experts, then the "
-      "log-probabilities, bits and greedy tokens of real sequences. Run it under mpirun -np R.");
+      "log-probabilities, bits and greedy tokens of real sequences. Run it under mpirun -np R (CPUs), or with --device cuda under scripts/gpu-launch.sh R (one "
+      "process per GPU).");
   auto o = std::make_shared<CheckOptions>();
   add_run_options(*cmd, o->run, /*with_backend=*/false);
+  add_device_options(*cmd, o->run);
   std::string names;
   for (auto& n : backend_names()) names += (names.empty() ? "" : ",") + n;
   cmd->add_option("--moe-a2a-backend", o->backends, "'all' or a comma-separated list of: " + names)->capture_default_str();
