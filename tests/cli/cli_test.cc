@@ -94,5 +94,16 @@ TEST(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+// The test suite is built without CUDA (EPMOE_HAVE_CUDA is private to the library): every command
+// that takes --device must refuse cuda as bad input, before any work, naming how to get it.
+TEST(Cli, DeviceCudaWithoutCudaBuildExitsWithTwo) {
+  const std::string model = " --model " + test::fixture("qwen3moe-tiny");
+  for (const std::string cmd : {"score --ids 1,2 --out /dev/null", "generate --prompt-ids 1,2", "check"}) {
+    auto r = run_command(test::epmoe() + " " + cmd + model + " --device cuda");
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("built without CUDA"), std::string::npos) << cmd << ": " << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace epmoe
