@@ -6,6 +6,7 @@
 #include <random>
 
 #include "cuda/moe.cuh"
+#include "cuda/split_linear.cuh"
 #include "model/weights.h"
 #include "moe/moe_layer.h"
 #include "tensor/dtype.h"
@@ -69,14 +70,16 @@ std::vector<float> interleave_gate_up(const TensorView& gate, const TensorView& 
 template <class T>
 struct Swiglu {
   int I = 0;
-  DeviceArray<T> w1, w2;  // [2I, H] interleaved, [H, I]
+  DeviceArray<T> w1, w2;  // [2I, H] interleaved, [H, I] (f32 mode)
+  SplitWeight w1_s, w2_s; // the same, split for fp32-grade products (bf16 mode)
   bool empty() const { return I == 0; }
 };
 
 template <class T>
 struct Layer {
   DeviceArray<float> in_norm, post_norm;
-  DeviceArray<T> qkv, o;  // [(Hq + 2 Hkv) D, H], [H, Hq D]
+  DeviceArray<T> qkv, o;  // [(Hq + 2 Hkv) D, H], [H, Hq D] (f32 mode)
+  SplitWeight qkv_s, o_s; // the same, split (bf16 mode)
   DeviceArray<float> qkv_bias, q_norm, k_norm;
   bool has_bias = false, has_qk_norm = false;
   bool sparse = false;
@@ -85,7 +88,8 @@ struct Layer {
   DeviceArray<float> corr_bias;  // [E]
   bool has_corr_bias = false;
   ExpertWeightsGpu<T> experts;
-  std::unique_ptr<ExpertRunnerGpu<T>> runner;
+  std::unique_ptr<GpuExpertRunner> runner;  // ExpertRunnerGpu<T>, or SplitExpertRunner
+  SplitExpertRunner* split_runner = nullptr;  // bf16 mode, experts not exactly bf16
   Swiglu<T> shared;
   DeviceArray<float> shared_gate;  // [1, H]
   bool has_shared_gate = false;
@@ -101,10 +105,17 @@ struct ModelImpl final : GpuModel::Impl {
   std::vector<std::unique_ptr<Layer<T>>> layers;
   DeviceArray<T> embed_w, lm_w_own;
   const T* lm_w = nullptr;
+  SplitWeight lm_s;  // bf16 mode: lm_head, split
+  DeviceArray<float> embed_f;  // bf16 mode, an embedding not exactly bf16: kept in fp32
+  bool embed_f32 = false;
+  // bf16 mode: the routed experts keep fp32 accuracy (their weights are not all exactly bf16:
+  // a checkpoint stored in fp32); their rows then travel in fp32.
+  bool split_experts = false;
   DeviceArray<float> final_norm, inv_freq;
   DeviceArray<int32_t> rep_off, rep_list;
   // Scratch, grown to the largest forward seen.
-  DeviceArray<float> x, hn_f, qkv, q, tmp, routed, rlog, wts, shared_out, gate, logits;
+  DeviceArray<float> x, hn_f, qkv, q, tmp, routed, rlog, wts, shared_out, gate, logits, ctx_f, h_f;
+  DeviceArray<bf16> xs;  // split rows (bf16 mode)
   DeviceArray<T> hn_a, ctx, h, lm_in;
   DeviceArray<int32_t> ids, phys, sel, best_ids;
   DeviceArray<uint64_t> gids;
@@ -143,6 +154,14 @@ struct ModelImpl final : GpuModel::Impl {
     L.experts.p0 = placement.first_local(rank);
     L.experts.n_local = placement.num_local(rank);
     const size_t n = size_t(L.experts.n_local), I = size_t(L.experts.I);
+    if (split_experts) {
+      auto r = std::make_unique<SplitExpertRunner>();
+      r->H = H, r->I = int(I), r->p0 = L.experts.p0, r->n_local = L.experts.n_local;
+      r->reserve();
+      L.split_runner = r.get();
+      L.runner = std::move(r);
+      return;
+    }
     L.experts.w1.reserve(n * 2 * I * size_t(H));
     L.experts.w2.reserve(n * size_t(H) * I);
     L.runner = std::make_unique<ExpertRunnerGpu<T>>(L.experts);
@@ -152,6 +171,12 @@ struct ModelImpl final : GpuModel::Impl {
   ModelImpl(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r) {
     init_shapes(c, p, r);
     ModelWeights w = load_weights(c, ckpt, p.logical_owned_by(r));
+    if constexpr (kBf16) {
+      // Experts stored in anything but bf16 keep their precision (SplitExpertRunner).
+      for (const LayerWeights& lw : w.layers)
+        for (const auto& [e, sw] : lw.moe.experts)
+          for (const TensorView* t : {&sw.gate, &sw.up, &sw.down}) split_experts |= t->dtype != DType::BF16;
+    }
     for (int l = 0; l < c.num_layers; l++) {
       const LayerWeights& lw = w.layers[size_t(l)];
       auto L = std::make_unique<Layer<T>>();
@@ -160,8 +185,13 @@ struct ModelImpl final : GpuModel::Impl {
       std::vector<float> qkv_h = to_f32(lw.attn.q), kf = to_f32(lw.attn.k), vf = to_f32(lw.attn.v);
       qkv_h.insert(qkv_h.end(), kf.begin(), kf.end());
       qkv_h.insert(qkv_h.end(), vf.begin(), vf.end());
-      L->qkv.upload(from_floats<T>(qkv_h));
-      L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
+      if constexpr (kBf16) {
+        L->qkv_s.init(qkv_h, qd + 2 * kvd, H);
+        L->o_s.init(to_f32(lw.attn.o), H, qd);
+      } else {
+        L->qkv.upload(from_floats<T>(qkv_h));
+        L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
+      }
       if (!lw.attn.q_bias.empty()) {
         std::vector<float> b = lw.attn.q_bias;
         b.insert(b.end(), lw.attn.k_bias.begin(), lw.attn.k_bias.end());
@@ -177,8 +207,13 @@ struct ModelImpl final : GpuModel::Impl {
       L->sparse = lw.sparse;
       auto load_swiglu = [&](Swiglu<T>& s, const SwigluWeights& sw) {
         s.I = int(sw.inter());
-        s.w1.upload(from_floats<T>(interleave_gate_up(sw.gate, sw.up)));
-        s.w2.upload(from_floats<T>(to_f32(sw.down)));
+        if constexpr (kBf16) {
+          s.w1_s.init(interleave_gate_up(sw.gate, sw.up), 2 * s.I, H);
+          s.w2_s.init(to_f32(sw.down), H, s.I);
+        } else {
+          s.w1.upload(from_floats<T>(interleave_gate_up(sw.gate, sw.up)));
+          s.w2.upload(from_floats<T>(to_f32(sw.down)));
+        }
       };
       if (!lw.sparse) {
         load_swiglu(L->dense, lw.dense);
@@ -193,6 +228,10 @@ struct ModelImpl final : GpuModel::Impl {
         for (int q = 0; q < L->experts.n_local; q++) {
           const int logical = p.logical_of[size_t(L->experts.p0 + q)];
           const SwigluWeights& sw = lw.moe.experts.at(logical);
+          if (split_experts) {
+            L->split_runner->upload(q, interleave_gate_up(sw.gate, sw.up), to_f32(sw.down));
+            continue;
+          }
           upload_at(L->experts.w1, size_t(q) * 2 * I * size_t(H), from_floats<T>(interleave_gate_up(sw.gate, sw.up)));
           upload_at(L->experts.w2, size_t(q) * size_t(H) * I, from_floats<T>(to_f32(sw.down)));
         }
@@ -204,8 +243,15 @@ struct ModelImpl final : GpuModel::Impl {
       }
       layers.push_back(std::move(L));
     }
-    embed_w.upload(from_floats<T>(to_f32(w.embed)));
-    if (w.lm_head.data == w.embed.data) {
+    const std::vector<float> emb = to_f32(w.embed);
+    if constexpr (kBf16) {
+      for (float v : emb) embed_f32 |= __bfloat162float(__float2bfloat16_rn(v)) != v;
+    }
+    if (embed_f32) embed_f.upload(emb);
+    else embed_w.upload(from_floats<T>(emb));
+    if constexpr (kBf16) {
+      lm_s.init(to_f32(w.lm_head), V, H);
+    } else if (w.lm_head.data == w.embed.data) {
       lm_w = embed_w.data();
     } else {
       lm_w_own.upload(from_floats<T>(to_f32(w.lm_head)));
@@ -227,8 +273,13 @@ struct ModelImpl final : GpuModel::Impl {
       auto L = std::make_unique<Layer<T>>();
       ones(L->in_norm, size_t(H));
       ones(L->post_norm, size_t(H));
-      rnd(L->qkv, size_t(qd + 2 * kvd) * size_t(H), H);
-      rnd(L->o, size_t(H) * size_t(qd), qd);
+      if constexpr (kBf16) {
+        L->qkv_s.init_random(qd + 2 * kvd, H, seed++, std::sqrt(3.0f / float(H)), s);
+        L->o_s.init_random(H, qd, seed++, std::sqrt(3.0f / float(qd)), s);
+      } else {
+        rnd(L->qkv, size_t(qd + 2 * kvd) * size_t(H), H);
+        rnd(L->o, size_t(H) * size_t(qd), qd);
+      }
       if (c.qk_norm) {
         ones(L->q_norm, size_t(D));
         ones(L->k_norm, size_t(D));
@@ -237,8 +288,13 @@ struct ModelImpl final : GpuModel::Impl {
       L->sparse = c.sparse_layer[size_t(l)];
       auto make_swiglu = [&](Swiglu<T>& sw, int I) {
         sw.I = I;
-        rnd(sw.w1, size_t(2 * I) * size_t(H), H);
-        rnd(sw.w2, size_t(H) * size_t(I), I);
+        if constexpr (kBf16) {
+          sw.w1_s.init_random(2 * I, H, seed++, std::sqrt(3.0f / float(H)), s);
+          sw.w2_s.init_random(H, I, seed++, std::sqrt(3.0f / float(I)), s);
+        } else {
+          rnd(sw.w1, size_t(2 * I) * size_t(H), H);
+          rnd(sw.w2, size_t(H) * size_t(I), I);
+        }
       };
       if (!L->sparse) {
         make_swiglu(L->dense, c.intermediate_size);
@@ -259,8 +315,12 @@ struct ModelImpl final : GpuModel::Impl {
       layers.push_back(std::move(L));
     }
     rnd(embed_w, size_t(V) * size_t(H), 3);
-    rnd(lm_w_own, size_t(V) * size_t(H), H);
-    lm_w = lm_w_own.data();
+    if constexpr (kBf16) {
+      lm_s.init_random(V, H, seed++, std::sqrt(3.0f / float(H)), s);
+    } else {
+      rnd(lm_w_own, size_t(V) * size_t(H), H);
+      lm_w = lm_w_own.data();
+    }
     ones(final_norm, size_t(H));
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
   }
@@ -287,6 +347,10 @@ struct ModelImpl final : GpuModel::Impl {
     shared_out.reserve(t * H);
     gate.reserve(t);
     h.reserve(t * size_t(std::max(maxI, 1)));
+    if constexpr (kBf16) {
+      ctx_f.reserve(t * size_t(qd));
+      h_f.reserve(t * size_t(std::max(maxI, 1)));
+    }
     gids.reserve(t);
     ids.reserve(t);
     slots.reserve(t);
@@ -294,6 +358,11 @@ struct ModelImpl final : GpuModel::Impl {
 
   // Dense SwiGLU on the normalised rows (act) -> out fp32 [T, H].
   void swiglu(const Swiglu<T>& s, const T* in, int64_t T_, float* out) {
+    if constexpr (kBf16) {  // fp32-grade on the normalised fp32 rows
+      split_linear(s.w1_s, hn_f.data(), H, T_, xs, h_f.data(), nullptr, Epilogue::SwiGLU, stream());
+      split_linear(s.w2_s, h_f.data(), s.I, T_, xs, out, nullptr, Epilogue::Store, stream());
+      return;
+    }
     GemmArgs g1;
     g1.A = in;
     g1.lda = H;
@@ -349,8 +418,8 @@ struct ModelImpl final : GpuModel::Impl {
     tok.T = T_;
     tok.H = H;
     tok.K = K;
-    tok.bf16 = kBf16;
-    tok.x = xin;
+    tok.bf16 = kBf16 && !split_experts;
+    tok.x = tok.bf16 ? static_cast<const void*>(xin) : static_cast<const void*>(hn_f.data());
     tok.physical = phys.data();
     tok.weights = wts.data();
     backend.run(tok, *L.runner, routed.data());
@@ -377,21 +446,10 @@ struct ModelImpl final : GpuModel::Impl {
     moe_output(routed.data(), sh, gl, T_, H, out, accumulate, s);
   }
 
-  void attention_block(int l, int64_t T_, int max_ctx) {
-    Layer<T>& L = *layers[size_t(l)];
+  // q/k norm + RoPE + KV-cache append on qkv, then attention into ctx (TA: the o projection's input).
+  template <class TA>
+  void rope_and_attend(Layer<T>& L, int l, int64_t T_, int max_ctx, TA* ctx_out) {
     cudaStream_t s = stream();
-    GemmArgs g;
-    g.A = act(hn_a, hn_f);
-    g.lda = H;
-    g.B = L.qkv.data();
-    g.ldb = H;
-    g.M = int(T_);
-    g.N = qd + 2 * kvd;
-    g.K = H;
-    g.C = qkv.data();
-    g.ldc = qd + 2 * kvd;
-    g.bias = L.has_bias ? L.qkv_bias.data() : nullptr;
-    gemm<T, float>(g, Epilogue::Store, s);
     RopeArgs ra;
     ra.qkv = qkv.data();
     ra.T = T_;
@@ -407,7 +465,33 @@ struct ModelImpl final : GpuModel::Impl {
     ra.layer = l;
     ra.q_out = q.data();
     qk_norm_rope_cache(ra, s);
-    attention<T>(q.data(), slots.data(), l, T_, Hq, Hkv, D, max_ctx, ctx.data(), s);
+    attention<TA>(q.data(), slots.data(), l, T_, Hq, Hkv, D, max_ctx, ctx_out, s);
+  }
+
+  void attention_block(int l, int64_t T_, int max_ctx) {
+    Layer<T>& L = *layers[size_t(l)];
+    cudaStream_t s = stream();
+    const float* bias = L.has_bias ? L.qkv_bias.data() : nullptr;
+    if constexpr (kBf16) {
+      split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s);
+      rope_and_attend(L, l, T_, max_ctx, ctx_f.data());
+      split_linear(L.o_s, ctx_f.data(), qd, T_, xs, tmp.data(), nullptr, Epilogue::Store, s);
+      add_inplace(x.data(), tmp.data(), T_ * H, s);
+      return;
+    }
+    GemmArgs g;
+    g.A = act(hn_a, hn_f);
+    g.lda = H;
+    g.B = L.qkv.data();
+    g.ldb = H;
+    g.M = int(T_);
+    g.N = qd + 2 * kvd;
+    g.K = H;
+    g.C = qkv.data();
+    g.ldc = qd + 2 * kvd;
+    g.bias = bias;
+    gemm<T, float>(g, Epilogue::Store, s);
+    rope_and_attend(L, l, T_, max_ctx, ctx.data());
     GemmArgs go;
     go.A = ctx.data();
     go.lda = qd;
@@ -496,7 +580,10 @@ struct ModelImpl final : GpuModel::Impl {
     ids.upload(ids_h);
     gids.upload(gids_h);
     slots.upload(slots_h);
-    if (T_ > 0) embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
+    if (T_ > 0) {
+      if (embed_f32) embed<float>(ids.data(), embed_f.data(), T_, H, x.data(), s);
+      else embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
+    }
     for (int l = 0; l < cfg.num_layers; l++) {
       norm(x.data(), layers[size_t(l)]->in_norm, T_);
       if (T_ > 0) attention_block(l, T_, max_ctx);
@@ -526,17 +613,21 @@ struct ModelImpl final : GpuModel::Impl {
     reserve(R);
     norm(x.data(), final_norm, R, sel.data());
     logits.reserve(size_t(R) * size_t(V));
-    GemmArgs g;
-    g.A = act(hn_a, hn_f);
-    g.lda = H;
-    g.B = lm_w;
-    g.ldb = H;
-    g.M = int(R);
-    g.N = V;
-    g.K = H;
-    g.C = logits.data();
-    g.ldc = V;
-    gemm<T, float>(g, Epilogue::Store, s);
+    if constexpr (kBf16) {
+      split_linear(lm_s, hn_f.data(), H, R, xs, logits.data(), nullptr, Epilogue::Store, s);
+    } else {
+      GemmArgs g;
+      g.A = act(hn_a, hn_f);
+      g.lda = H;
+      g.B = lm_w;
+      g.ldb = H;
+      g.M = int(R);
+      g.N = V;
+      g.K = H;
+      g.C = logits.data();
+      g.ldc = V;
+      gemm<T, float>(g, Epilogue::Store, s);
+    }
     if (greedy) {
       best_ids.reserve(size_t(R));
       argmax_rows(logits.data(), R, V, best_ids.data(), s);

@@ -1,8 +1,10 @@
 // The decoder on one GPU: embedding -> layers (RMSNorm, attention with a KV cache, RMSNorm, dense
 // MLP or the MoE layer behind a GpuBackend) -> final norm -> lm_head. The same data flow and
 // numerics as src/model/model.cc (the CPU reference), with
-//   --compute bf16 (default): weights and GEMM inputs in bf16, fp32 accumulation, fp32 residual
-//                             stream, norms, softmax, RoPE and KV cache; the router in fp32
+//   --compute bf16 (default): bf16 tensor cores, fp32 accumulation, fp32 residual stream, norms,
+//                             softmax, RoPE and KV cache; the routed experts of a bf16 checkpoint
+//                             on bf16 activations, every other product fp32-grade through hi/lo
+//                             bf16 splits (split_linear.cuh), weights stored in fp32 kept exact
 //   --compute f32:            everything in fp32
 // Every kernel is batch-invariant (no split-K, per-row reductions in a fixed order), so a row's
 // logits do not depend on the other rows of the batch.

@@ -7,6 +7,7 @@
 #include "cuda/ep.h"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/split_linear.cuh"
 
 namespace epmoe::cuda {
 
@@ -153,6 +154,111 @@ class ExpertRunnerGpu : public GpuExpertRunner {
   const ExpertWeightsGpu<T>& w_;
   DeviceArray<int32_t> offsets_, a_rows_, c_rows_, tiles_, num_tiles_;
   DeviceArray<T> h_;
+};
+
+// The routed experts of a checkpoint stored in fp32 under --compute bf16: rounding their weights
+// to bf16 makes another model (measured on the CPU: expert weights alone rounded move a
+// log-probability by 0.37 on mixtral-tiny, where an expert choice flips at a near-tie), so they
+// keep fp32 accuracy on the tensor cores as split_linear does (P = 3): rows arrive in fp32, are
+// split into [xh | xh | xl], the fused gate+up GEMM runs over K' = 3H against [wh | wl | wh], h
+// stays fp32 and is split again for the down GEMM over 3I. Outputs are fp32 rows.
+class SplitExpertRunner final : public GpuExpertRunner {
+ public:
+  int H = 0, I = 0, p0 = 0, n_local = 0;
+  DeviceArray<bf16> w1;  // [n_local][2I][3H] (gate row j at 2j, up row j at 2j + 1)
+  DeviceArray<bf16> w2;  // [n_local][H][3I]
+
+  // Expert q's gate/up rows interleaved [2I, H] and down [H, I], fp32.
+  void upload(int q, const std::vector<float>& gate_up, const std::vector<float>& down) {
+    SplitWeight a, b;
+    a.init3(gate_up, 2 * I, H);
+    b.init3(down, H, I);
+    const size_t n1 = size_t(2 * I) * 3 * size_t(H), n2 = size_t(H) * 3 * size_t(I);
+    EPMOE_CUDA_CHECK(cudaMemcpy(w1.data() + size_t(q) * n1, a.w.data(), n1 * sizeof(bf16), cudaMemcpyDeviceToDevice));
+    EPMOE_CUDA_CHECK(cudaMemcpy(w2.data() + size_t(q) * n2, b.w.data(), n2 * sizeof(bf16), cudaMemcpyDeviceToDevice));
+  }
+  void reserve() {
+    w1.reserve(size_t(n_local) * size_t(2 * I) * 3 * size_t(H));
+    w2.reserve(size_t(n_local) * size_t(H) * 3 * size_t(I));
+  }
+
+  void run(const GpuExpertJobs& j, void* out) override {
+    if (j.rows == 0) {
+      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
+      return;
+    }
+    const int64_t cap = j.rows * j.K;
+    const int n = n_local;
+    const int hint = std::max<int>(1, ceil_div(cap, std::max(n, 1)));
+    const int tile_m = gemm_tile_m(hint);
+    const int max_tiles = plan_max_tiles(j.rows, j.K, n, tile_m);
+    tiles_.reserve(2 * size_t(max_tiles));
+    num_tiles_.reserve(1);
+    offsets_.reserve(size_t(n) + 1);
+    a_rows_.reserve(size_t(cap));
+    c_rows_.reserve(size_t(cap));
+    h_.reserve(size_t(cap) * size_t(I));
+    PlanArgs pa;
+    pa.phys = j.phys;
+    pa.phys_stride = j.phys_stride;
+    pa.rows = j.rows;
+    pa.rows_dev = j.rows_dev;
+    pa.K = j.K;
+    pa.p0 = p0;
+    pa.n_local = n;
+    pa.compact = j.compact;
+    pa.one_per_row = j.one_per_row;
+    pa.offsets = offsets_.data();
+    pa.a_rows = a_rows_.data();
+    pa.c_rows = c_rows_.data();
+    pa.row_base = j.row_base;
+    pa.tile_m = tile_m;
+    pa.tiles = tiles_.data();
+    pa.num_tiles = num_tiles_.data();
+    plan(pa, stream());
+    if (n == 0) return;
+    // Every source row is split (rows beyond a round's device count are never read by the GEMM).
+    split_rows(static_cast<const float*>(j.x), j.x_stride, j.rows, H, 3, xs_, stream());
+    GemmArgs g1;
+    g1.tiles = tiles_.data(), g1.num_tiles = num_tiles_.data(), g1.max_tiles = max_tiles;
+    g1.A = xs_.data();
+    g1.lda = 3 * H;
+    g1.a_rows = a_rows_.data();
+    g1.B = w1.data();
+    g1.ldb = 3 * H;
+    g1.b_group_stride = int64_t(2) * I * 3 * H;
+    g1.offsets = offsets_.data();
+    g1.G = n;
+    g1.rows_hint = hint;
+    g1.N = 2 * I;
+    g1.K = 3 * H;
+    g1.C = h_.data();
+    g1.ldc = I;
+    gemm<bf16, float>(g1, Epilogue::SwiGLU, stream());
+    // h rows are in job order (row r of the plan), so they split as they are.
+    split_rows(h_.data(), I, cap, I, 3, hs_, stream());
+    GemmArgs g2;
+    g2.tiles = tiles_.data(), g2.num_tiles = num_tiles_.data(), g2.max_tiles = max_tiles;
+    g2.A = hs_.data();
+    g2.lda = 3 * I;
+    g2.B = w2.data();
+    g2.ldb = 3 * I;
+    g2.b_group_stride = int64_t(H) * 3 * I;
+    g2.offsets = offsets_.data();
+    g2.G = n;
+    g2.rows_hint = hint;
+    g2.N = H;
+    g2.K = 3 * I;
+    g2.C = out;
+    g2.ldc = H;
+    g2.c_rows = c_rows_.data();
+    gemm<bf16, float>(g2, Epilogue::Store, stream());
+  }
+
+ private:
+  DeviceArray<int32_t> offsets_, a_rows_, c_rows_, tiles_, num_tiles_;
+  DeviceArray<float> h_;
+  DeviceArray<bf16> xs_, hs_;
 };
 
 }  // namespace epmoe::cuda

@@ -452,18 +452,15 @@ Row test_fixture(const std::string& name, bool f32) {
     std::sort(v.begin(), v.end());
     row.dlogprob_median = v.empty() ? 0 : v[v.size() / 2];
   }
-  // Tolerances: f32 1e-3 (issue 9). bf16: 5e-2 on checkpoints stored in bf16, the CPU's stated
-  // tolerance of its bf16 mode (tests/model/golden_test.cc, measured 0.0345 there); issue 9 asks
-  // 2e-2, which neither path reaches on these random fixtures. Checkpoints stored in fp32 lose
-  // their weights' low bits in bf16 -- another model, whose expert choices flip at near-ties
-  // (0.44 on qwen3moe-tiny seq1 pos 14 with bf16-rounded weights and fp32 compute on the CPU):
-  // reported, not held to a bound.
+  // Tolerances (issue 9): f32 1e-3, bf16 2e-2 on every fixture. bf16 mode keeps fp32-grade
+  // products outside the routed experts (split_linear) and keeps weights stored in fp32 exact
+  // (SplitExpertRunner); only a bf16 checkpoint's routed experts see bf16-rounded activations.
   const bool bf16_weights = cfg.routing.num_experts > 0 && ckpt.get("model.embed_tokens.weight").dtype == DType::BF16;
-  const double tol = f32 ? 1e-3 : bf16_weights ? 5e-2 : INFINITY;
+  const double tol = f32 ? 1e-3 : 2e-2;
   char buf[300];
   std::snprintf(buf, sizeof buf, "%s --compute %s: max |dlogprob| %.2e at %s, median %.1e (tol %.0e%s), max |dlogit| %.2e",
                 name.c_str(), row.compute.c_str(), row.dlogprob, row.worst_at.c_str(), row.dlogprob_median, tol,
-                !f32 && !bf16_weights ? ": fp32 checkpoint, reported only" : "", row.dlogit);
+                !f32 && !bf16_weights ? ": fp32 checkpoint, weights kept exact" : "", row.dlogit);
   check(row.dlogprob <= tol, buf);
   std::snprintf(buf, sizeof buf, "%s --compute %s: MLP/MoE block max |diff| %.2e, rel %.2e", name.c_str(),
                 row.compute.c_str(), row.mlp_max_abs, row.mlp_rel);

@@ -1,0 +1,109 @@
+#include "cuda/split_linear.cuh"
+
+#include "cuda/kernels.cuh"
+
+namespace epmoe::cuda {
+
+namespace {
+
+__global__ void split_rows_kernel(const float* x, int64_t lda, int64_t T, int K, int P, bf16* out) {
+  const int64_t n = T * K;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / K;
+    const int k = int(i - t * K);
+    const float v = x[t * lda + k];
+    const bf16 hi = __float2bfloat16_rn(v);
+    const bf16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+    bf16* row = out + t * P * K;
+    if (P == 2) {
+      row[k] = hi;
+      row[K + k] = lo;
+    } else {
+      row[k] = hi;
+      row[K + k] = hi;
+      row[2 * K + k] = lo;
+    }
+  }
+}
+
+// [N, K] bf16 -> [N, 2K] = [w | w], on the device.
+__global__ void duplicate_rows_kernel(const bf16* w, int64_t N, int K, bf16* out) {
+  const int64_t n = N * K;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / K;
+    const int k = int(i - r * K);
+    out[r * 2 * K + k] = w[i];
+    out[r * 2 * K + K + k] = w[i];
+  }
+}
+
+int blocks_for(int64_t n) { return int(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, int64_t(sm_count()) * 16))); }
+
+}  // namespace
+
+void SplitWeight::init(const std::vector<float>& wf, int N_, int K_) {
+  bool exact = true;
+  for (float v : wf) exact &= __bfloat162float(__float2bfloat16_rn(v)) == v;
+  fill(wf, N_, K_, exact ? 2 : 3);
+}
+
+void SplitWeight::init3(const std::vector<float>& wf, int N_, int K_) { fill(wf, N_, K_, 3); }
+
+void SplitWeight::fill(const std::vector<float>& wf, int N_, int K_, int P_) {
+  N = N_, K = K_, P = P_;
+  EPMOE_ASSERT(wf.size() == size_t(N) * size_t(K), "split weight: size");
+  std::vector<bf16> h(size_t(N) * size_t(P) * size_t(K));
+  for (int64_t r = 0; r < N; r++)
+    for (int k = 0; k < K; k++) {
+      const float v = wf[size_t(r) * size_t(K) + size_t(k)];
+      const bf16 hi = __float2bfloat16_rn(v);
+      const bf16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+      bf16* row = &h[size_t(r) * size_t(P) * size_t(K)];
+      row[k] = hi;
+      if (P == 2) {
+        row[K + k] = hi;
+      } else {
+        row[K + k] = lo;
+        row[2 * K + k] = hi;
+      }
+    }
+  w.upload(h);
+}
+
+void SplitWeight::init_random(int N_, int K_, uint64_t seed, float scale, cudaStream_t s) {
+  N = N_, K = K_, P = 2;
+  DeviceArray<bf16> plain(size_t(N) * size_t(K));
+  fill_random(plain.data(), int64_t(N) * K, seed, scale, s);
+  w.reserve(size_t(N) * 2 * size_t(K));
+  duplicate_rows_kernel<<<blocks_for(int64_t(N) * K), 256, 0, s>>>(plain.data(), N, K, w.data());
+  EPMOE_CUDA_LAUNCHED();
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));  // `plain` is freed on return
+}
+
+void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArray<bf16>& out, cudaStream_t s) {
+  if (T == 0) return;
+  out.reserve(size_t(T) * size_t(P) * size_t(K));
+  split_rows_kernel<<<blocks_for(T * K), 256, 0, s>>>(x, lda, T, K, P, out.data());
+  EPMOE_CUDA_LAUNCHED();
+}
+
+void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
+                  const float* bias, Epilogue ep, cudaStream_t s) {
+  if (T == 0) return;
+  const int Kp = W.P * W.K;
+  split_rows(x, lda, T, W.K, W.P, xs, s);
+  GemmArgs g;
+  g.A = xs.data();
+  g.lda = Kp;
+  g.B = W.w.data();
+  g.ldb = Kp;
+  g.M = int(T);
+  g.N = W.N;
+  g.K = Kp;
+  g.C = y;
+  g.ldc = ep == Epilogue::SwiGLU ? W.N / 2 : W.N;
+  g.bias = bias;
+  gemm<bf16, float>(g, ep, s);
+}
+
+}  // namespace epmoe::cuda

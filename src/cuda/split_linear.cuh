@@ -1,0 +1,44 @@
+// fp32-grade products on bf16 tensor cores, for the --compute bf16 projections whose rounding
+// moves the log-probabilities most (attention, dense and shared MLPs, lm_head; measured on the
+// CPU: rounding the activations of those alone costs 0.026 of the 0.035 max |logit diff| of the
+// bf16 fixture, the routed experts 0.009).
+//
+// A value v is split into hi = bf16(v) and lo = bf16(v - hi); then x . w is, to ~2^-16 relative,
+//   P = 2 (w exactly bf16, e.g. a bf16 checkpoint):  xh.w + xl.w      A' = [xh | xl],      B' = [w | w]
+//   P = 3 (fp32 weights):                           xh.wh + xh.wl + xl.wh
+//                                                    A' = [xh | xh | xl], B' = [wh | wl | wh]
+// one GEMM over K' = P K with fp32 accumulation in ascending k (no split-K), so the result is
+// batch-invariant like every other GEMM here. The cost: P times the MMAs and weight bytes of a
+// plain bf16 GEMM (P = 2: the bytes of fp32 weights).
+#pragma once
+
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+
+namespace epmoe::cuda {
+
+struct SplitWeight {
+  int N = 0, K = 0, P = 0;
+  DeviceArray<bf16> w;  // [N, P K]
+  bool empty() const { return N == 0; }
+  // From fp32 values [N, K]: P = 2 when every value is exactly a bf16, else 3.
+  void init(const std::vector<float>& wf, int N, int K);
+  void init3(const std::vector<float>& wf, int N, int K);  // P = 3 whatever the values
+  // Pseudo-random bf16 weights (P = 2), uniform in [-scale, scale] (synthesized models).
+  void init_random(int N, int K, uint64_t seed, float scale, cudaStream_t s);
+
+ private:
+  void fill(const std::vector<float>& wf, int N, int K, int P);
+};
+
+// out [T, P K] = the split of x [T, K] (fp32, rows lda apart) for P planes.
+void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArray<bf16>& out, cudaStream_t s);
+
+// y [T, N] (fp32; ldc N) = x [T, K] (fp32, rows lda apart) W^T (+ bias with Store; or the SwiGLU
+// epilogue on gate/up rows interleaved in W: y [T, N/2]). xs: scratch for the split rows.
+void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
+                  const float* bias, Epilogue ep, cudaStream_t s);
+
+}  // namespace epmoe::cuda
