@@ -244,10 +244,13 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {1, 8, 32, 128, 512, 2048};
   std::string model;
   bool baseline = true;
+  std::string only;  // --compute f32|bf16: one mode only
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model = argv[++i];
     else if (a == "--no-baseline") baseline = false;
+    else if (a == "--compute" && i + 1 < argc && (std::string(argv[i + 1]) == "f32" || std::string(argv[i + 1]) == "bf16"))
+      only = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) {
       sizes.clear();
       std::string s = argv[++i];
@@ -257,7 +260,7 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? s.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: moe_bench [--tokens 1,8,32,128,512,2048] [--model DIR] [--no-baseline]\n");
+      std::fprintf(stderr, "usage: moe_bench [--tokens 1,8,32,128,512,2048] [--compute f32|bf16] [--model DIR] [--no-baseline]\n");
       return 2;
     }
   }
@@ -284,6 +287,7 @@ int main(int argc, char** argv) {
               "GFLOP/s", "bound", "ratio", "vs OpenBLAS");
   for (ComputeMode mode : {ComputeMode::F32, ComputeMode::BF16}) {
     if (mode == ComputeMode::BF16 && !cpu.avx512_bf16) continue;
+    if (!only.empty() && only != (mode == ComputeMode::BF16 ? "bf16" : "f32")) continue;
     set_compute_mode(mode);
     const double peak = mode == ComputeMode::BF16 ? bf16_peak : fma_peak;
     for (int64_t T : sizes) {

@@ -3,6 +3,7 @@
 #include "util/threads.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -42,13 +43,22 @@ void run_experts_grouped(int64_t n, int H, const float* in, const int32_t* exper
     expert(groups[g].first, xin.data(), m, xout.data());
     for (int64_t j = 0; j < m; j++) std::memcpy(out + idx[size_t(j)] * H, &xout[size_t(j * H)], sizeof(float) * size_t(H));
   };
-  // Many experts with few rows each (decode): one thread per expert, its matmuls inline, so each
-  // thread streams whole experts and the pool is woken once per layer instead of twice per
-  // expert. Few or large groups: experts in turn, each matmul split over the threads. Either
-  // way a row's bits are the same (the kernels are batch- and thread-invariant).
-  if (groups.size() >= size_t(2 * num_threads()) && largest <= 16) {
-    parallel_for(int64_t(groups.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t g = b; g < e; g++) run_group(size_t(g));
+  // Many experts (decode, and prefill when no expert holds a large share of the rows): one thread
+  // per expert, its matmuls inline, so each thread streams whole experts and the pool is woken
+  // once per layer instead of twice per expert (and no thread waits at the end of each matmul).
+  // Experts are handed out largest first, one at a time. Few or dominant groups: experts in turn,
+  // each matmul split over the threads. Either way a row's bits are the same (the kernels are
+  // batch- and thread-invariant).
+  const int threads = num_threads();
+  if (groups.size() >= size_t(2 * threads) && (largest <= 16 || int64_t(largest) * 2 * threads <= n)) {
+    std::vector<size_t> order(groups.size());
+    for (size_t g = 0; g < order.size(); g++) order[g] = g;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return groups[a].second->size() > groups[b].second->size(); });
+    std::atomic<size_t> next{0};
+    parallel_for(threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; r++)
+        for (size_t i; (i = next.fetch_add(1)) < order.size();) run_group(order[i]);
     });
   } else {
     for (size_t g = 0; g < groups.size(); g++) run_group(g);

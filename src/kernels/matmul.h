@@ -4,8 +4,10 @@
 // Batch invariance (ARCHITECTURE.md): every output element is one dot product computed with one
 // fixed reduction order over k -- vector lanes accumulate k = L*c + l in ascending c, then the
 // lanes are summed in a fixed tree, then the scalar tail -- whatever T is, whichever tile or
-// thread computes it, and whether it is the small-T path or the blocked one (they are the same
-// micro-kernel with fewer rows). So a row's bits never depend on the rows that share the call.
+// thread computes it, and whether it is the small-T path (one weight row per tile, for a single
+// sequential weight stream) or the blocked one (4 x 4 tiles, K cut in blocks whose lane
+// accumulators wait in memory): the same micro-kernel per element, with any tile shape and any
+// K blocking. So a row's bits never depend on the rows that share the call.
 //
 // Paths, chosen once per process from the CPU (cpu_features.h):
 //   avx512       16 fp32 lanes, FMA; weights F32 or BF16 converted on the fly

@@ -1,7 +1,7 @@
 // AVX-512 micro-kernels. Every loop over the tile's rows is unrolled (#pragma GCC unroll) so that
 // the accumulators live in registers: a tile indexed at run time would sit on the stack. (Software
-// prefetch of the weight rows was tried and measured slower than the hardware prefetcher: 12 vs
-// 17 GB/s on one Zen 4 thread at T = 1.)
+// prefetch inside the kernel was measured slower than the hardware prefetcher at T = 1: 12 vs
+// 17 GB/s on one Zen 4 thread; the tiled driver prefetches the NEXT tile instead, see matmul.cc.)
 // Dot-product form (each output element owns a vector of lane partial
 // sums over k) rather than the outer-product form of most GEMMs: it keeps one fixed reduction
 // order per element however the tile is shaped, which is what batch invariance needs. The cost
@@ -48,16 +48,55 @@ EPMOE_AVX512 inline float reduce16(__m512 v) {
   return _mm_cvtss_f32(d);
 }
 
-template <DType D, int MR, int NR>
-EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t K, float* out) {
-  const float* const* x = reinterpret_cast<const float* const*>(xv);
-  __m512 acc[MR][NR];
+// The reduce16 tree of all 16 accumulators of a 4 x 4 tile at once, in 15 vector adds: every
+// element gets exactly the adds of reduce16 (lanes l + l+8, then + l+4, + l+2, + l+1), the
+// shuffles only move lanes so that one add serves several elements. out[i * 4 + j] = acc[i][j].
+EPMOE_AVX512 inline void reduce_4x4(const __m512 (&acc)[4][4], float* out) {
+  __m512 a[8], b[4], c[2];
+  #pragma GCC unroll 8
+  for (int p = 0; p < 8; p++) {  // [v[l] + v[l+8] of acc 2p | of acc 2p+1]
+    const __m512 u = acc[(2 * p) / 4][(2 * p) % 4], v = acc[(2 * p + 1) / 4][(2 * p + 1) % 4];
+    a[p] = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x44), _mm512_shuffle_f32x4(u, v, 0xEE));
+  }
+  #pragma GCC unroll 4
+  for (int p = 0; p < 4; p++)  // 128-bit lane e holds + l+4 of element 4p + e
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xDD));
+  #pragma GCC unroll 2
+  for (int p = 0; p < 2; p++)  // lane e: {+ l+2 of element 8p + e (2 floats), of element 8p + 4 + e (2 floats)}
+    c[p] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * p], b[2 * p + 1], 0x44), _mm512_shuffle_ps(b[2 * p], b[2 * p + 1], 0xEE));
+  // lane e: elements e, 4 + e, 8 + e, 12 + e, i.e. position 4e + s holds element 4s + e
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, d));
+}
+
+// Accumulators of a K block that is not the last one go to acc (lane partial sums, [MR][NR][16]),
+// and the next block starts from them: the lanes see k = 16c + l in ascending c as in one pass.
+template <int MR, int NR>
+EPMOE_AVX512 inline void acc_start(__m512 (&acc)[MR][NR], int64_t k0, const float* mem) {
   #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-  const int64_t kv = K / 16 * 16;
-  for (int64_t k = 0; k < kv; k += 16) {
+    for (int j = 0; j < NR; j++) acc[i][j] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(mem + (i * NR + j) * 16);
+}
+
+template <int MR, int NR>
+EPMOE_AVX512 inline void acc_save(__m512 (&acc)[MR][NR], float* mem) {
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) _mm512_storeu_ps(mem + (i * NR + j) * 16, acc[i][j]);
+}
+
+template <DType D, int MR, int NR>
+EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t K, int64_t k0, int64_t k1, float* accm,
+                            float* out) {
+  const float* const* x = reinterpret_cast<const float* const*>(xv);
+  __m512 acc[MR][NR];
+  acc_start<MR, NR>(acc, k0, accm);
+  const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
+  for (int64_t k = k0; k < ke; k += 16) {
     __m512 wr[NR];
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) wr[j] = load_w16<D>(w[j], k);
@@ -67,6 +106,18 @@ EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t
       #pragma GCC unroll 4
       for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xr, wr[j], acc[i][j]);
     }
+  }
+  if (k1 < K) return acc_save<MR, NR>(acc, accm);
+  if constexpr (MR == 4 && NR == 4) {
+    reduce_4x4(acc, out);
+    if (kv < K)
+      for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) {
+          float s = out[i * NR + j];
+          for (int64_t k = kv; k < K; k++) s += x[i][k] * load_w1<D>(w[j], k);
+          out[i * NR + j] = s;
+        }
+    return;
   }
   #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
@@ -79,16 +130,14 @@ EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t
 }
 
 template <int MR, int NR>
-EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, int64_t K, float* out) {
+EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1,
+                                 float* accm, float* out) {
   const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
   const uint16_t* const* w = reinterpret_cast<const uint16_t* const*>(wv);
   __m512 acc[MR][NR];
-  #pragma GCC unroll 4
-  for (int i = 0; i < MR; i++)
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-  const int64_t kv = K / 32 * 32;
-  for (int64_t k = 0; k < kv; k += 32) {
+  acc_start<MR, NR>(acc, k0, accm);
+  const int64_t kv = K / 32 * 32, ke = k1 < kv ? k1 : kv;
+  for (int64_t k = k0; k < ke; k += 32) {
     __m512bh wr[NR];
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) wr[j] = (__m512bh)_mm512_loadu_si512(w[j] + k);
@@ -98,6 +147,18 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
       #pragma GCC unroll 4
       for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xr, wr[j]);
     }
+  }
+  if (k1 < K) return acc_save<MR, NR>(acc, accm);
+  if constexpr (MR == 4 && NR == 4) {
+    reduce_4x4(acc, out);
+    if (kv < K)
+      for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) {
+          float s = out[i * NR + j];
+          for (int64_t k = kv; k < K; k++) s += bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]);
+          out[i * NR + j] = s;
+        }
+    return;
   }
   #pragma GCC unroll 4
   for (int i = 0; i < MR; i++)
@@ -112,14 +173,15 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
 // Runtime (mr, nr) -> the instantiation. Each instantiation does the same per-element work.
 template <template <int, int> class K>
 struct Table {
-  static void call(int mr, int nr, const void* const* x, const void* const* w, int64_t Kd, float* out) {
+  static void call(int mr, int nr, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1,
+                   float* acc, float* out) {
     static constexpr MicroFn fns[kMaxMR][kMaxNR] = {
         {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn},
         {K<2, 1>::fn, K<2, 2>::fn, K<2, 3>::fn, K<2, 4>::fn},
         {K<3, 1>::fn, K<3, 2>::fn, K<3, 3>::fn, K<3, 4>::fn},
         {K<4, 1>::fn, K<4, 2>::fn, K<4, 3>::fn, K<4, 4>::fn},
     };
-    fns[mr - 1][nr - 1](mr, nr, x, w, Kd, out);
+    fns[mr - 1][nr - 1](mr, nr, x, w, Kd, k0, k1, acc, out);
   }
 };
 
@@ -127,16 +189,18 @@ template <DType D>
 struct F32K {
   template <int MR, int NR>
   struct K {
-    static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, float* out) {
-      micro_f32<D, MR, NR>(x, w, Kd, out);
+    static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                   float* out) {
+      micro_f32<D, MR, NR>(x, w, Kd, k0, k1, acc, out);
     }
   };
 };
 
 template <int MR, int NR>
 struct Bf16K {
-  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, float* out) {
-    micro_bf16<MR, NR>(x, w, Kd, out);
+  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                 float* out) {
+    micro_bf16<MR, NR>(x, w, Kd, k0, k1, acc, out);
   }
 };
 
@@ -149,15 +213,15 @@ using F32KBF16 = F32K<DType::BF16>::K<MR, NR>;
 
 Micro avx512_micro(DType w) {
   switch (w) {
-    case DType::F32: return {&Table<F32KF32>::call, false, "avx512"};
-    case DType::BF16: return {&Table<F32KBF16>::call, false, "avx512"};
+    case DType::F32: return {&Table<F32KF32>::call, false, true, "avx512"};
+    case DType::BF16: return {&Table<F32KBF16>::call, false, true, "avx512"};
     default: return {};
   }
 }
 
 Micro avx512_bf16_micro(DType w) {
   if (w != DType::BF16) return {};
-  return {&Table<Bf16K>::call, true, "avx512-bf16"};
+  return {&Table<Bf16K>::call, true, true, "avx512-bf16"};
 }
 
 }  // namespace epmoe

@@ -72,9 +72,9 @@ TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
   // bf16 activations carry 8 bits of mantissa: the error per product is ~2^-9 relative.
   const double eps = GetParam().mode == ComputeMode::BF16 ? std::ldexp(1.0, -8) : 1.2e-7;
   for (DType d : {DType::F32, DType::BF16, DType::F16})
-    for (int64_t K : {1, 15, 16, 31, 33, 100, 513})
+    for (int64_t K : {1, 15, 16, 31, 33, 100, 513, 1100})  // 1100: several K blocks on the tiled path
       for (int64_t N : {1, 5, 9})
-        for (int64_t T : {0, 1, 3, 7}) {
+        for (int64_t T : {0, 1, 3, 7, 13}) {  // <= 8: one-row tiles; 13: 4 x 4 tiles
           Mat w(d, N, K, rng);
           auto x = randn(rng, T * K);
           std::vector<float> y(static_cast<size_t>(T * N), NAN), ref(static_cast<size_t>(T * N));
@@ -93,7 +93,7 @@ TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
 TEST_P(KernelPaths, BatchAndThreadInvariantBitForBit) {
   std::mt19937 rng(12);
   for (DType d : {DType::F32, DType::BF16})
-    for (int64_t K : {64, 200}) {
+    for (int64_t K : {64, 200, 1100}) {  // 1100: K blocks (1024 or 512 wide) and a tail
       const int64_t N = 37, T = 70;  // more than a token block and several tiles
       Mat w(d, N, K, rng);
       auto x = randn(rng, T * K);
@@ -117,17 +117,19 @@ TEST_P(KernelPaths, BatchAndThreadInvariantBitForBit) {
 TEST_P(KernelPaths, FusedSwigluEqualsTwoMatmulsAndSiluMul) {
   std::mt19937 rng(13);
   for (DType d : {DType::F32, DType::BF16})
-    for (int64_t I : {1, 2, 7, 24}) {
-      const int64_t K = 48, T = 9;
-      Mat g(d, I, K, rng), u(d, I, K, rng);
-      auto x = randn(rng, T * K);
-      std::vector<float> h(static_cast<size_t>(T * I)), gy(h.size()), uy(h.size()), want(h.size());
-      matmul_swiglu(x.data(), T, g.v, u.v, h.data());
-      matmul(x.data(), T, g.v, gy.data());
-      matmul(x.data(), T, u.v, uy.data());
-      silu_mul(gy.data(), uy.data(), T * I, want.data());
-      ASSERT_EQ(0, std::memcmp(h.data(), want.data(), h.size() * sizeof(float))) << dtype_name(d) << " I=" << I;
-    }
+    for (int64_t I : {1, 2, 7, 24, 37})  // 37: several blocks of the few-token order, one partial
+      for (int64_t K : {48, 1100})
+        for (int64_t T : {1, 5, 9, 40}) {  // one-row tiles (<= 8 tokens), 4 x 4 tiles, widened rows
+          Mat g(d, I, K, rng), u(d, I, K, rng);
+          auto x = randn(rng, T * K);
+          std::vector<float> h(static_cast<size_t>(T * I)), gy(h.size()), uy(h.size()), want(h.size());
+          matmul_swiglu(x.data(), T, g.v, u.v, h.data());
+          matmul(x.data(), T, g.v, gy.data());
+          matmul(x.data(), T, u.v, uy.data());
+          silu_mul(gy.data(), uy.data(), T * I, want.data());
+          ASSERT_EQ(0, std::memcmp(h.data(), want.data(), h.size() * sizeof(float)))
+              << dtype_name(d) << " I=" << I << " K=" << K << " T=" << T;
+        }
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelPaths,
