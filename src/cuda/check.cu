@@ -28,7 +28,7 @@ __global__ void probe_kernel(const T* x, int64_t x_stride, const int32_t* offset
 
 class ProbeRunner final : public GpuExpertRunner {
  public:
-  ProbeRunner(const Placement& p, int rank) : p0_(p.first_local(rank)), n_(p.num_local(rank)) {
+  ProbeRunner(const Placement& p, int rank, int H) : p0_(p.first_local(rank)), n_(p.num_local(rank)), hidden_(H) {
     std::vector<float> s;
     for (int q = 0; q < n_; q++) s.push_back(audit_probe_scale(p, p0_ + q));
     scale_.upload(s);
@@ -65,35 +65,28 @@ class ProbeRunner final : public GpuExpertRunner {
                                                     static_cast<float*>(out));
     EPMOE_CUDA_LAUNCHED();
   }
-  void set_hidden(int H) { hidden_ = H; }
-
  private:
-  int p0_, n_, hidden_ = 0;
+  int p0_, n_, hidden_;
   DeviceArray<float> scale_;
   DeviceArray<int32_t> offsets_, a_rows_, c_rows_;
 };
 
 // Host values over the group: the GPU group has int64 collectives; a double travels as its bits
 // (non-negative doubles order as their bit patterns).
-double allreduce_max_nonneg(GpuGroup& g, double v) {
-  int64_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const int64_t m = g.allreduce_max(bits);
-  double out;
-  std::memcpy(&out, &m, sizeof out);
-  return out;
+int64_t bits_of(double v) {
+  int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
 }
+double from_bits(int64_t b) {
+  double v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+double allreduce_max_nonneg(GpuGroup& g, double v) { return from_bits(g.allreduce_max(bits_of(v))); }
 double allreduce_sum_f64(GpuGroup& g, double v) {
   double s = 0;
-  for (int64_t bits : g.allgather([&] {
-         int64_t b;
-         std::memcpy(&b, &v, sizeof b);
-         return b;
-       }())) {
-    double d;
-    std::memcpy(&d, &bits, sizeof d);
-    s += d;  // rank order: the same sum on every rank
-  }
+  for (int64_t b : g.allgather(bits_of(v))) s += from_bits(b);  // rank order: the same sum everywhere
   return s;
 }
 
@@ -113,8 +106,7 @@ AuditResult gpu_audit(GpuGroup& g, const Placement& p, GpuBackend& backend, cons
   // The bits a correct backend must reproduce: the single-GPU path with every expert local.
   const Placement solo = Placement::make_default(p.num_logical, 1, 0);
   {
-    ProbeRunner all(solo, 0);
-    all.set_hidden(tok.H);
+    ProbeRunner all(solo, 0, tok.H);
     // The local path takes logical == physical ids of the solo placement.
     DeviceArray<int32_t> logical;
     logical.upload(tok.logical);
@@ -126,8 +118,7 @@ AuditResult gpu_audit(GpuGroup& g, const Placement& p, GpuBackend& backend, cons
     make_local_gpu_backend(solo)->run(li, all, y_ref.data());
     set_injected_fault(f);
   }
-  ProbeRunner mine(p, me);
-  mine.set_hidden(tok.H);
+  ProbeRunner mine(p, me, tok.H);
   if (n) EPMOE_CUDA_CHECK(cudaMemsetAsync(y.data(), 0xff, n * sizeof(float), stream()));  // NaN: rows never written show
   backend.run(in, mine, y.data());
   g.sync("check: reduction audit");
