@@ -264,6 +264,19 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
       },
       [&](int64_t t0, int mr, int64_t tile, int nr, const float* out) {
         const int64_t n0 = tile * R;
+        if (nr == kMaxNR) {
+          // Full tile: each output row is kMaxNR consecutive floats, written as one vector (the
+          // same adds as below, bias or +0.0f). The general loop, with nr known only at run time,
+          // was measured to cost 8-10% of the down projection at 32 tokens.
+          float b[kMaxNR] = {};
+          if (bias) std::memcpy(b, bias + n0, sizeof b);
+          for (int i = 0; i < mr; i++) {
+            float r[kMaxNR];
+            for (int j = 0; j < kMaxNR; j++) r[j] = out[i * kMaxNR + j] + b[j];
+            std::memcpy(&y[(t0 + i) * N + n0], r, sizeof r);
+          }
+          return;
+        }
         for (int i = 0; i < mr; i++)
           for (int j = 0; j < nr; j++) y[(t0 + i) * N + n0 + j] = out[i * nr + j] + (bias ? bias[n0 + j] : 0.0f);
       },
