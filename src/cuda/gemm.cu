@@ -140,6 +140,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
     }
     auto load_stage = [&](int stage, int kt) {
       const int k0 = kt * BK;
+      const int kb = p.b_k_twice ? (kt >> 1) * BK : k0;
       bf16* da = sA + stage * BM * BK;
       bf16* db = sB + stage * BN * BK;
 #pragma unroll
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 #pragma unroll
       for (int i = 0; i < B_CH; i++) {
         const bool ok = b_ok[i] && k0 + b_col[i] < K;
-        cp_async16(db + b_off[i], ok ? b_src[i] + k0 : B, ok ? 16 : 0);
+        cp_async16(db + b_off[i], ok ? b_src[i] + kb : B, ok ? 16 : 0);
       }
     };
 
@@ -333,6 +334,7 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   check_args(a, ep);
   if (!a.offsets && a.M == 0) return;
   if constexpr (std::is_same_v<TA, bf16>) {
+    EPMOE_ASSERT(!a.b_k_twice || a.K % 128 == 0, "bf16 gemm: b_k_twice needs K (of A) a multiple of 128");
     EPMOE_ASSERT(a.K % 8 == 0 && a.lda % 8 == 0 && a.ldb % 8 == 0 && a.b_group_stride % 8 == 0,
                  "bf16 gemm: K and the row strides must be multiples of 8 (16-byte rows), K = " + std::to_string(a.K));
     // Tile shape from the expected rows per group (a batch-invariant choice: the per-element
@@ -346,6 +348,7 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     else launch_tc<Large, TC>(a, ep, stream);
   } else {
     EPMOE_ASSERT(!a.tiles, "gemm f32: no tile lists (the fp32 path loops over m-tiles)");
+    EPMOE_ASSERT(!a.b_k_twice, "gemm f32: no b_k_twice");
     const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
     dim3 grid(ceil_div(a.N, 64), a.G, std::max(1, std::min(ceil_div(per_group, 64), 65535)));
     if (ep == Epilogue::SwiGLU) simt_gemm_kernel<TA, TC, true><<<grid, 256, 0, stream>>>(a);

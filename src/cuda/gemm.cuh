@@ -38,6 +38,10 @@ struct GemmArgs {
   int64_t ldc = 0;
   const int32_t* c_rows = nullptr;
   const float* bias = nullptr;  // [N], Store only
+  // bf16 only: every 64-wide k-tile of B serves two consecutive k-tiles of A (A has 2K columns,
+  // B stores K). split_linear lays its A' out as [xh | xl] per 64 columns, so both products of a
+  // weight tile run back to back: the tile is read from DRAM once and from L2 the second time.
+  bool b_k_twice = false;
   // Grouped GEMMs: the m-tiles to run, (group, first row) pairs that plan() wrote for the tile
   // height gemm_tile_m(rows_hint) -- one CTA per tile and N-tile, none looping over m, so a group
   // with twice the rows gets twice the CTAs instead of twice the time. num_tiles on the device;

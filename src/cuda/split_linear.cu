@@ -6,7 +6,7 @@ namespace epmoe::cuda {
 
 namespace {
 
-__global__ void split_rows_kernel(const float* x, int64_t lda, int64_t T, int K, int P, bf16* out) {
+__global__ void split_rows_kernel(const float* x, int64_t lda, int64_t T, int K, int P, bool il64, bf16* out) {
   const int64_t n = T * K;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / K;
@@ -15,7 +15,11 @@ __global__ void split_rows_kernel(const float* x, int64_t lda, int64_t T, int K,
     const bf16 hi = __float2bfloat16_rn(v);
     const bf16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
     bf16* row = out + t * P * K;
-    if (P == 2) {
+    if (il64) {  // [xh | xl] per 64 columns
+      const int b = (k >> 6) << 7, o = k & 63;
+      row[b + o] = hi;
+      row[b + 64 + o] = lo;
+    } else if (P == 2) {
       row[k] = hi;
       row[K + k] = lo;
     } else {
@@ -52,6 +56,13 @@ void SplitWeight::init3(const std::vector<float>& wf, int N_, int K_) { fill(wf,
 void SplitWeight::fill(const std::vector<float>& wf, int N_, int K_, int P_) {
   N = N_, K = K_, P = P_;
   EPMOE_ASSERT(wf.size() == size_t(N) * size_t(K), "split weight: size");
+  periodic = P == 2 && K % 64 == 0;
+  if (periodic) {  // exactly bf16: the values themselves, once
+    std::vector<bf16> h(wf.size());
+    for (size_t i = 0; i < wf.size(); i++) h[i] = __float2bfloat16_rn(wf[i]);
+    w.upload(h);
+    return;
+  }
   std::vector<bf16> h(size_t(N) * size_t(P) * size_t(K));
   for (int64_t r = 0; r < N; r++)
     for (int k = 0; k < K; k++) {
@@ -72,6 +83,12 @@ void SplitWeight::fill(const std::vector<float>& wf, int N_, int K_, int P_) {
 
 void SplitWeight::init_random(int N_, int K_, uint64_t seed, float scale, cudaStream_t s) {
   N = N_, K = K_, P = 2;
+  periodic = K % 64 == 0;
+  if (periodic) {
+    w.reserve(size_t(N) * size_t(K));
+    fill_random(w.data(), int64_t(N) * K, seed, scale, s);
+    return;
+  }
   DeviceArray<bf16> plain(size_t(N) * size_t(K));
   fill_random(plain.data(), int64_t(N) * K, seed, scale, s);
   w.reserve(size_t(N) * 2 * size_t(K));
@@ -80,10 +97,12 @@ void SplitWeight::init_random(int N_, int K_, uint64_t seed, float scale, cudaSt
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));  // `plain` is freed on return
 }
 
-void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArray<bf16>& out, cudaStream_t s) {
+void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArray<bf16>& out, cudaStream_t s,
+                bool interleave64) {
   if (T == 0) return;
+  EPMOE_ASSERT(!interleave64 || (P == 2 && K % 64 == 0), "split_rows: interleave64 needs P = 2 and K % 64 == 0");
   out.reserve(size_t(T) * size_t(P) * size_t(K));
-  split_rows_kernel<<<blocks_for(T * K), 256, 0, s>>>(x, lda, T, K, P, out.data());
+  split_rows_kernel<<<blocks_for(T * K), 256, 0, s>>>(x, lda, T, K, P, interleave64, out.data());
   EPMOE_CUDA_LAUNCHED();
 }
 
@@ -91,12 +110,13 @@ void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, 
                   const float* bias, Epilogue ep, cudaStream_t s) {
   if (T == 0) return;
   const int Kp = W.P * W.K;
-  split_rows(x, lda, T, W.K, W.P, xs, s);
+  split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
   GemmArgs g;
   g.A = xs.data();
   g.lda = Kp;
   g.B = W.w.data();
-  g.ldb = Kp;
+  g.ldb = W.periodic ? W.K : Kp;
+  g.b_k_twice = W.periodic;
   g.M = int(T);
   g.N = W.N;
   g.K = Kp;

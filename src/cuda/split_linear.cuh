@@ -8,8 +8,10 @@
 //   P = 3 (fp32 weights):                           xh.wh + xh.wl + xl.wh
 //                                                    A' = [xh | xh | xl], B' = [wh | wl | wh]
 // one GEMM over K' = P K with fp32 accumulation in ascending k (no split-K), so the result is
-// batch-invariant like every other GEMM here. The cost: P times the MMAs and weight bytes of a
-// plain bf16 GEMM (P = 2: the bytes of fp32 weights).
+// batch-invariant like every other GEMM here. The cost: P times the MMAs of a plain bf16 GEMM;
+// the weight bytes of P planes, except for P = 2 with K a multiple of 64: then A' is laid out
+// [xh | xl] per 64 columns and the GEMM uses each stored 64-wide weight tile for two k-tiles in a
+// row (GemmArgs::b_k_twice), so the bytes from DRAM are those of the bf16 weights.
 #pragma once
 
 #include <vector>
@@ -21,7 +23,8 @@ namespace epmoe::cuda {
 
 struct SplitWeight {
   int N = 0, K = 0, P = 0;
-  DeviceArray<bf16> w;  // [N, P K]
+  bool periodic = false;  // P = 2 with K a multiple of 64: w holds [N, K] once (gemm's b_k_twice)
+  DeviceArray<bf16> w;    // [N, P K], or [N, K] when periodic
   bool empty() const { return N == 0; }
   // From fp32 values [N, K]: P = 2 when every value is exactly a bf16, else 3.
   void init(const std::vector<float>& wf, int N, int K);
@@ -33,8 +36,10 @@ struct SplitWeight {
   void fill(const std::vector<float>& wf, int N, int K, int P);
 };
 
-// out [T, P K] = the split of x [T, K] (fp32, rows lda apart) for P planes.
-void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArray<bf16>& out, cudaStream_t s);
+// out [T, P K] = the split of x [T, K] (fp32, rows lda apart) for P planes; interleave64 (P = 2,
+// K a multiple of 64): hi and lo alternate in blocks of 64 columns.
+void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArray<bf16>& out, cudaStream_t s,
+                bool interleave64 = false);
 
 // y [T, N] (fp32; ldc N) = x [T, K] (fp32, rows lda apart) W^T (+ bias with Store; or the SwiGLU
 // epilogue on gate/up rows interleaved in W: y [T, N/2]). xs: scratch for the split rows.
