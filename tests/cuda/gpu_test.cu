@@ -22,6 +22,7 @@
 #include "common/golden.h"
 #include "cuda/model.h"
 #include "cuda/moe.cuh"
+#include "cuda/split_linear.cuh"
 #include "ep/placement.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -160,6 +161,50 @@ void test_grouped_gemm(int K, int N, bool swiglu) {
 }
 
 // A dense row alone and inside a batch of 300.
+// split_linear (bf16 mode's fp32-grade products): x fp32, weights exactly bf16 (P = 2; stored once
+// and read per 64-column tile twice when K % 64 == 0, else [w | w]) or fp32 (P = 3), against a
+// double reference at a 16-bit-significand tolerance; and a row's bits alone == in a batch of 70.
+void test_split_linear(int K, int N, bool bf16_weights, bool swiglu) {
+  const int T = 70;
+  std::vector<float> x = randu(size_t(T) * K), w = randu(size_t(N) * K, 0.2f), b = randu(size_t(N));
+  if (bf16_weights)
+    for (auto& v : w) v = round_bf16(v);
+  SplitWeight sw;
+  sw.init(w, N, K);
+  const int NC = swiglu ? N / 2 : N;
+  std::vector<double> ref(size_t(T) * NC);
+  for (int t = 0; t < T; t++) {
+    std::vector<double> y(static_cast<size_t>(N));
+    for (int n = 0; n < N; n++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++) acc += double(x[size_t(t) * K + k]) * w[size_t(n) * K + k];
+      y[size_t(n)] = acc + (swiglu ? 0.0 : b[size_t(n)]);
+    }
+    for (int c = 0; c < NC; c++)
+      ref[size_t(t) * NC + c] =
+          swiglu ? y[size_t(2 * c)] / (1.0 + std::exp(-y[size_t(2 * c)])) * y[size_t(2 * c + 1)] : y[size_t(c)];
+  }
+  DeviceArray<float> dx, db, dy(size_t(T) * NC);
+  DeviceArray<bf16> xs;
+  dx.upload(x);
+  db.upload(b);
+  const Epilogue ep = swiglu ? Epilogue::SwiGLU : Epilogue::Store;
+  split_linear(sw, dx.data(), K, T, xs, dy.data(), swiglu ? nullptr : db.data(), ep, stream());
+  const std::vector<float> all = dy.download(size_t(T) * NC);
+  split_linear(sw, dx.data() + 37 * K, K, 1, xs, dy.data(), swiglu ? nullptr : db.data(), ep, stream());
+  const std::vector<float> one = dy.download(size_t(NC));
+  const double e = rel_err(all, ref);
+  char buf[220];
+  std::snprintf(buf, sizeof buf, "split_linear K=%d N=%d %s weights (P=%d%s) %s: rel err %.2e vs double", K, N,
+                bf16_weights ? "bf16" : "fp32", sw.P, sw.periodic ? ", stored once" : "", swiglu ? "swiglu" : "store+bias",
+                e);
+  // hi + lo keeps 16 significant bits of x (and of fp32 weights), and xl.wl is dropped: each
+  // product is within ~2^-16 relative, i.e. 1.5e-5; 5e-5 leaves room for the sums' cancellation.
+  check(e < 5e-5, buf);
+  check(std::memcmp(one.data(), &all[size_t(37) * NC], size_t(NC) * 4) == 0,
+        "split_linear K=" + std::to_string(K) + ": row 37 alone == in a batch of 70 (bits)");
+}
+
 template <class TA>
 void test_batch_invariance() {
   const int K = 2048, N = 768, M = 300;
@@ -495,6 +540,11 @@ int main(int argc, char** argv) {
       }
       test_batch_invariance<bf16>();
       test_batch_invariance<float>();
+      for (int K : {64, 96, 2048})
+        for (bool bw : {true, false}) {
+          test_split_linear(K, 130, bw, false);
+          test_split_linear(K, 96, bw, true);
+        }
       RoutingConfig c;
       c.kind = RoutingKind::SoftmaxTopK;
       c.num_experts = 128;
