@@ -89,6 +89,28 @@ EPMOE_AVX512 inline void acc_save(__m512 (&acc)[MR][NR], float* mem) {
     for (int j = 0; j < NR; j++) _mm512_storeu_ps(mem + (i * NR + j) * 16, acc[i][j]);
 }
 
+// The last K block: each element's 16 lanes reduced (one 4x4 transpose-reduction for a full tile,
+// reduce16 otherwise: the same adds), then the K tail beyond the last full vector added in
+// ascending k; tail(i, j, k) is the product x_ik * w_jk of the kernel's element types.
+template <int MR, int NR, class Tail>
+EPMOE_AVX512 inline void finish_tile(__m512 (&acc)[MR][NR], int64_t kv, int64_t K, Tail tail, float* out) {
+  if constexpr (MR == 4 && NR == 4) {
+    reduce_4x4(acc, out);
+  } else {
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) out[i * NR + j] = reduce16(acc[i][j]);
+  }
+  if (kv < K)
+    for (int i = 0; i < MR; i++)
+      for (int j = 0; j < NR; j++) {
+        float s = out[i * NR + j];
+        for (int64_t k = kv; k < K; k++) s += tail(i, j, k);
+        out[i * NR + j] = s;
+      }
+}
+
 template <DType D, int MR, int NR>
 EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t K, int64_t k0, int64_t k1, float* accm,
                             float* out) {
@@ -108,25 +130,7 @@ EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t
     }
   }
   if (k1 < K) return acc_save<MR, NR>(acc, accm);
-  if constexpr (MR == 4 && NR == 4) {
-    reduce_4x4(acc, out);
-    if (kv < K)
-      for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) {
-          float s = out[i * NR + j];
-          for (int64_t k = kv; k < K; k++) s += x[i][k] * load_w1<D>(w[j], k);
-          out[i * NR + j] = s;
-        }
-    return;
-  }
-  #pragma GCC unroll 4
-  for (int i = 0; i < MR; i++)
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) {
-      float s = reduce16(acc[i][j]);
-      for (int64_t k = kv; k < K; k++) s += x[i][k] * load_w1<D>(w[j], k);
-      out[i * NR + j] = s;
-    }
+  finish_tile<MR, NR>(acc, kv, K, [&](int i, int j, int64_t k) { return x[i][k] * load_w1<D>(w[j], k); }, out);
 }
 
 template <int MR, int NR>
@@ -149,25 +153,8 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
     }
   }
   if (k1 < K) return acc_save<MR, NR>(acc, accm);
-  if constexpr (MR == 4 && NR == 4) {
-    reduce_4x4(acc, out);
-    if (kv < K)
-      for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) {
-          float s = out[i * NR + j];
-          for (int64_t k = kv; k < K; k++) s += bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]);
-          out[i * NR + j] = s;
-        }
-    return;
-  }
-  #pragma GCC unroll 4
-  for (int i = 0; i < MR; i++)
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) {
-      float s = reduce16(acc[i][j]);
-      for (int64_t k = kv; k < K; k++) s += bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]);
-      out[i * NR + j] = s;
-    }
+  finish_tile<MR, NR>(
+      acc, kv, K, [&](int i, int j, int64_t k) { return bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]); }, out);
 }
 
 // Runtime (mr, nr) -> the instantiation. Each instantiation does the same per-element work.
