@@ -26,24 +26,11 @@ constexpr int H = 2048, E = 128, K = 8;
 class PlanOnly final : public GpuExpertRunner {
  public:
   PlanOnly(int p0, int n) : p0_(p0), n_(n) {}
-  void run(const GpuExpertJobs& j, void*) override {
-    if (j.rows == 0) {
-      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, 4, stream()));
-      return;
-    }
-    off_.reserve(size_t(n_) + 1);
-    a_.reserve(size_t(j.rows * j.K));
-    c_.reserve(size_t(j.rows * j.K));
-    PlanArgs p;
-    p.phys = j.phys, p.phys_stride = j.phys_stride, p.rows = j.rows, p.rows_dev = j.rows_dev, p.K = j.K;
-    p.p0 = p0_, p.n_local = n_, p.compact = j.compact, p.one_per_row = j.one_per_row;
-    p.offsets = off_.data(), p.a_rows = a_.data(), p.c_rows = c_.data(), p.row_base = j.row_base;
-    plan(p, stream());
-  }
+  void run(const GpuExpertJobs& j, void*) override { plan_.make(j, p0_, n_, /*tiled=*/false); }
 
  private:
   int p0_, n_;
-  DeviceArray<int32_t> off_, a_, c_;
+  ExpertPlanGpu plan_;
 };
 
 template <class F>

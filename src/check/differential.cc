@@ -45,6 +45,8 @@ std::vector<std::vector<float>> score(Model& model, A2ABackend& backend, const s
   return model.forward(ptrs, seqs, backend, /*all_logits=*/true);
 }
 
+}  // namespace
+
 std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r) {
   std::vector<std::vector<int32_t>> out;
   for (size_t i = 0; i < r.prompts.size(); i++) {
@@ -53,8 +55,6 @@ std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r) {
   }
   return out;
 }
-
-}  // namespace
 
 ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm, const std::vector<uint64_t>& ids,
                            const std::vector<std::vector<int32_t>>& prompts, int gen_tokens) {

@@ -36,6 +36,9 @@ std::vector<float> log_softmax_rows(const std::vector<float>& logits, int64_t V)
 // Whether the tail of a generated sequence is a loop: one token repeated, or two alternating.
 bool is_degenerate_tail(const std::vector<int32_t>& tokens);
 
+// Each prompt followed by its reference greedy tokens: the sequences every backend is scored on.
+std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r);
+
 // The reference for this rank's sequences: greedy generation with `gen_tokens` new tokens, then
 // the logits of prompt + generation in one pass. (Collective only through `backend`.)
 ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm, const std::vector<uint64_t>& ids,

@@ -34,41 +34,19 @@ class ProbeRunner final : public GpuExpertRunner {
     scale_.upload(s);
   }
   void run(const GpuExpertJobs& j, void* out) override {
-    const int64_t cap = std::max<int64_t>(1, j.rows * j.K);
-    offsets_.reserve(size_t(n_) + 1);
-    a_rows_.reserve(size_t(cap));
-    c_rows_.reserve(size_t(cap));
-    PlanArgs pa;
-    pa.phys = j.phys;
-    pa.phys_stride = j.phys_stride;
-    pa.rows = j.rows;
-    pa.rows_dev = j.rows_dev;
-    pa.K = j.K;
-    pa.p0 = p0_;
-    pa.n_local = n_;
-    pa.compact = j.compact;
-    pa.one_per_row = j.one_per_row;
-    pa.offsets = offsets_.data();
-    pa.a_rows = a_rows_.data();
-    pa.c_rows = c_rows_.data();
-    pa.row_base = j.row_base;
-    if (j.rows == 0) {
-      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
-      return;
-    }
-    plan(pa, stream());
-    if (n_ == 0) return;
+    if (!plan_.make(j, p0_, n_, /*tiled=*/false)) return;
+    const int64_t cap = j.rows * j.K;
     const dim3 grid(unsigned(std::min<int64_t>(cap, 1024)), unsigned(n_));
     // The audit runs fp32 tokens (probe outputs exact); rows are never bf16 here.
-    probe_kernel<float><<<grid, 128, 0, stream()>>>(static_cast<const float*>(j.x), j.x_stride, offsets_.data(),
-                                                    a_rows_.data(), c_rows_.data(), scale_.data(), hidden_,
+    probe_kernel<float><<<grid, 128, 0, stream()>>>(static_cast<const float*>(j.x), j.x_stride, plan_.offsets.data(),
+                                                    plan_.a_rows.data(), plan_.c_rows.data(), scale_.data(), hidden_,
                                                     static_cast<float*>(out));
     EPMOE_CUDA_LAUNCHED();
   }
  private:
   int p0_, n_, hidden_;
   DeviceArray<float> scale_;
-  DeviceArray<int32_t> offsets_, a_rows_, c_rows_;
+  ExpertPlanGpu plan_;
 };
 
 // Host values over the group: the GPU group has int64 collectives; a double travels as its bits
@@ -159,15 +137,6 @@ std::vector<std::vector<float>> gpu_score(GpuModel& m, GpuBackend& be, const std
   return m.forward(ptrs, seqs, be, /*all_logits=*/true);
 }
 
-std::vector<std::vector<int32_t>> with_generated(const ReferenceRun& r) {
-  std::vector<std::vector<int32_t>> out;
-  for (size_t i = 0; i < r.prompts.size(); i++) {
-    out.push_back(r.prompts[i]);
-    out.back().insert(out.back().end(), r.generated[i].begin(), r.generated[i].end());
-  }
-  return out;
-}
-
 }  // namespace
 
 CudaCheckResult cuda_check(const CudaCheckOptions& o) {
@@ -205,7 +174,7 @@ CudaCheckResult cuda_check(const CudaCheckOptions& o) {
     GpuModel refm(cfg, ckpt, solo, 0, go);
     auto local = make_local_gpu_backend(solo);
     ref.generated = gpu_greedy(refm, *local, g, ref.ids, ref.prompts, o.gen_tokens);
-    ref.logits = gpu_score(refm, *local, ref.ids, with_generated(ref));
+    ref.logits = gpu_score(refm, *local, ref.ids, full_sequences(ref));
     for (auto& l : ref.logits) ref.logprobs.push_back(log_softmax_rows(l, V));
   }
 
@@ -222,7 +191,7 @@ CudaCheckResult cuda_check(const CudaCheckOptions& o) {
     ao.tokens_per_rank = bo.max_dispatch_tokens_per_rank + 5;  // bounded backends need a second round
     ao.exact = true;
     row.audit = gpu_audit(g, place, *backends[i], ao);
-    const auto logits = gpu_score(model, *backends[i], ref.ids, with_generated(ref));
+    const auto logits = gpu_score(model, *backends[i], ref.ids, full_sequences(ref));
     const auto gen = gpu_greedy(model, *backends[i], g, ref.ids, ref.prompts, o.gen_tokens);
     set_injected_fault(Fault::None);
     const ComparisonTally t = tally_comparison(ref, logits, gen, V);

@@ -61,6 +61,65 @@ struct RouterGpu {
   DeviceArray<float> full;  // [T, E] (f32 mode)
 };
 
+// The plan of a GpuExpertJobs over this rank's experts [p0, p0 + n_local): the served jobs grouped
+// by local expert (offsets, source rows a_rows, output rows c_rows) and, for the bf16 GEMM, the
+// list of m-tiles. One object per runner; its arrays only grow.
+struct ExpertPlanGpu {
+  DeviceArray<int32_t> offsets, a_rows, c_rows, tiles, num_tiles;
+  int hint = 0;       // expected rows per expert (picks the GEMM's tile shape)
+  int max_tiles = 0;  // bound on the tile count (with_tiles)
+  bool with_tiles = false;
+
+  // Plans j on the process's stream. False when no GEMM is to run: no rows (row_base, when asked
+  // for, is then zeroed) or no local expert.
+  bool make(const GpuExpertJobs& j, int p0, int n_local, bool tiled) {
+    if (j.rows == 0) {
+      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
+      return false;
+    }
+    const int64_t cap = j.rows * j.K;
+    with_tiles = tiled;
+    hint = std::max<int>(1, ceil_div(cap, std::max(n_local, 1)));
+    const int tile_m = tiled ? gemm_tile_m(hint) : 0;
+    max_tiles = tiled ? plan_max_tiles(j.rows, j.K, n_local, tile_m) : 0;
+    if (tiled) {
+      tiles.reserve(2 * size_t(max_tiles));
+      num_tiles.reserve(1);
+    }
+    offsets.reserve(size_t(n_local) + 1);
+    a_rows.reserve(size_t(cap));
+    c_rows.reserve(size_t(cap));
+    PlanArgs pa;
+    pa.phys = j.phys;
+    pa.phys_stride = j.phys_stride;
+    pa.rows = j.rows;
+    pa.rows_dev = j.rows_dev;
+    pa.K = j.K;
+    pa.p0 = p0;
+    pa.n_local = n_local;
+    pa.compact = j.compact;
+    pa.one_per_row = j.one_per_row;
+    pa.offsets = offsets.data();
+    pa.a_rows = a_rows.data();
+    pa.c_rows = c_rows.data();
+    pa.row_base = j.row_base;
+    if (tiled) {
+      pa.tile_m = tile_m;
+      pa.tiles = tiles.data();
+      pa.num_tiles = num_tiles.data();
+    }
+    plan(pa, stream());
+    return n_local > 0;
+  }
+  // The grouped-GEMM fields that come from the plan: groups, row hint, tile list.
+  void apply(GemmArgs& g, int n_local) const {
+    g.offsets = offsets.data();
+    g.G = n_local;
+    g.rows_hint = hint;
+    if (with_tiles) g.tiles = tiles.data(), g.num_tiles = num_tiles.data(), g.max_tiles = max_tiles;
+  }
+};
+
 template <class T>
 struct ExpertWeightsGpu {
   int H = 0, I = 0;
@@ -74,85 +133,42 @@ class ExpertRunnerGpu : public GpuExpertRunner {
  public:
   explicit ExpertRunnerGpu(const ExpertWeightsGpu<T>& w) : w_(w) {}
   void run(const GpuExpertJobs& j, void* out) override {
-    if (j.rows == 0) {
-      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
-      return;
-    }
-    const int64_t cap = j.rows * j.K;
-    const int n = w_.n_local;
-    const int hint = std::max<int>(1, ceil_div(cap, std::max(n, 1)));
     // bf16: one CTA per (m-tile, N-tile), from a tile list the plan writes.
-    constexpr bool kTiles = std::is_same_v<T, bf16>;
-    const int tile_m = gemm_tile_m(hint);
-    const int max_tiles = plan_max_tiles(j.rows, j.K, n, tile_m);
-    if (kTiles) {
-      tiles_.reserve(2 * size_t(max_tiles));
-      num_tiles_.reserve(1);
-    }
-    offsets_.reserve(size_t(n) + 1);
-    a_rows_.reserve(size_t(cap));
-    c_rows_.reserve(size_t(cap));
-    h_.reserve(size_t(cap) * size_t(w_.I));
-    PlanArgs pa;
-    pa.phys = j.phys;
-    pa.phys_stride = j.phys_stride;
-    pa.rows = j.rows;
-    pa.rows_dev = j.rows_dev;
-    pa.K = j.K;
-    pa.p0 = w_.p0;
-    pa.n_local = n;
-    pa.compact = j.compact;
-    pa.one_per_row = j.one_per_row;
-    pa.offsets = offsets_.data();
-    pa.a_rows = a_rows_.data();
-    pa.c_rows = c_rows_.data();
-    pa.row_base = j.row_base;
-    if (kTiles) {
-      pa.tile_m = tile_m;
-      pa.tiles = tiles_.data();
-      pa.num_tiles = num_tiles_.data();
-    }
-    plan(pa, stream());
-    if (n == 0) return;
+    if (!plan_.make(j, w_.p0, w_.n_local, std::is_same_v<T, bf16>)) return;
+    h_.reserve(size_t(j.rows * j.K) * size_t(w_.I));
     GemmArgs g1;
-    if (kTiles) g1.tiles = tiles_.data(), g1.num_tiles = num_tiles_.data(), g1.max_tiles = max_tiles;
+    plan_.apply(g1, w_.n_local);
     g1.A = j.x;
     g1.lda = j.x_stride;
-    g1.a_rows = a_rows_.data();
+    g1.a_rows = plan_.a_rows.data();
     g1.B = w_.w1.data();
     g1.ldb = w_.H;
     g1.b_group_stride = int64_t(2) * w_.I * w_.H;
-    g1.offsets = offsets_.data();
-    g1.G = n;
-    g1.rows_hint = hint;
     g1.N = 2 * w_.I;
     g1.K = w_.H;
     g1.C = h_.data();
     g1.ldc = w_.I;
     gemm<T, T>(g1, Epilogue::SwiGLU, stream());
     GemmArgs g2;
-    if (kTiles) g2.tiles = tiles_.data(), g2.num_tiles = num_tiles_.data(), g2.max_tiles = max_tiles;
+    plan_.apply(g2, w_.n_local);
     g2.A = h_.data();
     g2.lda = w_.I;
     g2.B = w_.w2.data();
     g2.ldb = w_.I;
     g2.b_group_stride = int64_t(w_.H) * w_.I;
-    g2.offsets = offsets_.data();
-    g2.G = n;
-    g2.rows_hint = hint;
     g2.N = w_.H;
     g2.K = w_.I;
     g2.C = out;
     g2.ldc = w_.H;
-    g2.c_rows = c_rows_.data();
+    g2.c_rows = plan_.c_rows.data();
     gemm<T, T>(g2, Epilogue::Store, stream());
   }
   // For tests and benchmarks: the per-expert offsets of the last plan.
-  const int32_t* offsets() const { return offsets_.data(); }
+  const int32_t* offsets() const { return plan_.offsets.data(); }
 
  private:
   const ExpertWeightsGpu<T>& w_;
-  DeviceArray<int32_t> offsets_, a_rows_, c_rows_, tiles_, num_tiles_;
+  ExpertPlanGpu plan_;
   DeviceArray<T> h_;
 };
 
@@ -183,53 +199,19 @@ class SplitExpertRunner final : public GpuExpertRunner {
   }
 
   void run(const GpuExpertJobs& j, void* out) override {
-    if (j.rows == 0) {
-      if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
-      return;
-    }
+    if (!plan_.make(j, p0, n_local, /*tiled=*/true)) return;
     const int64_t cap = j.rows * j.K;
-    const int n = n_local;
-    const int hint = std::max<int>(1, ceil_div(cap, std::max(n, 1)));
-    const int tile_m = gemm_tile_m(hint);
-    const int max_tiles = plan_max_tiles(j.rows, j.K, n, tile_m);
-    tiles_.reserve(2 * size_t(max_tiles));
-    num_tiles_.reserve(1);
-    offsets_.reserve(size_t(n) + 1);
-    a_rows_.reserve(size_t(cap));
-    c_rows_.reserve(size_t(cap));
     h_.reserve(size_t(cap) * size_t(I));
-    PlanArgs pa;
-    pa.phys = j.phys;
-    pa.phys_stride = j.phys_stride;
-    pa.rows = j.rows;
-    pa.rows_dev = j.rows_dev;
-    pa.K = j.K;
-    pa.p0 = p0;
-    pa.n_local = n;
-    pa.compact = j.compact;
-    pa.one_per_row = j.one_per_row;
-    pa.offsets = offsets_.data();
-    pa.a_rows = a_rows_.data();
-    pa.c_rows = c_rows_.data();
-    pa.row_base = j.row_base;
-    pa.tile_m = tile_m;
-    pa.tiles = tiles_.data();
-    pa.num_tiles = num_tiles_.data();
-    plan(pa, stream());
-    if (n == 0) return;
     // Every source row is split (rows beyond a round's device count are never read by the GEMM).
     split_rows(static_cast<const float*>(j.x), j.x_stride, j.rows, H, 3, xs_, stream());
     GemmArgs g1;
-    g1.tiles = tiles_.data(), g1.num_tiles = num_tiles_.data(), g1.max_tiles = max_tiles;
+    plan_.apply(g1, n_local);
     g1.A = xs_.data();
     g1.lda = 3 * H;
-    g1.a_rows = a_rows_.data();
+    g1.a_rows = plan_.a_rows.data();
     g1.B = w1.data();
     g1.ldb = 3 * H;
     g1.b_group_stride = int64_t(2) * I * 3 * H;
-    g1.offsets = offsets_.data();
-    g1.G = n;
-    g1.rows_hint = hint;
     g1.N = 2 * I;
     g1.K = 3 * H;
     g1.C = h_.data();
@@ -238,25 +220,22 @@ class SplitExpertRunner final : public GpuExpertRunner {
     // h rows are in job order (row r of the plan), so they split as they are.
     split_rows(h_.data(), I, cap, I, 3, hs_, stream());
     GemmArgs g2;
-    g2.tiles = tiles_.data(), g2.num_tiles = num_tiles_.data(), g2.max_tiles = max_tiles;
+    plan_.apply(g2, n_local);
     g2.A = hs_.data();
     g2.lda = 3 * I;
     g2.B = w2.data();
     g2.ldb = 3 * I;
     g2.b_group_stride = int64_t(H) * 3 * I;
-    g2.offsets = offsets_.data();
-    g2.G = n;
-    g2.rows_hint = hint;
     g2.N = H;
     g2.K = 3 * I;
     g2.C = out;
     g2.ldc = H;
-    g2.c_rows = c_rows_.data();
+    g2.c_rows = plan_.c_rows.data();
     gemm<bf16, float>(g2, Epilogue::Store, stream());
   }
 
  private:
-  DeviceArray<int32_t> offsets_, a_rows_, c_rows_, tiles_, num_tiles_;
+  ExpertPlanGpu plan_;
   DeviceArray<float> h_;
   DeviceArray<bf16> xs_, hs_;
 };
