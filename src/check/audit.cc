@@ -115,11 +115,12 @@ AuditTally tally_audit(const Placement& p, int me, int R, const AuditTokens& tok
   return tally;
 }
 
-AuditResult audit_result(const AuditTally& all) {
+AuditResult audit_result(AuditTally all, const GroupReduce& group) {
+  for (auto& c : all.counts) c = group.sum_i64(c);  // everyone's counts, everywhere
   AuditResult res;
   const auto& counts = all.counts;
-  res.tokens = all.tokens;
-  res.max_rel_error = all.max_rel_error;
+  res.tokens = group.sum_i64(all.tokens);
+  res.max_rel_error = group.max_f64(all.max_rel_error);
   res.pass = counts[std::size(kDiagnoses)] == res.tokens;
   for (size_t i = 0; i < std::size(kDiagnoses); i++)
     if (counts[i]) res.counts[kDiagnoses[i]] = counts[i];
@@ -151,12 +152,7 @@ AuditResult run_audit(Communicator& comm, const Placement& p, A2ABackend& backen
   MoeTokens mt{tok.T, tok.H, tok.K, tok.x.data(), tok.physical.data(), tok.w.data()};
   backend.run(mt, probe, y.data());
 
-  AuditTally tally = tally_audit(p, me, R, tok, y.data(), nullptr, opt.exact);
-  // Everyone's counts, everywhere.
-  for (auto& c : tally.counts) c = comm.allreduce_sum(c);
-  tally.tokens = comm.allreduce_sum(tally.tokens);
-  tally.max_rel_error = comm.allreduce_max_f64(tally.max_rel_error);
-  return audit_result(tally);
+  return audit_result(tally_audit(p, me, R, tok, y.data(), nullptr, opt.exact), group_reduce(comm));
 }
 
 }  // namespace epmoe

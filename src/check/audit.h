@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "check/group_reduce.h"
 #include "comm/communicator.h"
 #include "ep/backend.h"
 #include "ep/placement.h"
@@ -59,7 +60,7 @@ struct AuditTally {
 };
 AuditTally tally_audit(const Placement& placement, int rank, int ranks, const AuditTokens& tok, const float* y,
                        const float* exact_ref, bool exact);
-// The result from the tallies summed over the ranks (counts and tokens summed, max_rel_error the max).
-AuditResult audit_result(const AuditTally& all_ranks);
+// The verdict over all ranks from each rank's tally (collective through `group`).
+AuditResult audit_result(AuditTally tally, const GroupReduce& group);
 
 }  // namespace epmoe

@@ -114,16 +114,18 @@ BackendStats compare_backend(Model& model, A2ABackend& backend, Communicator& co
     gp.max_new_tokens = gen_tokens;
     gen = generate_greedy(model, backend, comm, req, gp);
   }
-  const ComparisonTally t = tally_comparison(ref, logits, gen, V);
-  // Over all ranks.
+  return comparison_stats(tally_comparison(ref, logits, gen, V), group_reduce(comm));
+}
+
+BackendStats comparison_stats(const ComparisonTally& t, const GroupReduce& group) {
   BackendStats st;
-  st.max_abs_dlogprob = comm.allreduce_max_f64(t.max_abs);
-  const int64_t n_all = comm.allreduce_sum(t.count);
-  st.mean_abs_dlogprob = comm.allreduce_sum_f64(t.sum_abs) / double(std::max<int64_t>(1, n_all));
-  st.identical = comm.allreduce_sum(t.identical ? 0 : 1) == 0;
-  st.greedy_agree = comm.allreduce_sum(t.greedy_agree);
-  st.greedy_total = comm.allreduce_sum(t.greedy_total);
-  st.degenerate = comm.any(t.degenerate);
+  st.max_abs_dlogprob = group.max_f64(t.max_abs);
+  const int64_t n_all = group.sum_i64(t.count);
+  st.mean_abs_dlogprob = group.sum_f64(t.sum_abs) / double(std::max<int64_t>(1, n_all));
+  st.identical = group.sum_i64(t.identical ? 0 : 1) == 0;
+  st.greedy_agree = group.sum_i64(t.greedy_agree);
+  st.greedy_total = group.sum_i64(t.greedy_total);
+  st.degenerate = group.sum_i64(t.degenerate ? 1 : 0) > 0;
   return st;
 }
 

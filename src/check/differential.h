@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "check/group_reduce.h"
 #include "comm/communicator.h"
 #include "ep/backend.h"
 #include "model/model.h"
@@ -61,5 +62,7 @@ struct ComparisonTally {
 };
 ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std::vector<float>>& logits,
                                  const std::vector<std::vector<int32_t>>& generated, int64_t V);
+// The stats over all ranks from each rank's tally (collective through `group`).
+BackendStats comparison_stats(const ComparisonTally& t, const GroupReduce& group);
 
 }  // namespace epmoe

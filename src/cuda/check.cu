@@ -61,11 +61,15 @@ double from_bits(int64_t b) {
   std::memcpy(&v, &b, sizeof v);
   return v;
 }
-double allreduce_max_nonneg(GpuGroup& g, double v) { return from_bits(g.allreduce_max(bits_of(v))); }
-double allreduce_sum_f64(GpuGroup& g, double v) {
-  double s = 0;
-  for (int64_t b : g.allgather(bits_of(v))) s += from_bits(b);  // rank order: the same sum everywhere
-  return s;
+// The GPU group's collectives for the checks' summaries.
+GroupReduce group_reduce(GpuGroup& g) {
+  return {[&g](int64_t v) { return g.allreduce_sum(v); },
+          [&g](double v) { return from_bits(g.allreduce_max(bits_of(v))); },
+          [&g](double v) {
+            double s = 0;
+            for (int64_t b : g.allgather(bits_of(v))) s += from_bits(b);  // rank order: the same sum everywhere
+            return s;
+          }};
 }
 
 AuditResult gpu_audit(GpuGroup& g, const Placement& p, GpuBackend& backend, const AuditOptions& ao) {
@@ -101,11 +105,7 @@ AuditResult gpu_audit(GpuGroup& g, const Placement& p, GpuBackend& backend, cons
   backend.run(in, mine, y.data());
   g.sync("check: reduction audit");
   const std::vector<float> yh = y.download(n), refh = y_ref.download(n);
-  AuditTally t = tally_audit(p, me, R, tok, yh.data(), refh.data(), /*exact=*/true);
-  for (auto& c : t.counts) c = g.allreduce_sum(c);
-  t.tokens = g.allreduce_sum(t.tokens);
-  t.max_rel_error = allreduce_max_nonneg(g, t.max_rel_error);
-  return audit_result(t);
+  return audit_result(tally_audit(p, me, R, tok, yh.data(), refh.data(), /*exact=*/true), group_reduce(g));
 }
 
 // Greedy decoding of this rank's sequences, in lockstep with the group (a rank without work
@@ -194,14 +194,7 @@ CudaCheckResult cuda_check(const CudaCheckOptions& o) {
     const auto logits = gpu_score(model, *backends[i], ref.ids, full_sequences(ref));
     const auto gen = gpu_greedy(model, *backends[i], g, ref.ids, ref.prompts, o.gen_tokens);
     set_injected_fault(Fault::None);
-    const ComparisonTally t = tally_comparison(ref, logits, gen, V);
-    BackendStats& st = row.stats;
-    st.max_abs_dlogprob = allreduce_max_nonneg(g, t.max_abs);
-    st.mean_abs_dlogprob = allreduce_sum_f64(g, t.sum_abs) / double(std::max<int64_t>(1, g.allreduce_sum(t.count)));
-    st.identical = g.allreduce_sum(t.identical ? 0 : 1) == 0;
-    st.greedy_agree = g.allreduce_sum(t.greedy_agree);
-    st.greedy_total = g.allreduce_sum(t.greedy_total);
-    st.degenerate = g.any(t.degenerate);
+    row.stats = comparison_stats(tally_comparison(ref, logits, gen, V), group_reduce(g));
     res.rows.push_back(row);
   }
   return res;
