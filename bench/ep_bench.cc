@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "ep/placement.h"
 
@@ -32,7 +32,7 @@ double median(std::vector<double> v) {
 
 // Median over iterations of the slowest rank's time.
 template <class F>
-double time_collective(Communicator& comm, int iters, F&& f) {
+double time_collective(MpiGroup& comm, int iters, F&& f) {
   std::vector<double> t;
   for (int i = 0; i < iters + 1; i++) {
     comm.barrier();
@@ -49,7 +49,7 @@ double time_collective(Communicator& comm, int iters, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Communicator& comm = Communicator::world();
+  MpiGroup& comm = MpiGroup::world();
   std::vector<int64_t> sizes = {16, 256, 4096};
   int iters = 5;
   for (int i = 1; i < argc; i++) {
@@ -110,6 +110,6 @@ int main(int argc, char** argv) {
                     double(max_bytes) / 1e6, raw * 1e3, raw > 0 ? t / raw : 0.0);
     }
   }
-  Communicator::finalize();
+  MpiGroup::finalize();
   return 0;
 }

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "io/checkpoint.h"
 #include "kernels/cpu_features.h"

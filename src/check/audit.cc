@@ -140,7 +140,7 @@ AuditResult audit_result(AuditTally all, const GroupReduce& group) {
   return res;
 }
 
-AuditResult run_audit(Communicator& comm, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
+AuditResult run_audit(MpiGroup& comm, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
   const int R = comm.size(), me = comm.rank();
   AuditTokens tok = make_audit_tokens(p, me, R, opt);
   std::vector<float> y(size_t(tok.T * tok.H), NAN);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "check/group_reduce.h"
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "ep/placement.h"
 
@@ -35,7 +35,7 @@ struct AuditResult {
 };
 
 // Collective: every rank of comm calls it with the same options.
-AuditResult run_audit(Communicator& comm, const Placement& placement, A2ABackend& backend, const AuditOptions& opt);
+AuditResult run_audit(MpiGroup& comm, const Placement& placement, A2ABackend& backend, const AuditOptions& opt);
 
 // The pieces of run_audit, for a runtime with another communicator (the GPU check, src/cuda).
 

@@ -56,7 +56,7 @@ std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r) {
   return out;
 }
 
-ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm, const std::vector<uint64_t>& ids,
+ReferenceRun run_reference(Model& model, A2ABackend& backend, MpiGroup& comm, const std::vector<uint64_t>& ids,
                            const std::vector<std::vector<int32_t>>& prompts, int gen_tokens) {
   ReferenceRun r;
   r.ids = ids;
@@ -102,7 +102,7 @@ ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std:
   return t;
 }
 
-BackendStats compare_backend(Model& model, A2ABackend& backend, Communicator& comm, const ReferenceRun& ref,
+BackendStats compare_backend(Model& model, A2ABackend& backend, MpiGroup& comm, const ReferenceRun& ref,
                              int gen_tokens) {
   const int64_t V = model.config().vocab_size;
   auto logits = score(model, backend, ref.ids, full_sequences(ref));

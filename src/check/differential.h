@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "check/group_reduce.h"
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "model/model.h"
 
@@ -42,12 +42,12 @@ std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r);
 
 // The reference for this rank's sequences: greedy generation with `gen_tokens` new tokens, then
 // the logits of prompt + generation in one pass. (Collective only through `backend`.)
-ReferenceRun run_reference(Model& model, A2ABackend& backend, Communicator& comm, const std::vector<uint64_t>& ids,
+ReferenceRun run_reference(Model& model, A2ABackend& backend, MpiGroup& comm, const std::vector<uint64_t>& ids,
                            const std::vector<std::vector<int32_t>>& prompts, int gen_tokens);
 
 // The backend on the same sequences: scored teacher-forced on the reference tokens (log-prob
 // differences), and generating on its own (greedy agreement, degeneration). Collective.
-BackendStats compare_backend(Model& model, A2ABackend& backend, Communicator& comm, const ReferenceRun& ref,
+BackendStats compare_backend(Model& model, A2ABackend& backend, MpiGroup& comm, const ReferenceRun& ref,
                              int gen_tokens);
 
 // The pieces of compare_backend, for a runtime with another communicator (the GPU check).

@@ -1,11 +1,11 @@
 // The three collectives the checks use to turn each rank's tallies into one verdict, so that the
-// CPU check (MPI Communicator) and the GPU check (NCCL group) share the summarising code.
+// CPU check (MPI MpiGroup) and the GPU check (NCCL group) share the summarising code.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 
 namespace epmoe {
 
@@ -15,7 +15,7 @@ struct GroupReduce {
   std::function<double(double)> sum_f64;  // the same result on every rank
 };
 
-inline GroupReduce group_reduce(Communicator& comm) {
+inline GroupReduce group_reduce(MpiGroup& comm) {
   return {[&comm](int64_t v) { return comm.allreduce_sum(v); },
           [&comm](double v) { return comm.allreduce_max_f64(v); },
           [&comm](double v) { return comm.allreduce_sum_f64(v); }};

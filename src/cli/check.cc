@@ -183,7 +183,7 @@ int run_check(const CheckOptions& o) {
   }
   const Fault fault = parse_fault(o.inject);
   const auto names = chosen_backends(o.backends);
-  Communicator& comm = Communicator::world();
+  MpiGroup& comm = MpiGroup::world();
   comm.set_timeout(o.run.comm_timeout);
   set_num_threads(o.run.threads);
   set_compute_mode(o.run.compute == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);

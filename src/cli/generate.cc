@@ -52,7 +52,7 @@ std::vector<Prompt> read_prompts_file(const std::string& path) {
 }
 
 // Gathers every rank's results on all ranks, indexed by request id.
-std::vector<std::vector<int32_t>> gather_results(Communicator& comm, size_t total,
+std::vector<std::vector<int32_t>> gather_results(MpiGroup& comm, size_t total,
                                                  const std::vector<GenerateRequest>& mine,
                                                  const std::vector<std::vector<int32_t>>& outs) {
   // Pack as [id, n, tokens...] records.

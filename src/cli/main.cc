@@ -7,7 +7,8 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "comm/communicator.h"
+#include "comm/group.h"
+#include "comm/mpi_group.h"
 #include "util/error.h"
 
 int main(int argc, char** argv) {
@@ -28,8 +29,9 @@ int main(int argc, char** argv) {
   // One line per failing process. Under mpirun the line names the rank, and the rank aborts the
   // group: a failing rank must not leave its peers waiting in a collective.
   auto fail = [](const std::string& what, int code) {
-    Communicator& comm = Communicator::world();
-    if (comm.distributed()) comm.abort_group(what, code);
+    // The group the engine chose; before that (bad input found early) MPI's under mpirun.
+    Group& g = active_group() ? *active_group() : static_cast<Group&>(MpiGroup::world());
+    if (g.distributed()) g.abort_group(what, code);
     std::fprintf(stderr, "epmoe: %s\n", what.c_str());
     return code;
   };
@@ -42,6 +44,6 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     rc = fail(std::string("internal error: ") + e.what(), 1);
   }
-  Communicator::finalize();
+  finalize_active_group();
   return rc;
 }

@@ -98,7 +98,7 @@ Runtime make_runtime(const RunOptions& o) {
   if (o.device == "cuda")
     throw InputError("--device cuda: this command runs on CPUs only (GPU checks: scripts/gpu-test.sh)");
   Runtime rt;
-  rt.comm = &Communicator::world();
+  rt.comm = &MpiGroup::world();
   rt.comm->set_timeout(o.comm_timeout);
   set_num_threads(o.threads);
   set_compute_mode(o.compute == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);

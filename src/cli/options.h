@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -40,7 +40,7 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true);
 void add_device_options(CLI::App& cmd, RunOptions& o);
 
 struct Runtime {
-  Communicator* comm = nullptr;
+  MpiGroup* comm = nullptr;
   ModelConfig cfg;
   std::unique_ptr<Checkpoint> ckpt;
   Placement placement;

@@ -4,7 +4,7 @@
 
 namespace epmoe {
 
-void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
+void exchange_dedup_blocking(MpiGroup& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
                              CombineMode mode, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y) {
   const int R = comm.size(), me = comm.rank();
   const RecordLayout L{in.H, in.K};
@@ -39,14 +39,14 @@ namespace {
 
 class AllToAllBackend : public A2ABackend {
  public:
-  AllToAllBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  AllToAllBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
   std::string name() const override { return "alltoall"; }
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
     exchange_dedup_blocking(comm_, p_, in, expert, opt_.combine, 0, in.T, buf_, y);
   }
 
  private:
-  Communicator& comm_;
+  MpiGroup& comm_;
   const Placement& p_;
   BackendOptions opt_;
   ExchangeBuffers buf_;
@@ -54,7 +54,7 @@ class AllToAllBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_alltoall_backend(Communicator& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_alltoall_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<AllToAllBackend>(c, p, o);
 }
 

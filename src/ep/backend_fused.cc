@@ -23,7 +23,7 @@ struct Chunk {
 
 class FusedBackend : public A2ABackend {
  public:
-  FusedBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  FusedBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
   std::string name() const override { return "fused"; }
 
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
@@ -85,7 +85,7 @@ class FusedBackend : public A2ABackend {
     combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, comm_.rank(), ch.t0, ch.t1, y);
   }
 
-  Communicator& comm_;
+  MpiGroup& comm_;
   const Placement& p_;
   BackendOptions opt_;
   std::vector<Chunk> chunks_;
@@ -93,7 +93,7 @@ class FusedBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_fused_backend(Communicator& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_fused_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<FusedBackend>(c, p, o);
 }
 

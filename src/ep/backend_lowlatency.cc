@@ -14,7 +14,7 @@ namespace {
 
 class LowLatencyBackend : public A2ABackend {
  public:
-  LowLatencyBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  LowLatencyBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
   std::string name() const override { return "lowlatency"; }
 
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
@@ -81,7 +81,7 @@ class LowLatencyBackend : public A2ABackend {
     answers_in_.assign(size_t(R) * per_peer * size_t(L.H), 0.f);
   }
 
-  Communicator& comm_;
+  MpiGroup& comm_;
   const Placement& p_;
   BackendOptions opt_;
   int H_ = -1, K_ = -1;
@@ -91,7 +91,7 @@ class LowLatencyBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_lowlatency_backend(Communicator& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_lowlatency_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<LowLatencyBackend>(c, p, o);
 }
 

@@ -9,7 +9,7 @@ namespace {
 
 class NoneBackend : public A2ABackend {
  public:
-  NoneBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  NoneBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
   std::string name() const override { return "none"; }
 
   void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
@@ -61,7 +61,7 @@ class NoneBackend : public A2ABackend {
   }
 
  private:
-  Communicator& comm_;
+  MpiGroup& comm_;
   const Placement& p_;
   BackendOptions opt_;
   Answers answers_;
@@ -73,7 +73,7 @@ class NoneBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_none_backend(Communicator& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_none_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<NoneBackend>(c, p, o);
 }
 

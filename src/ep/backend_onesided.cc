@@ -35,7 +35,7 @@ struct Window {
 
 class OneSidedBackend : public A2ABackend {
  public:
-  OneSidedBackend(Communicator& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  OneSidedBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
   ~OneSidedBackend() override {
     counter_.free();
     requests_.free();
@@ -138,7 +138,7 @@ class OneSidedBackend : public A2ABackend {
     answers_.allocate(size_t(capacity_tokens_) * size_t(std::max(L.K, R)) * L.answer_bytes(), sizeof(float));
   }
 
-  Communicator& comm_;
+  MpiGroup& comm_;
   const Placement& p_;
   BackendOptions opt_;
   Window counter_, requests_, answers_;
@@ -148,7 +148,7 @@ class OneSidedBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_onesided_backend(Communicator& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_onesided_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<OneSidedBackend>(c, p, o);
 }
 

@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "ep/exchange.h"
 
@@ -30,13 +30,13 @@ std::vector<const float*> split_by_rank(const float* base, const std::vector<siz
 
 // Dedup dispatch + combine of tokens [t0, t1) with blocking collectives (alltoall backend; also
 // the body of every round of the others' simplest paths).
-void exchange_dedup_blocking(Communicator& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
+void exchange_dedup_blocking(MpiGroup& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
                              CombineMode mode, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y);
 
-std::unique_ptr<A2ABackend> make_none_backend(Communicator& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_alltoall_backend(Communicator& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_lowlatency_backend(Communicator& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_onesided_backend(Communicator& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_fused_backend(Communicator& c, const Placement& p, const BackendOptions& o);
+std::unique_ptr<A2ABackend> make_none_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
+std::unique_ptr<A2ABackend> make_alltoall_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
+std::unique_ptr<A2ABackend> make_lowlatency_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
+std::unique_ptr<A2ABackend> make_onesided_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
+std::unique_ptr<A2ABackend> make_fused_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
 
 }  // namespace epmoe

@@ -5,30 +5,40 @@ namespace epmoe {
 BackendTraits traits_of(BackendKind kind) {
   switch (kind) {
     case BackendKind::None:
-      return {kind, "none", "all-gather of tokens and routing; each rank serves its experts for all tokens; per-slot results return home",
-              TokenLayout::Replicated, false, true, false};
+      return {kind, "none",
+              "all-gather of tokens and routing; each rank serves its experts for all tokens; per-slot results return home",
+              "ncclAllGather of tokens and routing (padded to the largest rank); per-slot results return home with "
+              "grouped ncclSend/ncclRecv"};
     case BackendKind::AllToAll:
       return {kind, "alltoall", "count exchange + MPI_Alltoallv; a token goes once to each rank owning one of its experts",
-              TokenLayout::Scattered, false, true, false};
+              "count exchange, then grouped ncclSend/ncclRecv; a token goes once to each rank owning one of its experts"};
     case BackendKind::LowLatency:
-      return {kind, "lowlatency", "buffers of fixed capacity allocated once; one message per (token, expert); overflow in further rounds",
-              TokenLayout::Scattered, true, false, false};
+      return {kind, "lowlatency",
+              "buffers of fixed capacity allocated once; one message per (token, expert); overflow in further rounds",
+              "fixed-capacity device buffers, fixed-size NCCL messages with no count exchange; overflow in further "
+              "rounds"};
     case BackendKind::OneSided:
-      return {kind, "onesided", "MPI-3 RMA windows: slots reserved with MPI_Fetch_and_op, payload and results written with MPI_Put",
-              TokenLayout::Scattered, false, true, false};
+      return {kind, "onesided",
+              "MPI-3 RMA windows: slots reserved with MPI_Fetch_and_op, payload and results written with MPI_Put", ""};
     case BackendKind::Fused:
-      return {kind, "fused", "token chunks pipelined with non-blocking all-to-alls: dispatch of chunk i+1 and combine of i-1 overlap experts of i",
-              TokenLayout::Scattered, false, true, true};
+      return {kind, "fused",
+              "token chunks pipelined with non-blocking all-to-alls: dispatch of chunk i+1 and combine of i-1 overlap "
+              "experts of i",
+              ""};
   }
-  return {kind, "?", "?", TokenLayout::Scattered, false, false, false};
+  return {kind, "?", "", ""};
 }
 
-WeightsAppliedBy weights_applied_by(CombineMode mode) {
-  switch (mode) {
-    case CombineMode::Deterministic: return WeightsAppliedBy::HomeRank;
-    case CombineMode::Fast: return WeightsAppliedBy::ExpertRank;
+std::vector<BackendKind> all_backend_kinds() {
+  return {BackendKind::None, BackendKind::AllToAll, BackendKind::LowLatency, BackendKind::OneSided, BackendKind::Fused};
+}
+
+std::string_view mechanism_on(const BackendTraits& t, Device device) {
+  switch (device) {
+    case Device::Cpu: return t.cpu;
+    case Device::Cuda: return t.cuda;
   }
-  return WeightsAppliedBy::HomeRank;
+  return {};
 }
 
 }  // namespace epmoe

@@ -4,7 +4,7 @@
 
 namespace epmoe {
 
-std::vector<std::vector<int32_t>> generate_greedy(Model& model, A2ABackend& backend, Communicator& comm,
+std::vector<std::vector<int32_t>> generate_greedy(Model& model, A2ABackend& backend, MpiGroup& comm,
                                                   const std::vector<GenerateRequest>& mine, const GenerateParams& p,
                                                   const std::function<void(size_t, int32_t)>& on_token) {
   const int64_t V = model.config().vocab_size;

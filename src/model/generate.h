@@ -6,7 +6,7 @@
 #include <functional>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "model/model.h"
 
 namespace epmoe {
@@ -24,7 +24,7 @@ struct GenerateParams {
 
 // Returns the new tokens of each request, in the order of `mine`. on_token(i, id) is called as
 // each token of request i is chosen (for streaming).
-std::vector<std::vector<int32_t>> generate_greedy(Model& model, A2ABackend& backend, Communicator& comm,
+std::vector<std::vector<int32_t>> generate_greedy(Model& model, A2ABackend& backend, MpiGroup& comm,
                                                   const std::vector<GenerateRequest>& mine, const GenerateParams& p,
                                                   const std::function<void(size_t, int32_t)>& on_token = {});
 

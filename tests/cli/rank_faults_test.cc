@@ -5,7 +5,7 @@
 // that no process of the run is left behind.
 //
 // The faults of a running rank come from the test-only hook EPMOE_TEST_FAULT=ACTION:RANK:OP
-// (src/comm/communicator.h). Operation 12 of `generate` with the alltoall backend is the count
+// (src/comm/mpi_group.h). Operation 12 of `generate` with the alltoall backend is the count
 // exchange of the first MoE layer of the second decoding step, well inside a forward pass: the
 // messages below check that it is an all-to-all, which only the MoE layer issues.
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <random>
 
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "io/checkpoint.h"
 #include "io/json_util.h"
@@ -60,7 +60,7 @@ struct Case {
 
 // Runs this rank's sequences: prefill with all logits, then `steps` greedy steps; returns every
 // logit produced, per sequence, concatenated.
-std::vector<std::vector<float>> run(Model& m, A2ABackend& be, Communicator& comm,
+std::vector<std::vector<float>> run(Model& m, A2ABackend& be, MpiGroup& comm,
                                     const std::vector<std::pair<uint64_t, std::vector<int32_t>>>& mine, int steps) {
   std::vector<Sequence> seqs;
   std::vector<Sequence*> ptrs;
@@ -86,7 +86,7 @@ std::vector<std::vector<float>> run(Model& m, A2ABackend& be, Communicator& comm
 }  // namespace
 
 int main(int argc, char** argv) {
-  Communicator& comm = Communicator::world();
+  MpiGroup& comm = MpiGroup::world();
   comm.set_timeout(60);
   if (argc < 2) {
     std::fprintf(stderr, "usage: mpirun -np R ep_matrix MODEL_DIR [TMP_DIR]\n");
@@ -165,6 +165,6 @@ int main(int argc, char** argv) {
     comm.abort_group(e.what(), e.exit_code());
   }
   if (me == 0) std::printf("%d passed, %d failed\n", passed, failed);
-  Communicator::finalize();
+  MpiGroup::finalize();
   return failed ? 1 : 0;
 }

@@ -1,5 +1,4 @@
-// The communicator of an expert-parallel group: a thin layer over MPI whose every wait has a
-// deadline. Started under mpirun, it spans MPI_COMM_WORLD; started without, it is a group of one
+// The group over MPI (comm/group.h): a thin layer over MPI whose every wait has a deadline. Started under mpirun, it spans MPI_COMM_WORLD; started without, it is a group of one
 // and MPI is never initialised (a plain `epmoe score` needs no MPI runtime at all).
 //
 // Collectives are posted non-blocking and polled; a wait longer than the timeout aborts the whole
@@ -25,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/group.h"
+
 namespace epmoe {
 
 // A posted non-blocking operation; owns what MPI needs alive until it completes.
@@ -36,33 +37,33 @@ class PendingOp {
   PendingOp& operator=(const PendingOp&) = delete;
 
  private:
-  friend class Communicator;
+  friend class MpiGroup;
   std::vector<int> sc_, sd_, rc_, rd_;
   std::unique_ptr<unsigned char[]> request_;  // an MPI_Request, kept opaque to keep mpi.h out
   bool active_ = false;
 };
 
-class Communicator {
+class MpiGroup final : public Group {
  public:
   // The process-wide group (MPI_COMM_WORLD under mpirun, else a group of one). Never destroyed:
   // finalize() ends MPI explicitly, and nothing running at exit can find the group gone.
-  static Communicator& world();
-  ~Communicator();
+  static MpiGroup& world();
+  ~MpiGroup();
   // Finalises MPI if it was initialised (call once at exit).
   static void finalize();
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  bool distributed() const { return size_ > 1; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* transport() const override { return "MPI"; }
   bool mpi_initialised() const { return mpi_; }
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
-  double timeout() const { return timeout_s_; }
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
+  double timeout() const override { return timeout_s_; }
 
-  void barrier();
+  void barrier() override;
   // Every rank contributes `bytes` bytes; recv holds size() * bytes, in rank order.
-  void allgather(const void* send, size_t bytes, void* recv);
+  void allgather(const void* send, size_t bytes, void* recv) override;
   // Variable sizes: recv_bytes[r] from rank r, packed in rank order into recv.
-  void allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
+  void allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes) override;
   // Byte counts per peer; displacements are the packed prefix sums.
   void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                  const std::vector<size_t>& recv_bytes);
@@ -75,20 +76,18 @@ class Communicator {
   void wait(PendingOp& op, const char* what);
   // Fixed block of `bytes` to each peer.
   void all_to_all(const void* send, size_t bytes, void* recv);
-  int64_t allreduce_max(int64_t v);
-  int64_t allreduce_sum(int64_t v);
-  double allreduce_max_f64(double v);
-  double allreduce_sum_f64(double v);
-  // Any rank's flag true -> true everywhere.
-  bool any(bool v) { return allreduce_max(v ? 1 : 0) != 0; }
+  int64_t allreduce_max(int64_t v) override;
+  int64_t allreduce_sum(int64_t v) override;
+  double allreduce_max_f64(double v) override;
+  double allreduce_sum_f64(double v) override;
 
   // Bytes this rank has sent to other ranks so far (payload of every operation, self excluded);
   // benchmarks read it to report what a backend moves.
-  uint64_t bytes_sent() const { return bytes_sent_; }
-  void add_bytes_sent(uint64_t n) { bytes_sent_ += n; }  // for one-sided puts made outside this class
+  uint64_t bytes_sent() const override { return bytes_sent_; }
+  void add_bytes_sent(uint64_t n) override { bytes_sent_ += n; }  // for one-sided puts made outside this class
 
   // Reports a fatal error of this rank to the group and terminates every process of it.
-  [[noreturn]] void abort_group(const std::string& message, int exit_code);
+  [[noreturn]] void abort_group(const std::string& message, int exit_code) override;
 
   // Raw MPI communicator handle for backends that need MPI directly (RMA windows, non-blocking
   // collectives). Only valid when distributed(). Returned as void* to keep mpi.h out of headers.
@@ -101,7 +100,7 @@ class Communicator {
   uint64_t operations() const { return ops_; }
 
  private:
-  Communicator();
+  MpiGroup();
   // Counts a collective and applies the test-only fault hook (see the top of this file).
   void begin_op(const char* op);
   // While waiting: answers the status queries of peers whose waits timed out.

@@ -1,4 +1,4 @@
-#include "comm/communicator.h"
+#include "comm/mpi_group.h"
 
 #include <mpi.h>
 
@@ -43,7 +43,7 @@ std::vector<int> displs_of(const std::vector<int>& c) {
 
 std::vector<int> to_int_displs(const std::vector<size_t>& bytes, const char* op) { return to_int_counts(bytes, op); }
 
-Communicator* g_world = nullptr;
+MpiGroup* g_world = nullptr;
 
 // The test-only fault hook (communicator.h): EPMOE_TEST_FAULT=throw|kill|hang:RANK:OP.
 struct TestFault {
@@ -83,7 +83,7 @@ MPI_Comm& side_comm(unsigned char* p) { return *reinterpret_cast<MPI_Comm*>(p); 
 }  // namespace
 
 // A message on the status channel: a query (query id only) or the reply to one.
-struct Communicator::Status {
+struct MpiGroup::Status {
   int64_t query = 0;   // id of the query answered: the asker's operation count
   int64_t op = 0;      // the answering rank's operation count
   char name[48] = {};  // and the operation it waits in
@@ -94,7 +94,7 @@ PendingOp::PendingOp() : request_(new unsigned char[sizeof(MPI_Request)]) {
 }
 PendingOp::~PendingOp() = default;
 
-Communicator::Communicator() {
+MpiGroup::MpiGroup() {
   if (!launched_by_mpirun()) return;
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
@@ -111,14 +111,14 @@ Communicator::Communicator() {
                 2);
 }
 
-Communicator::~Communicator() = default;  // here, where Status is complete
+MpiGroup::~MpiGroup() = default;  // here, where Status is complete
 
-Communicator& Communicator::world() {
-  if (!g_world) g_world = new Communicator();
+MpiGroup& MpiGroup::world() {
+  if (!g_world) g_world = new MpiGroup();
   return *g_world;
 }
 
-void Communicator::finalize() {
+void MpiGroup::finalize() {
   if (g_world && g_world->mpi_) {
     // MPI_Finalize waits for every rank without a deadline; a rank that hangs after its last
     // collective would hang the others there. This barrier has one, and names that rank.
@@ -129,19 +129,19 @@ void Communicator::finalize() {
   }
 }
 
-void* Communicator::mpi_comm() const {
+void* MpiGroup::mpi_comm() const {
   static MPI_Comm world = MPI_COMM_WORLD;
   return &world;
 }
 
-void Communicator::abort_group(const std::string& message, int exit_code) {
+void MpiGroup::abort_group(const std::string& message, int exit_code) {
   std::fprintf(stderr, "epmoe: rank %d: %s\n", rank_, message.c_str());
   std::fflush(stderr);
   if (mpi_) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }
 
-void Communicator::begin_op(const char* op) {
+void MpiGroup::begin_op(const char* op) {
   ops_++;
   current_op_ = op;
   if (g_fault.kind == TestFault::None || g_fault.rank != rank_ || g_fault.op != ops_) return;
@@ -161,7 +161,7 @@ void Communicator::begin_op(const char* op) {
   }
 }
 
-void Communicator::answer_status_queries() {
+void MpiGroup::answer_status_queries() {
   MPI_Comm side = side_comm(side_.get());
   for (;;) {
     int flag = 0;
@@ -191,7 +191,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-std::string Communicator::diagnose_peers(void* request) {
+std::string MpiGroup::diagnose_peers(void* request) {
   MPI_Comm side = side_comm(side_.get());
   auto query = std::make_unique<Status>();
   query->query = int64_t(ops_);
@@ -252,7 +252,7 @@ std::string Communicator::diagnose_peers(void* request) {
   return v + elsewhere;
 }
 
-void Communicator::wait(void* request, const char* op) {
+void MpiGroup::wait(void* request, const char* op) {
   MPI_Request* req = static_cast<MPI_Request*>(request);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s_);
@@ -285,14 +285,14 @@ void Communicator::wait(void* request, const char* op) {
   }
 }
 
-uint64_t Communicator::others(const std::vector<size_t>& per_peer) const {
+uint64_t MpiGroup::others(const std::vector<size_t>& per_peer) const {
   uint64_t n = 0;
   for (size_t r = 0; r < per_peer.size(); r++)
     if (int(r) != rank_) n += per_peer[r];
   return n;
 }
 
-void Communicator::barrier() {
+void MpiGroup::barrier() {
   if (!mpi_) return;
   begin_op("barrier");
   MPI_Request r;
@@ -300,7 +300,7 @@ void Communicator::barrier() {
   wait(&r, "barrier");
 }
 
-void Communicator::allgather(const void* send, size_t bytes, void* recv) {
+void MpiGroup::allgather(const void* send, size_t bytes, void* recv) {
   if (!mpi_) {
     std::memcpy(recv, send, bytes);
     return;
@@ -313,7 +313,7 @@ void Communicator::allgather(const void* send, size_t bytes, void* recv) {
   wait(&r, "allgather");
 }
 
-void Communicator::allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes) {
+void MpiGroup::allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes) {
   if (!mpi_) {
     std::memcpy(recv, send, bytes);
     return;
@@ -327,7 +327,7 @@ void Communicator::allgatherv(const void* send, size_t bytes, void* recv, const 
   wait(&r, "allgatherv");
 }
 
-void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+void MpiGroup::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                              const std::vector<size_t>& recv_bytes) {
   if (!mpi_) {
     std::memcpy(recv, send, send_bytes[0]);
@@ -342,7 +342,7 @@ void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& sen
   wait(&r, "all-to-all-v");
 }
 
-void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
+void MpiGroup::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
                              const std::vector<size_t>& send_displs, void* recv, const std::vector<size_t>& recv_bytes,
                              const std::vector<size_t>& recv_displs) {
   if (!mpi_) {
@@ -358,7 +358,7 @@ void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& sen
   wait(&r, "all-to-all-v");
 }
 
-std::unique_ptr<PendingOp> Communicator::all_to_all_v_async(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+std::unique_ptr<PendingOp> MpiGroup::all_to_all_v_async(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                                                     const std::vector<size_t>& recv_bytes) {
   auto op = std::make_unique<PendingOp>();
   if (!mpi_) {
@@ -377,13 +377,13 @@ std::unique_ptr<PendingOp> Communicator::all_to_all_v_async(const void* send, co
   return op;
 }
 
-void Communicator::wait(PendingOp& op, const char* what) {
+void MpiGroup::wait(PendingOp& op, const char* what) {
   if (!op.active_) return;
   wait(op.request_.get(), what);
   op.active_ = false;
 }
 
-void Communicator::all_to_all(const void* send, size_t bytes, void* recv) {
+void MpiGroup::all_to_all(const void* send, size_t bytes, void* recv) {
   if (!mpi_) {
     std::memcpy(recv, send, bytes);
     return;
@@ -396,35 +396,35 @@ void Communicator::all_to_all(const void* send, size_t bytes, void* recv) {
 }
 
 // One element, reduced over the group: the four typed all-reduces share it.
-void Communicator::allreduce_one(const void* in, void* out, bool is_double, bool is_max) {
+void MpiGroup::allreduce_one(const void* in, void* out, bool is_double, bool is_max) {
   begin_op("allreduce");
   MPI_Request r;
   MPI_Iallreduce(in, out, 1, is_double ? MPI_DOUBLE : MPI_INT64_T, is_max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD, &r);
   wait(&r, "allreduce");
 }
 
-int64_t Communicator::allreduce_max(int64_t v) {
+int64_t MpiGroup::allreduce_max(int64_t v) {
   if (!mpi_) return v;
   int64_t out = 0;
   allreduce_one(&v, &out, false, true);
   return out;
 }
 
-int64_t Communicator::allreduce_sum(int64_t v) {
+int64_t MpiGroup::allreduce_sum(int64_t v) {
   if (!mpi_) return v;
   int64_t out = 0;
   allreduce_one(&v, &out, false, false);
   return out;
 }
 
-double Communicator::allreduce_max_f64(double v) {
+double MpiGroup::allreduce_max_f64(double v) {
   if (!mpi_) return v;
   double out = 0;
   allreduce_one(&v, &out, true, true);
   return out;
 }
 
-double Communicator::allreduce_sum_f64(double v) {
+double MpiGroup::allreduce_sum_f64(double v) {
   if (!mpi_) return v;
   double out = 0;
   allreduce_one(&v, &out, true, false);
