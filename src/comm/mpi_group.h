@@ -1,21 +1,13 @@
-// The group over MPI (comm/group.h): a thin layer over MPI whose every wait has a deadline. Started under mpirun, it spans MPI_COMM_WORLD; started without, it is a group of one
-// and MPI is never initialised (a plain `epmoe score` needs no MPI runtime at all).
+// The group over MPI (comm/group.h). Started under mpirun, it spans MPI_COMM_WORLD; started
+// without, it is a group of one and MPI is never initialised (a plain `epmoe score` needs no MPI
+// runtime at all).
 //
-// Collectives are posted non-blocking and polled; a wait longer than the timeout aborts the whole
-// group (MPI_Abort) with a message that names the operation, this rank and the peers at fault.
+// Collectives are posted non-blocking and polled, so that every wait can have a deadline: a wait
+// longer than the timeout aborts the whole group (MPI_Abort) with a message that names the
+// operation, this rank and the peers at fault (comm/peer_watchdog.h finds them).
 //
-// Naming the peer at fault: a collective does not say which rank is missing. So every rank that
-// has waited a while also answers status queries on a side channel (a duplicate of the world
-// communicator, point-to-point only). A rank whose wait times out asks every peer where it is and
-// listens for a short grace period: peers that answer are alive and waiting (and say in which
-// operation); peers that stay silent are dead, hung or stuck outside communication -- those are
-// named. Nothing is exchanged while collectives complete in time.
-//
-// Test-only fault hook: EPMOE_TEST_FAULT=ACTION:RANK:OP makes rank RANK, on entering its OP-th
-// collective (1-based, counted from the start), do ACTION: `throw` (an epmoe::Error, as a bug in
-// the forward pass would), `kill` (SIGKILL itself) or `hang` (sleep forever). Read once, here;
-// used by tests/cli/rank_faults_test.cc to prove that the group fails fast and names the rank.
-// Never set it in production.
+// Tests inject a rank's failure on entering its n-th collective through EPMOE_TEST_FAULT
+// (comm/test_fault.h); never set it in production.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +19,8 @@
 #include "comm/group.h"
 
 namespace epmoe {
+
+class PeerWatchdog;
 
 // A posted non-blocking operation; owns what MPI needs alive until it completes.
 class PendingOp {
@@ -101,12 +95,8 @@ class MpiGroup final : public Group {
 
  private:
   MpiGroup();
-  // Counts a collective and applies the test-only fault hook (see the top of this file).
+  // Counts a collective and gives the test fault hook its chance (comm/test_fault.h).
   void begin_op(const char* op);
-  // While waiting: answers the status queries of peers whose waits timed out.
-  void answer_status_queries();
-  // After a timeout: which peers answer, and where they are. One line for the abort message.
-  std::string diagnose_peers(void* request);
 
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
@@ -114,9 +104,8 @@ class MpiGroup final : public Group {
   uint64_t bytes_sent_ = 0;
   uint64_t ops_ = 0;
   const char* current_op_ = "start-up";
-  std::unique_ptr<unsigned char[]> side_;  // MPI_Comm of the status channel
-  struct Status;                          // a reply on the status channel
-  std::vector<std::unique_ptr<Status>> replies_;  // kept alive while their sends may run
+  std::unique_ptr<PeerWatchdog> watchdog_;  // only when mpi_
+
   uint64_t others(const std::vector<size_t>& per_peer) const;
   void allreduce_one(const void* in, void* out, bool is_double, bool is_max);
 };
