@@ -1,24 +1,152 @@
 #!/usr/bin/env bash
-# Fails when code outside src/ep/ names an all-to-all backend or its implementation: the MoE
-# layer and the models must not be able to branch on which backend runs (ARCHITECTURE.md).
+# The layer rules of ARCHITECTURE.md, checked on every source of src/ (.cc .h .cu .cuh, CUDA
+# sources and subfolders included), with no exemption:
+#   1. outside src/ep/ no code names an all-to-all backend: the MoE layer and the models must not
+#      be able to branch on which backend runs;
+#   2. a file under src/Y/ includes only Y itself and the layers Y may use (the table below).
+# Every offence is printed as file:line with the rule it breaks; exit 1 on any.
+#
+# usage: layering_test.sh SRC_DIR           check
+#        layering_test.sh --graph SRC_DIR   print the include graph by folder ("Y -> X  count")
 set -u
-src=${1:?usage: layering_test.sh SRC_DIR}
-pattern='alltoall|lowlatency|onesided|AllToAll|LowLatency|OneSided|BackendKind|traits_of|make_(none|alltoall|lowlatency|onesided|fused)_backend'
-# src/ep/ and the GPU backends (src/cuda/ep_*) are the only places that may.
-hits=$(grep -rnwE "$pattern" "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
-       grep -v "^$src/ep/" | grep -v "^$src/cuda/ep_")
-if [[ -n $hits ]]; then
-  echo "code outside src/ep/ names a backend:"
-  echo "$hits"
+
+graph=0
+if [[ ${1:-} == --graph ]]; then
+  graph=1
+  shift
+fi
+src=${1:?usage: layering_test.sh [--graph] SRC_DIR}
+src=${src%/}
+
+# ---- the rules, as data ----
+
+# What each layer may include besides itself: every layer below it in the order
+#   cli, check, engine, model, moe, ep, comm, kernels, tokenizer, io, tensor, util
+# less the edges that WHY explains. A folder of src/ missing here is not a layer, and is an offence.
+read -r -d '' ALLOWED <<'EOF'
+cli        check engine model moe ep comm kernels tokenizer io tensor util
+check      engine model moe ep comm kernels tokenizer io tensor util
+engine     model moe ep comm kernels tokenizer io tensor util
+model      moe ep kernels tokenizer io tensor util
+moe        ep kernels tokenizer io tensor util
+ep         comm kernels tokenizer io tensor util
+comm       kernels tokenizer io tensor util
+kernels    tokenizer io tensor util
+tokenizer  io tensor util
+io         tensor util
+tensor     util
+util
+EOF
+
+# Edges the order alone would allow and the table leaves out, and why. The model and the MoE layer
+# never talk to other ranks: all cross-rank arithmetic lives behind the backend interface (ep/),
+# and the lockstep loop in engine/. A model that could reach the group could reduce across ranks
+# itself -- the double reduce this project exists to make impossible.
+declare -A WHY=(
+  [model:comm]="the model never talks to other ranks; only backends (ep) and the engine do"
+  [moe:comm]="the MoE layer never talks to other ranks; only backends (ep) and the engine do"
+)
+
+# Words that name a backend or its factory; only src/ep/ may use them.
+backend_words='alltoall|lowlatency|onesided|AllToAll|LowLatency|OneSided|BackendKind|traits_of|make_(none|alltoall|lowlatency|onesided|fused)_backend|make_(mpi|nccl)_\w+_backend'
+
+declare -A may rank_of
+order=()
+while read -r layer deps; do
+  [[ -z $layer ]] && continue
+  order+=("$layer")
+  rank_of[$layer]=${#order[@]}
+  may[$layer]=" $layer $deps "
+done <<<"$ALLOWED"
+
+sources() { find "$src" -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort; }
+
+# The layer of a path under $src: its first component.
+layer_of() {
+  local rel=${1#"$src"/}
+  [[ $rel == */* ]] && echo "${rel%%/*}" || echo ""
+}
+
+# The layer an #include "P" of file F reaches, or "" when P is not a file of src/ (a system or
+# third-party header). A path that starts with a layer's name is that layer even when the file is
+# missing; otherwise P is looked up as the compiler does: next to F first, then in src/.
+target_of() {
+  local f=$1 p=$2 first=${2%%/*}
+  if [[ $p == */* && -n ${may[$first]:-} ]]; then
+    echo "$first"
+  elif [[ -e $(dirname "$f")/$p ]]; then
+    local real
+    real=$(realpath -m "$(dirname "$f")/$p")
+    [[ $real == "$(realpath -m "$src")"/* ]] && layer_of "$src/${real#"$(realpath -m "$src")"/}" || echo ""
+  elif [[ -e $src/$p ]]; then
+    layer_of "$src/$p"
+  else
+    echo ""
+  fi
+}
+
+# ---- one pass over every include ----
+
+fail=0
+declare -A edges
+report() {  # file line rule text
+  echo "src/${1#"$src"/}:$2: $3: $4"
+  fail=1
+}
+
+include_re='^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)"'
+while IFS= read -r f; do
+  y=$(layer_of "$f")
+  # Includes of a file outside the layers cannot be judged; the file itself is the offence.
+  if [[ -z $y || -z ${may[$y]:-} ]] && ((!graph)); then
+    where=${y:+src/$y/ is not a layer}
+    report "$f" 1 "${where:-not in a layer folder} (the layers: ${order[*]})" "move it into one"
+  fi
+  while IFS=: read -r line text; do
+    [[ $text =~ $include_re ]] || continue
+    x=$(target_of "$f" "${BASH_REMATCH[1]}")
+    [[ -z $x ]] && continue
+    [[ $x != "$y" ]] && edges["$y -> $x"]=$((${edges["$y -> $x"]:-0} + 1))
+    ((graph)) || [[ -z $y || -z ${may[$y]:-} ]] && continue
+    if [[ -z ${may[$x]:-} ]]; then
+      report "$f" "$line" "$y includes src/$x/, which is not a layer" "$text"
+    elif [[ ${may[$y]} != *" $x "* ]]; then
+      if [[ -n ${WHY[$y:$x]:-} ]]; then
+        rule="$y may not include $x (${WHY[$y:$x]})"
+      elif ((rank_of[$x] < rank_of[$y])); then
+        rule="upward include: $y may not include $x, a layer above it"
+      else
+        rule="$y may not include $x (it may include:${may[$y]# $y})"
+      fi
+      report "$f" "$line" "$rule" "$text"
+    fi
+  done < <(grep -nE "$include_re" "$f")
+done < <(sources)
+
+if ((graph)); then
+  # Edges a check would reject are marked, so the graph doubles as the to-do list.
+  for e in "${!edges[@]}"; do
+    y=${e%% -> *} x=${e##* -> }
+    mark=""
+    [[ -z ${may[$y]:-} || ${may[$y]} != *" $x "* ]] && mark="  (not allowed)"
+    printf '%s\t%s\t%-22s %4d%s\n' "${rank_of[$y]:-99}" "${rank_of[$x]:-99}" "$e" "${edges[$e]}" "$mark"
+  done | sort -t$'\t' -k1,1n -k2,2n -k3,3 | cut -f3-
+  exit 0
+fi
+
+# ---- backend names outside src/ep/ ----
+
+while IFS= read -r hit; do
+  [[ -z $hit ]] && continue
+  f=${hit%%:*} rest=${hit#*:}
+  line=${rest%%:*} text=${rest#*:}
+  words=$(grep -owE "$backend_words" <<<"$text" | sort -u | paste -sd, -)
+  report "$f" "$line" "names a backend outside src/ep/ ($words)" "$text"
+done < <(grep -rnwE "$backend_words" "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
+         grep -v "^$src/ep/")
+
+if ((fail)); then
+  echo "layering broken: see the lines above (rules: tests/layering_test.sh)"
   exit 1
 fi
-# And no layer below ep/ may include it (comm, kernels, tensor, util, io).
-for layer in comm kernels tensor util io; do
-  inc=$(grep -rn '#include "ep/' "$src/$layer" 2>/dev/null)
-  if [[ -n $inc ]]; then
-    echo "src/$layer must not depend on src/ep:"
-    echo "$inc"
-    exit 1
-  fi
-done
 echo "layering ok"
