@@ -41,7 +41,8 @@ EOF
 # Edges the order alone would allow and the table leaves out, and why. The model and the MoE layer
 # never talk to other ranks: all cross-rank arithmetic lives behind the backend interface (ep/),
 # and the lockstep loop in engine/. A model that could reach the group could reduce across ranks
-# itself -- the double reduce this project exists to make impossible.
+# itself -- the double reduce this project exists to make impossible. (kernels cannot reach the
+# group either: comm is above them in the order.)
 declare -A WHY=(
   [model:comm]="the model never talks to other ranks; only backends (ep) and the engine do"
   [moe:comm]="the MoE layer never talks to other ranks; only backends (ep) and the engine do"
@@ -106,7 +107,7 @@ while IFS= read -r f; do
     [[ $text =~ $include_re ]] || continue
     x=$(target_of "$f" "${BASH_REMATCH[1]}")
     [[ -z $x ]] && continue
-    [[ $x != "$y" ]] && edges["$y -> $x"]=$((${edges["$y -> $x"]:-0} + 1))
+    [[ $x != "$y" ]] && edges["${y:-src} -> $x"]=$((${edges["${y:-src} -> $x"]:-0} + 1))
     ((graph)) || [[ -z $y || -z ${may[$y]:-} ]] && continue
     if [[ -z ${may[$x]:-} ]]; then
       report "$f" "$line" "$y includes src/$x/, which is not a layer" "$text"
