@@ -1,5 +1,5 @@
-// Expert parallelism across GPUs over NCCL: the process group and three backends under the
-// contract of cuda/ep.h (the GPU twins of src/ep/backend_{none,alltoall,lowlatency}.cc):
+// Expert parallelism across GPUs over NCCL: three backends under the contract of ep/backend.h (the
+// GPU twins of src/ep/mpi/{none,alltoall,lowlatency}.cc), over the group of comm/nccl_group.h:
 //
 //   none        all-gather of tokens and routing (ncclAllGather, padded to the largest rank);
 //               every rank serves its experts for all tokens; one answer row per served
@@ -13,163 +13,24 @@
 //
 // Home side, every backend: the answer of (t, k) lands at slot_pos[t*K + k] of the received
 // answers, and combine_slots sums w_k * answer in slot order in fp32 -- the same kernel and the
-// same row values as the single-GPU path, hence the same bits.
+// same row values as the single-GPU path, hence the same bits. The injected fault the GPU backends
+// implement (BackendOptions::fault, `epmoe check --inject`) is double-reduce: the combine's scale
+// becomes the group size.
 #include <nccl.h>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <thread>
+#include <algorithm>
 
-#include "cuda/moe.cuh"
+#include "comm/nccl_check.cuh"
+#include "comm/nccl_group.h"
+#include "ep/cuda/plan_combine.cuh"
 #include "ep/fault.h"
+#include "ep/nccl/nccl_backends.h"
 
 namespace epmoe::cuda {
 
-#define EPMOE_NCCL_CHECK(x)                                                                       \
-  do {                                                                                            \
-    ncclResult_t r_ = (x);                                                                        \
-    if (r_ != ncclSuccess)                                                                        \
-      throw Error(std::string("NCCL error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + #x + ": " + \
-                  ncclGetErrorString(r_));                                                        \
-  } while (0)
-
 namespace {
 
-ncclComm_t nc(const GpuGroup& g) { return static_cast<ncclComm_t>(g.nccl_comm()); }
-
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
-
-}  // namespace
-
-GpuGroup& GpuGroup::world() {
-  static GpuGroup g;
-  return g;
-}
-
-GpuGroup::GpuGroup() {
-  size_ = std::max(1, env_int("EPMOE_WORLD_SIZE", 1));
-  rank_ = size_ > 1 ? env_int("EPMOE_RANK", 0) : 0;
-  if (rank_ < 0 || rank_ >= size_)
-    throw InputError("EPMOE_RANK=" + std::to_string(rank_) + " outside 0.." + std::to_string(size_ - 1));
-  if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
-  init_device(rank_);
-  if (size_ == 1) return;
-  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: always off.
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
-  const char* file = std::getenv("EPMOE_NCCL_ID_FILE");
-  if (!file || !*file) throw InputError("EPMOE_WORLD_SIZE > 1 needs EPMOE_NCCL_ID_FILE (scripts/gpu-launch.sh sets it)");
-  ncclUniqueId id;
-  const std::string path = file;
-  if (rank_ == 0) {
-    EPMOE_NCCL_CHECK(ncclGetUniqueId(&id));
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(&id), sizeof id);
-      if (!f) throw Error("rank 0: cannot write the NCCL id to " + tmp);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("rank 0: cannot rename " + tmp);
-  } else {
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      std::ifstream f(path, std::ios::binary);
-      if (f && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_)
-        throw Error("rank " + std::to_string(rank_) + ": no NCCL id in " + path + " after " +
-                    std::to_string(timeout_s_) + " s (did rank 0 start?)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  ncclComm_t c;
-  EPMOE_NCCL_CHECK(ncclCommInitRank(&c, size_, id, rank_));
-  comm_ = c;
-}
-
-GpuGroup::~GpuGroup() {
-  if (comm_) ncclCommDestroy(nc(*this));
-}
-
-void GpuGroup::sync(const char* what) {
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    const cudaError_t e = cudaStreamQuery(stream());
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) EPMOE_CUDA_CHECK(e);
-    if (comm_) {
-      ncclResult_t async;
-      EPMOE_NCCL_CHECK(ncclCommGetAsyncError(nc(*this), &async));
-      if (async != ncclSuccess)
-        throw Error("rank " + std::to_string(rank_) + ": NCCL failed in " + what + ": " + ncclGetErrorString(async));
-    }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_) {
-      if (comm_) ncclCommAbort(nc(*this));
-      comm_ = nullptr;
-      throw Error("rank " + std::to_string(rank_) + ": " + what + " did not complete within " +
-                  std::to_string(timeout_s_) + " s (a peer is gone or stuck); communicator aborted");
-    }
-    std::this_thread::yield();
-  }
-}
-
-namespace {
-DeviceArray<int64_t>& scratch64() {
-  static DeviceArray<int64_t> a(64);
-  return a;
-}
-}  // namespace
-
-int64_t GpuGroup::allreduce_max(int64_t v) {
-  if (size_ == 1) return v;
-  auto& d = scratch64();
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d.data(), &v, sizeof v, cudaMemcpyHostToDevice, stream()));
-  EPMOE_NCCL_CHECK(ncclAllReduce(d.data(), d.data(), 1, ncclInt64, ncclMax, nc(*this), stream()));
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(&v, d.data(), sizeof v, cudaMemcpyDeviceToHost, stream()));
-  sync("allreduce_max");
-  return v;
-}
-
-int64_t GpuGroup::allreduce_sum(int64_t v) {
-  if (size_ == 1) return v;
-  auto& d = scratch64();
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d.data(), &v, sizeof v, cudaMemcpyHostToDevice, stream()));
-  EPMOE_NCCL_CHECK(ncclAllReduce(d.data(), d.data(), 1, ncclInt64, ncclSum, nc(*this), stream()));
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(&v, d.data(), sizeof v, cudaMemcpyDeviceToHost, stream()));
-  sync("allreduce_sum");
-  return v;
-}
-
-std::vector<int64_t> GpuGroup::allgather(int64_t v) {
-  std::vector<int64_t> out(size_t(size_), v);
-  if (size_ == 1) return out;
-  auto& d = scratch64();
-  EPMOE_ASSERT(size_ < 63, "allgather: group too large for the scratch");
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d.data(), &v, sizeof v, cudaMemcpyHostToDevice, stream()));
-  EPMOE_NCCL_CHECK(ncclAllGather(d.data(), d.data() + 1, 1, ncclInt64, nc(*this), stream()));
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(out.data(), d.data() + 1, sizeof(int64_t) * size_t(size_), cudaMemcpyDeviceToHost,
-                                   stream()));
-  sync("allgather");
-  return out;
-}
-
-std::vector<int64_t> GpuGroup::allgather(const std::vector<int64_t>& v) {
-  if (size_ == 1) return v;
-  DeviceArray<int64_t> d(v.size() * size_t(size_ + 1) + 1);
-  std::vector<int64_t> out(v.size() * size_t(size_));
-  if (v.empty()) return out;
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d.data(), v.data(), sizeof(int64_t) * v.size(), cudaMemcpyHostToDevice, stream()));
-  EPMOE_NCCL_CHECK(ncclAllGather(d.data(), d.data() + v.size(), v.size(), ncclInt64, nc(*this), stream()));
-  EPMOE_CUDA_CHECK(cudaMemcpyAsync(out.data(), d.data() + v.size(), sizeof(int64_t) * out.size(),
-                                   cudaMemcpyDeviceToHost, stream()));
-  sync("allgather");
-  return out;
-}
-
-namespace {
+ncclComm_t nc(const NcclGroup& g) { return static_cast<ncclComm_t>(g.nccl_comm()); }
 
 constexpr int kMaxRanks = 16;
 
@@ -306,15 +167,15 @@ __global__ void fill_i32(int32_t* p, int64_t n, int32_t v) {
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-float fault_scale(const Placement& p) { return injected_fault() == Fault::DoubleReduce ? float(p.ranks) : 1.0f; }
-
 // Shared by the three backends.
-class NcclBackendBase : public GpuBackend {
+class NcclBackendBase : public A2ABackend {
  public:
-  NcclBackendBase(GpuGroup& g, const Placement& p) : g_(g), p_(p), rk_(ranks_of(p)) {}
+  NcclBackendBase(NcclGroup& g, const Placement& p, const BackendOptions& o)
+      : g_(g), rk_(ranks_of(p)), scale_(fault_output_scale(o.fault, p)) {}
+  Device device() const override { return Device::Cuda; }
 
  protected:
-  void home_plan(const GpuMoeTokens& in, int64_t t0, int64_t t1, bool per_slot, int fixed, bool records) {
+  void home_plan(const MoeTokens& in, int64_t t0, int64_t t1, bool per_slot, int fixed, bool records) {
     const int64_t n = t1 - t0;
     slot_pos_.reserve(size_t(std::max<int64_t>(n, 1) * in.K));
     counts_.reserve(size_t(4 * kMaxRanks));
@@ -342,9 +203,9 @@ class NcclBackendBase : public GpuBackend {
     EPMOE_CUDA_LAUNCHED();
   }
 
-  void pack(const GpuMoeTokens& in, int64_t n_records, size_t rec_bytes, unsigned char* out) {
+  void pack(const MoeTokens& in, int64_t n_records, size_t rec_bytes, unsigned char* out) {
     if (n_records == 0) return;
-    if (in.bf16)
+    if (bf16_act(in))
       pack_kernel<bf16><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const bf16*>(in.x), in.H, in.physical,
                                                                    in.K, rk_, rec_token_.data(), rec_slot_.data(),
                                                                    rec_dest_.data(), int64_t(rec_bytes), out);
@@ -355,10 +216,10 @@ class NcclBackendBase : public GpuBackend {
     EPMOE_CUDA_LAUNCHED();
   }
 
-  void combine(const GpuMoeTokens& in, const unsigned char* answers, int64_t t0, int64_t t1, float* y) {
+  void combine(const MoeTokens& in, const unsigned char* answers, int64_t t0, int64_t t1, float* y) {
     const int64_t n = t1 - t0;
-    const float scale = fault_scale(p_);
-    if (in.bf16)
+    const float scale = scale_;
+    if (bf16_act(in))
       combine_slots(reinterpret_cast<const bf16*>(answers), slot_pos_.data(), in.weights + t0 * in.K, n, in.H, in.K,
                     scale, y + t0 * in.H, stream());
     else
@@ -386,10 +247,13 @@ class NcclBackendBase : public GpuBackend {
     return o;
   }
 
-  GpuGroup& g_;
-  const Placement& p_;
+  static bool bf16_act(const MoeTokens& in) { return in.act == DType::BF16; }
+
+  NcclGroup& g_;
   Ranks rk_;
+  float scale_;  // of the combine: 1, or the group size under an injected double reduce
   DeviceArray<int32_t> slot_pos_, counts_, rec_token_, rec_slot_, rec_dest_;
+  PinnedArray<int32_t> counts_host_;  // counts the host needs to size an exchange
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -397,9 +261,9 @@ class AllToAllGpu final : public NcclBackendBase {
  public:
   using NcclBackendBase::NcclBackendBase;
   std::string name() const override { return "alltoall"; }
-  void run(const GpuMoeTokens& in, GpuExpertRunner& experts, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = rk_.R;
-    const size_t elt = in.bf16 ? 2 : 4, row = size_t(in.H) * elt;
+    const size_t elt = bf16_act(in) ? 2 : 4, row = size_t(in.H) * elt;
     const size_t rec = align16(row + size_t(in.K) * 4);
     home_plan(in, 0, in.T, /*per_slot=*/false, /*fixed=*/0, /*records=*/true);
     // Counts: to d (records to d, answers I expect from d); from s the same pair. Two messages
@@ -413,8 +277,10 @@ class AllToAllGpu final : public NcclBackendBase {
       EPMOE_NCCL_CHECK(ncclRecv(c + 3 * R + d, 1, ncclInt32, d, nc(g_), stream()));
     }
     EPMOE_NCCL_CHECK(ncclGroupEnd());
-    std::vector<int32_t> h(static_cast<size_t>(4 * R));
-    EPMOE_CUDA_CHECK(cudaMemcpyAsync(h.data(), c, sizeof(int32_t) * h.size(), cudaMemcpyDeviceToHost, stream()));
+    // Into page-locked memory: the copy does not block, the group's sync() waits (with a deadline).
+    PinnedArray<int32_t>& h = counts_host_;
+    h.reserve(size_t(4 * R));
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(h.data(), c, sizeof(int32_t) * size_t(4 * R), cudaMemcpyDeviceToHost, stream()));
     g_.sync("alltoall counts");
     std::vector<size_t> srec(static_cast<size_t>(R)), sans(static_cast<size_t>(R)), rrec(static_cast<size_t>(R)), rans(static_cast<size_t>(R));
     int64_t nsend = 0, nrecv = 0, nans_out = 0, nans_in = 0;
@@ -440,7 +306,7 @@ class AllToAllGpu final : public NcclBackendBase {
     };
     const auto sb = bytes(srec, rec), rb = bytes(rrec, rec);
     exchange(send_.data(), sb, prefix(sb), recv_.data(), rb, prefix(rb));
-    GpuExpertJobs j;
+    ExpertJobs j;
     j.x = recv_.data();
     j.x_stride = int64_t(rec / elt);
     j.phys = reinterpret_cast<const int32_t*>(recv_.data() + row);
@@ -463,10 +329,10 @@ class NoneGpu final : public NcclBackendBase {
  public:
   using NcclBackendBase::NcclBackendBase;
   std::string name() const override { return "none"; }
-  void run(const GpuMoeTokens& in, GpuExpertRunner& experts, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = rk_.R;
-    const size_t elt = in.bf16 ? 2 : 4, row = size_t(in.H) * elt;
-    const std::vector<int64_t> Ts = g_.allgather(in.T);
+    const size_t elt = bf16_act(in) ? 2 : 4, row = size_t(in.H) * elt;
+    const std::vector<int64_t> Ts = g_.allgather_i64(in.T);
     const int64_t Tmax = *std::max_element(Ts.begin(), Ts.end());
     if (Tmax == 0) return;
     home_plan(in, 0, in.T, false, 0, /*records=*/false);
@@ -486,7 +352,7 @@ class NoneGpu final : public NcclBackendBase {
     EPMOE_NCCL_CHECK(ncclAllGather(pl_.data(), pa_.data(), size_t(Tmax * in.K), ncclInt32, nc(g_), s));
     EPMOE_NCCL_CHECK(ncclGroupEnd());
     g_.add_bytes_sent(uint64_t(R - 1) * (size_t(Tmax) * row + size_t(Tmax * in.K) * 4));
-    GpuExpertJobs j;
+    ExpertJobs j;
     j.x = xa_.data();
     j.x_stride = in.H;
     j.phys = pa_.data();
@@ -497,12 +363,14 @@ class NoneGpu final : public NcclBackendBase {
     j.row_base = base_.data();
     out_.reserve(size_t(Tmax) * size_t(R) * size_t(in.K) * row);
     experts.run(j, out_.data());
-    // Answers to source s: the compact range of its rows.
-    std::vector<int32_t> b(static_cast<size_t>(R) + 1);
+    // Answers to source s: the compact range of its rows. Into page-locked memory: the copies do
+    // not block, the group's sync() waits (with a deadline).
+    counts_host_.reserve(size_t(3 * R + 1));
+    int32_t* b = counts_host_.data();  // [R + 1] row bases
+    int32_t* cnt = b + R + 1;          // [2R] counts of the home plan
     for (int q = 0; q <= R; q++)
       EPMOE_CUDA_CHECK(cudaMemcpyAsync(&b[size_t(q)], base_.data() + q * Tmax, 4, cudaMemcpyDeviceToHost, s));
-    std::vector<int32_t> cnt(static_cast<size_t>(2 * R));
-    EPMOE_CUDA_CHECK(cudaMemcpyAsync(cnt.data(), counts_.data(), sizeof(int32_t) * cnt.size(), cudaMemcpyDeviceToHost, s));
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(cnt, counts_.data(), sizeof(int32_t) * size_t(2 * R), cudaMemcpyDeviceToHost, s));
     g_.sync("none: answer counts");
     std::vector<size_t> ob(static_cast<size_t>(R)), oo(static_cast<size_t>(R)), ib(static_cast<size_t>(R));
     size_t nin = 0;
@@ -525,12 +393,12 @@ class NoneGpu final : public NcclBackendBase {
 // ---------------------------------------------------------------------------------------------
 class LowLatencyGpu final : public NcclBackendBase {
  public:
-  LowLatencyGpu(GpuGroup& g, const Placement& p, const GpuBackendOptions& o)
-      : NcclBackendBase(g, p), cap_(o.max_dispatch_tokens_per_rank) {}
+  LowLatencyGpu(NcclGroup& g, const Placement& p, const BackendOptions& o)
+      : NcclBackendBase(g, p, o), cap_(o.max_dispatch_tokens_per_rank) {}
   std::string name() const override { return "lowlatency"; }
-  void run(const GpuMoeTokens& in, GpuExpertRunner& experts, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = rk_.R;
-    const size_t elt = in.bf16 ? 2 : 4, row = size_t(in.H) * elt;
+    const size_t elt = bf16_act(in) ? 2 : 4, row = size_t(in.H) * elt;
     const size_t rec = align16(row + size_t(in.K) * 4);
     const int block = cap_ * in.K;  // records (= answers) per destination per round
     // Buffers of a fixed size, allocated on first use and kept.
@@ -545,7 +413,7 @@ class LowLatencyGpu final : public NcclBackendBase {
       home_plan(in, t0, t1, /*per_slot=*/true, block, /*records=*/true);
       pack(in, int64_t(block) * R, rec, send_.data());
       exchange(send_.data(), rb, prefix(rb), recv_.data(), rb, prefix(rb));
-      GpuExpertJobs j;
+      ExpertJobs j;
       j.x = recv_.data();
       j.x_stride = int64_t(rec / elt);
       j.phys = reinterpret_cast<const int32_t*>(recv_.data() + row);
@@ -566,20 +434,20 @@ class LowLatencyGpu final : public NcclBackendBase {
 
 }  // namespace
 
-std::vector<std::string> gpu_backend_names() { return {"none", "alltoall", "lowlatency"}; }
+}  // namespace epmoe::cuda
 
-std::unique_ptr<GpuBackend> make_gpu_backend(const std::string& name, GpuGroup& group, const Placement& p,
-                                             const GpuBackendOptions& opt) {
-  const auto names = gpu_backend_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    std::string all;
-    for (auto& n : names) all += (all.empty() ? "" : ", ") + n;
-    throw InputError("--moe-a2a-backend '" + name + "' is not available with --device cuda (choose one of " + all + ")");
-  }
-  if (!group.distributed()) return make_local_gpu_backend(p);
-  if (name == "none") return std::make_unique<NoneGpu>(group, p);
-  if (name == "alltoall") return std::make_unique<AllToAllGpu>(group, p);
-  return std::make_unique<LowLatencyGpu>(group, p, opt);
+namespace epmoe {
+
+std::unique_ptr<A2ABackend> make_nccl_none_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
+  return std::make_unique<cuda::NoneGpu>(g, p, o);
 }
 
-}  // namespace epmoe::cuda
+std::unique_ptr<A2ABackend> make_nccl_alltoall_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
+  return std::make_unique<cuda::AllToAllGpu>(g, p, o);
+}
+
+std::unique_ptr<A2ABackend> make_nccl_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
+  return std::make_unique<cuda::LowLatencyGpu>(g, p, o);
+}
+
+}  // namespace epmoe

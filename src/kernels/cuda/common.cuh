@@ -1,15 +1,18 @@
-// Shared helpers of the CUDA code: error checks that throw epmoe::Error with file:line, a grow-only
-// device array, bf16 <-> fp32, warp reductions. Internal to src/cuda (included by .cu files only).
+// Shared helpers of the CUDA code of every layer: error checks that throw epmoe::Error with
+// file:line, the process's stream, a grow-only device array, bf16 <-> fp32, warp and block
+// reductions. Included by .cu/.cuh files only (the .h headers of the GPU code carry no CUDA types).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace epmoe::cuda {
 
@@ -24,6 +27,10 @@ using bf16 = __nv_bfloat16;
   } while (0)
 // After every launch: a bad configuration shows up here, not at the next synchronisation.
 #define EPMOE_CUDA_LAUNCHED() EPMOE_CUDA_CHECK(cudaGetLastError())
+
+// The process's stream (created by init_device, kernels/cuda/device.h; the legacy default stream
+// before that). Every kernel of the runtime runs on it.
+cudaStream_t stream();
 
 // A device allocation that only grows (a layer runs many times with similar sizes; cudaMalloc
 // synchronises the device and must stay out of the steady state). Contents are not preserved.
@@ -75,6 +82,35 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
+// Page-locked host memory that only grows: the destination of device-to-host copies that must
+// not block the host (a copy into pageable memory returns only once it is done, i.e. after every
+// collective queued before it -- a wait without a deadline). Contents are not preserved.
+template <class T>
+class PinnedArray {
+ public:
+  PinnedArray() = default;
+  ~PinnedArray() { release(); }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  void reserve(size_t n) {
+    if (n <= n_) return;
+    release();
+    EPMOE_CUDA_CHECK(cudaMallocHost(&p_, std::max<size_t>(n, 1) * sizeof(T)));
+    n_ = n;
+  }
+  T* data() { return p_; }
+  T& operator[](size_t i) { return p_[i]; }
+
+ private:
+  void release() {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 __host__ __device__ inline float to_f32(float x) { return x; }
 __host__ __device__ inline float to_f32(bf16 x) { return __bfloat162float(x); }
 template <class T>
@@ -91,6 +127,16 @@ __device__ inline float warp_sum(float v) {
 __device__ inline float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Warp argmax with ties to the lower index; idx < 0 means "no candidate" and always loses.
+__device__ inline void warp_argmax(float& v, int& idx) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    const bool take = oi >= 0 && (idx < 0 || ov > v || (ov == v && oi < idx));
+    if (take) v = ov, idx = oi;
+  }
 }
 
 // Block-wide sum with a fixed tree (deterministic): every thread gets the result.
@@ -149,5 +195,10 @@ inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
 // The device's multiprocessor count (cached per device).
 int sm_count();
+
+// Blocks of a grid-stride elementwise kernel over n elements: enough to fill the chip, no more.
+inline int grid_for(int64_t n, int threads = 256) {
+  return int(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, int64_t(sm_count()) * 16)));
+}
 
 }  // namespace epmoe::cuda

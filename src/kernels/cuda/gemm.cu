@@ -1,4 +1,4 @@
-#include "cuda/gemm.cuh"
+#include "kernels/cuda/gemm.cuh"
 
 #include <algorithm>
 

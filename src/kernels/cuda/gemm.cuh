@@ -16,7 +16,7 @@
 // that depends on nothing but K -- never on M, the tile shape or the group sizes (no split-K).
 #pragma once
 
-#include "cuda/common.cuh"
+#include "kernels/cuda/common.cuh"
 
 namespace epmoe::cuda {
 

@@ -1,6 +1,6 @@
-#include "cuda/split_linear.cuh"
+#include "kernels/cuda/split_linear.cuh"
 
-#include "cuda/kernels.cuh"
+#include "kernels/cuda/ops.cuh"
 
 namespace epmoe::cuda {
 

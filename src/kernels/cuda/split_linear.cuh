@@ -18,8 +18,8 @@
 
 #include <vector>
 
-#include "cuda/common.cuh"
-#include "cuda/gemm.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.cuh"
 
 namespace epmoe::cuda {
 

@@ -1,37 +1,43 @@
-#include "cuda/model.h"
+// The decoder on one GPU (model/cuda/gpu_model.h): GpuModel<T> implements LanguageModel with T the
+// activation type of --compute (bf16 or float).
+#include "model/cuda/gpu_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "cuda/moe.cuh"
-#include "cuda/split_linear.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/split_linear.cuh"
+#include "model/cuda/attention.cuh"
+#include "model/cuda/sampling.cuh"
 #include "model/weights.h"
+#include "moe/cuda/experts.cuh"
+#include "moe/cuda/routing.cuh"
 #include "moe/moe_layer.h"
 #include "tensor/dtype.h"
+#include "util/error.h"
 
 namespace epmoe::cuda {
 
-struct GpuKvCache {
+namespace {
+
+// A sequence's K/V rows of every layer, on the device.
+struct GpuKvCache final : KvCache {
   DeviceArray<float> k, v;  // [layers][cap][kv_heads * head_dim]
   int cap = 0;
 };
 
-struct GpuModel::Impl {
-  virtual ~Impl() = default;
-  ModelConfig cfg;
-  virtual std::vector<std::vector<float>> forward(const std::vector<GpuSequence*>& seqs,
-                                                  const std::vector<std::vector<int32_t>>& tokens,
-                                                  GpuBackend& backend, bool all_logits) = 0;
-  virtual void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, GpuBackend& backend,
-                         float* y) = 0;
-  virtual std::vector<int32_t> forward_greedy(const std::vector<GpuSequence*>& seqs,
-                                              const std::vector<std::vector<int32_t>>& tokens,
-                                              GpuBackend& backend) = 0;
-};
-
-namespace {
+// --check-numerics on the GPU: the logits, on the host.
+void check_finite(const std::vector<float>& v, const char* what) {
+  for (size_t i = 0; i < v.size(); i++)
+    if (!std::isfinite(v[i]))
+      throw CheckError(std::string("--check-numerics: ") + what + " produced " + (std::isnan(v[i]) ? "NaN" : "Inf") +
+                       " (element " + std::to_string(i) + ")");
+}
 
 template <class T>
 std::vector<T> from_floats(const std::vector<float>& f) {
@@ -88,7 +94,7 @@ struct Layer {
   DeviceArray<float> corr_bias;  // [E]
   bool has_corr_bias = false;
   ExpertWeightsGpu<T> experts;
-  std::unique_ptr<GpuExpertRunner> runner;  // ExpertRunnerGpu<T>, or SplitExpertRunner
+  std::unique_ptr<ExpertRunner> runner;    // ExpertRunnerGpu<T>, or SplitExpertRunner
   SplitExpertRunner* split_runner = nullptr;  // bf16 mode, experts not exactly bf16
   Swiglu<T> shared;
   DeviceArray<float> shared_gate;  // [1, H]
@@ -96,8 +102,9 @@ struct Layer {
 };
 
 template <class T>
-struct ModelImpl final : GpuModel::Impl {
+struct GpuModel final : LanguageModel {
   static constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  ModelConfig cfg;
   Placement placement;
   int rank = 0;
   int H = 0, V = 0, Hq = 0, Hkv = 0, D = 0, qd = 0, kvd = 0, E = 0, K = 0;
@@ -168,7 +175,7 @@ struct ModelImpl final : GpuModel::Impl {
   }
 
   // From the checkpoint.
-  ModelImpl(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r) {
+  GpuModel(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r) {
     init_shapes(c, p, r);
     ModelWeights w = load_weights(c, ckpt, p.logical_owned_by(r));
     if constexpr (kBf16) {
@@ -261,7 +268,7 @@ struct ModelImpl final : GpuModel::Impl {
   }
 
   // Synthesized: uniform weights with the variance of a unit-gain init, norms of one.
-  ModelImpl(const ModelConfig& c, const Placement& p, int r, uint64_t seed) {
+  GpuModel(const ModelConfig& c, const Placement& p, int r, uint64_t seed) {
     init_shapes(c, p, r);
     cudaStream_t s = stream();
     auto rnd = [&](auto& arr, size_t n, int fan_in) {
@@ -388,7 +395,7 @@ struct ModelImpl final : GpuModel::Impl {
   }
 
   // The MLP block on hn_f / act(hn): out = block(x) (accumulate: out += block(x)).
-  void mlp(int l, int64_t T_, GpuBackend& backend, float* out, bool accumulate) {
+  void mlp(int l, int64_t T_, A2ABackend& backend, float* out, bool accumulate) {
     Layer<T>& L = *layers[size_t(l)];
     cudaStream_t s = stream();
     const T* xin = act(hn_a, hn_f);
@@ -414,12 +421,14 @@ struct ModelImpl final : GpuModel::Impl {
     ra.physical = phys.data();
     ra.weights = wts.data();
     route(ra, s);
-    GpuMoeTokens tok;
+    MoeTokens tok;
+    tok.device = Device::Cuda;
+    const bool bf16_rows = kBf16 && !split_experts;
+    tok.act = bf16_rows ? DType::BF16 : DType::F32;
     tok.T = T_;
     tok.H = H;
     tok.K = K;
-    tok.bf16 = kBf16 && !split_experts;
-    tok.x = tok.bf16 ? static_cast<const void*>(xin) : static_cast<const void*>(hn_f.data());
+    tok.x = bf16_rows ? static_cast<const void*>(xin) : static_cast<const void*>(hn_f.data());
     tok.physical = phys.data();
     tok.weights = wts.data();
     backend.run(tok, *L.runner, routed.data());
@@ -511,9 +520,15 @@ struct ModelImpl final : GpuModel::Impl {
     else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
   }
 
-  void ensure_cache(GpuSequence& seq, int64_t need) {
+  static GpuKvCache& cache_of(Sequence& seq) {
     if (!seq.kv) seq.kv = std::make_shared<GpuKvCache>();
-    GpuKvCache& c = *seq.kv;
+    auto* c = dynamic_cast<GpuKvCache*>(seq.kv.get());
+    EPMOE_ASSERT(c, "sequence " + std::to_string(seq.id) + ": its KV cache is not the GPU model's");
+    return *c;
+  }
+
+  void ensure_cache(Sequence& seq, int64_t need) {
+    GpuKvCache& c = cache_of(seq);
     if (need <= c.cap) return;
     int cap = std::max(64, c.cap);
     while (cap < need) cap *= 2;
@@ -530,24 +545,42 @@ struct ModelImpl final : GpuModel::Impl {
     c.cap = cap;
   }
 
-  std::vector<std::vector<float>> forward(const std::vector<GpuSequence*>& seqs,
-                                          const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend,
-                                          bool all_logits) override {
-    return run(seqs, tokens, backend, all_logits, nullptr);
+  const ModelConfig& config() const override { return cfg; }
+  Device device() const override { return Device::Cuda; }
+
+  Sequence new_sequence(uint64_t id) const override {
+    Sequence s;
+    s.id = id;
+    s.kv = std::make_shared<GpuKvCache>();  // empty: grown by the first forward
+    return s;
   }
 
-  std::vector<int32_t> forward_greedy(const std::vector<GpuSequence*>& seqs,
-                                      const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend) override {
+  std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
+                                          const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
+                                          bool all_logits, const ForwardOptions& opt) override {
+    auto logits = run(seqs, tokens, backend, all_logits, nullptr);
+    if (opt.check_numerics)
+      for (const auto& l : logits) check_finite(l, "logits");
+    return logits;
+  }
+
+  std::vector<int32_t> forward_greedy(const std::vector<Sequence*>& seqs,
+                                      const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
+                                      const ForwardOptions& opt) override {
+    // --check-numerics: the logits come to the host to be checked, and the argmax is taken there
+    // (the same choice: ties to the lower id on both).
+    if (opt.check_numerics) return LanguageModel::forward_greedy(seqs, tokens, backend, opt);
     std::vector<int32_t> next;
-    run(seqs, tokens, backend, false, &next);
+    run(seqs, tokens, backend, false, &next);  // argmax on the device
     return next;
   }
 
   // greedy != nullptr: only the argmax of each sequence's last logits comes back (-1 for none).
-  std::vector<std::vector<float>> run(const std::vector<GpuSequence*>& seqs,
-                                      const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend,
+  std::vector<std::vector<float>> run(const std::vector<Sequence*>& seqs,
+                                      const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
                                       bool all_logits, std::vector<int32_t>* greedy) {
     EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
+    EPMOE_ASSERT(backend.device() == Device::Cuda, "the GPU model runs a backend of the GPU, not " + backend.name());
     std::vector<int64_t> off{0};
     for (auto& t : tokens) off.push_back(off.back() + int64_t(t.size()));
     const int64_t T_ = off.back();
@@ -557,7 +590,7 @@ struct ModelImpl final : GpuModel::Impl {
     std::vector<TokenSlot> slots_h(static_cast<size_t>(T_));
     int max_ctx = 1;
     for (size_t s = 0; s < seqs.size(); s++) {
-      GpuSequence& seq = *seqs[s];
+      Sequence& seq = *seqs[s];
       const int64_t n = int64_t(tokens[s].size());
       if (n == 0) continue;
       ensure_cache(seq, seq.len + n);
@@ -572,7 +605,8 @@ struct ModelImpl final : GpuModel::Impl {
         const size_t t = size_t(off[s] + i);
         ids_h[t] = id;
         gids_h[t] = token_gid(seq.id, uint64_t(pos));
-        slots_h[t] = {seq.kv->k.data(), seq.kv->v.data(), int(pos), seq.kv->cap, int(off[s])};
+        GpuKvCache& kv = cache_of(seq);
+        slots_h[t] = {kv.k.data(), kv.v.data(), int(pos), kv.cap, int(off[s])};
         max_ctx = std::max<int>(max_ctx, int(pos + 1));
       }
     }
@@ -606,7 +640,7 @@ struct ModelImpl final : GpuModel::Impl {
     const int64_t R = int64_t(sel_h.size());
     if (greedy) greedy->assign(seqs.size(), -1);
     if (R == 0) {
-      EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+      wait_stream("forward");
       return out;
     }
     sel.upload(sel_h);
@@ -631,11 +665,13 @@ struct ModelImpl final : GpuModel::Impl {
     if (greedy) {
       best_ids.reserve(size_t(R));
       argmax_rows(logits.data(), R, V, best_ids.data(), s);
+      wait_stream("forward: next tokens");
       std::vector<int32_t> best = best_ids.download(size_t(R));
       for (size_t q = 0; q < seqs.size(); q++)
         if (span[q].second > 0) (*greedy)[q] = best[size_t(span[q].first)];
       return out;
     }
+    wait_stream("forward: logits");
     std::vector<float> all = logits.download(size_t(R) * size_t(V));
     for (size_t q = 0; q < seqs.size(); q++) {
       if (span[q].second == 0) continue;
@@ -644,13 +680,15 @@ struct ModelImpl final : GpuModel::Impl {
     return out;
   }
 
-  void mlp_block(int l, const float* xh, int64_t T_, const uint64_t* gids_h, GpuBackend& backend, float* y) override {
+  void mlp_block(int l, const float* xh, int64_t T_, const uint64_t* gids_h, A2ABackend& backend, float* y) override {
+    EPMOE_ASSERT(backend.device() == Device::Cuda, "the GPU model runs a backend of the GPU, not " + backend.name());
     reserve(T_);
     std::vector<float> in(xh, xh + T_ * H);
     hn_f.upload(in);
     if constexpr (kBf16) convert<bf16>(hn_f.data(), hn_a.data(), T_ * H, stream());
     gids.upload(gids_h, size_t(T_));
     mlp(l, T_, backend, x.data(), /*accumulate=*/false);
+    wait_stream("mlp block");
     std::vector<float> o = x.download(size_t(T_ * H));
     std::copy(o.begin(), o.end(), y);
   }
@@ -658,40 +696,20 @@ struct ModelImpl final : GpuModel::Impl {
 
 }  // namespace
 
-GpuModel::GpuModel(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
-                   const GpuOptions& opt) {
-  if (opt.f32) impl_ = std::make_unique<ModelImpl<float>>(cfg, ckpt, placement, rank);
-  else impl_ = std::make_unique<ModelImpl<bf16>>(cfg, ckpt, placement, rank);
-}
-
-GpuModel::GpuModel(const ModelConfig& cfg, const Placement& placement, int rank, const GpuOptions& opt, uint64_t seed) {
-  if (opt.f32) impl_ = std::make_unique<ModelImpl<float>>(cfg, placement, rank, seed);
-  else impl_ = std::make_unique<ModelImpl<bf16>>(cfg, placement, rank, seed);
-}
-
-GpuModel::~GpuModel() = default;
-
-const ModelConfig& GpuModel::config() const { return impl_->cfg; }
-
-GpuSequence GpuModel::new_sequence(uint64_t id) const {
-  GpuSequence s;
-  s.id = id;
-  return s;
-}
-
-std::vector<std::vector<float>> GpuModel::forward(const std::vector<GpuSequence*>& seqs,
-                                                  const std::vector<std::vector<int32_t>>& tokens,
-                                                  GpuBackend& backend, bool all_logits) {
-  return impl_->forward(seqs, tokens, backend, all_logits);
-}
-
-std::vector<int32_t> GpuModel::forward_greedy(const std::vector<GpuSequence*>& seqs,
-                                              const std::vector<std::vector<int32_t>>& tokens, GpuBackend& backend) {
-  return impl_->forward_greedy(seqs, tokens, backend);
-}
-
-void GpuModel::mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, GpuBackend& backend, float* y) {
-  impl_->mlp_block(layer, x, T, gids, backend, y);
-}
-
 }  // namespace epmoe::cuda
+
+namespace epmoe {
+
+std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
+                                              const Placement& placement, int rank, bool f32) {
+  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank);
+  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank);
+}
+
+std::unique_ptr<LanguageModel> make_synthetic_gpu_model(const ModelConfig& cfg, const Placement& placement, int rank,
+                                                        bool f32, uint64_t seed) {
+  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, placement, rank, seed);
+  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, placement, rank, seed);
+}
+
+}  // namespace epmoe

@@ -1,0 +1,292 @@
+#include "comm/nccl_group.h"
+
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "comm/nccl_check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
+
+namespace epmoe {
+
+namespace {
+
+using cuda::stream;
+
+ncclComm_t nc(void* c) { return static_cast<ncclComm_t>(c); }
+
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+
+// Seconds since the epoch: comparable between the processes of a host (and, roughly, of hosts).
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+// The side channel's timing (nccl_group.h): write after 50 ms of waiting, every 100 ms, and a
+// status older than 2 s is a peer that is not waiting.
+constexpr auto kStatusAfter = std::chrono::milliseconds(50);
+constexpr auto kStatusEvery = std::chrono::milliseconds(100);
+constexpr double kStatusStale = 2.0;
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+NcclGroup& NcclGroup::world() {
+  static NcclGroup g;
+  return g;
+}
+
+NcclGroup::NcclGroup() {
+  size_ = std::max(1, env_int("EPMOE_WORLD_SIZE", 1));
+  rank_ = size_ > 1 ? env_int("EPMOE_RANK", 0) : 0;
+  if (rank_ < 0 || rank_ >= size_)
+    throw InputError("EPMOE_RANK=" + std::to_string(rank_) + " outside 0.." + std::to_string(size_ - 1));
+  if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
+  cuda::init_device(rank_);
+  if (size_ == 1) return;
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: always off.
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const char* file = std::getenv("EPMOE_NCCL_ID_FILE");
+  if (!file || !*file) throw InputError("EPMOE_WORLD_SIZE > 1 needs EPMOE_NCCL_ID_FILE (scripts/gpu-launch.sh sets it)");
+  ncclUniqueId id;
+  const std::string path = file;
+  status_base_ = path + ".rank";
+  std::remove((status_base_ + std::to_string(rank_) + ".status").c_str());  // a previous run's
+  if (rank_ == 0) {
+    EPMOE_NCCL_CHECK(ncclGetUniqueId(&id));
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(&id), sizeof id);
+      if (!f) throw Error("rank 0: cannot write the NCCL id to " + tmp);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("rank 0: cannot rename " + tmp);
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      std::ifstream f(path, std::ios::binary);
+      if (f && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_)
+        throw Error("rank " + std::to_string(rank_) + ": no NCCL id in " + path + " after " +
+                    std::to_string(timeout_s_) + " s (did rank 0 start?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ncclComm_t c;
+  EPMOE_NCCL_CHECK(ncclCommInitRank(&c, size_, id, rank_));
+  comm_ = c;
+  // Every download of results (the models' logits) waits through sync(): under the deadline.
+  cuda::set_stream_wait([](void* g, const char* what) { static_cast<NcclGroup*>(g)->sync(what); }, this);
+}
+
+NcclGroup::~NcclGroup() {
+  if (comm_) cuda::set_stream_wait(nullptr, nullptr);
+  if (!status_base_.empty()) std::remove((status_base_ + std::to_string(rank_) + ".status").c_str());
+  if (scratch_) cudaFree(scratch_);
+  if (staging_) cudaFreeHost(staging_);
+  if (comm_) ncclCommDestroy(nc(comm_));
+}
+
+void NcclGroup::abort_group(const std::string& message, int exit_code) {
+  std::fprintf(stderr, "epmoe: rank %d: %s\n", rank_, message.c_str());
+  std::fflush(stderr);
+  if (comm_) ncclCommAbort(nc(comm_));
+  std::_Exit(exit_code);
+}
+
+void NcclGroup::write_status(const char* what) const {
+  const std::string path = status_base_ + std::to_string(rank_) + ".status", tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;  // best effort: the diagnosis then calls this rank silent
+  std::fprintf(f, "%llu %.3f %s\n", (unsigned long long)ops_, wall_seconds(), what);
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+std::string NcclGroup::diagnose_peers() const {
+  const double now = wall_seconds();
+  std::vector<int> silent, with_us;
+  std::string elsewhere;
+  for (int p = 0; p < size_; p++) {
+    if (p == rank_) continue;
+    unsigned long long count = 0;
+    double when = 0;
+    char name[160] = {};
+    bool fresh = false;
+    if (FILE* f = std::fopen((status_base_ + std::to_string(p) + ".status").c_str(), "r")) {
+      fresh = std::fscanf(f, "%llu %lf %159[^\n]", &count, &when, name) == 3 && now - when <= kStatusStale;
+      std::fclose(f);
+    }
+    if (!fresh) silent.push_back(p);
+    else if (count == ops_) with_us.push_back(p);
+    else elsewhere += "; rank " + std::to_string(p) + " waits in " + name + " (operation " + std::to_string(count) + ")";
+  }
+  std::string v;
+  if (!silent.empty())
+    v = rank_list(silent) + (silent.size() == 1 ? " does" : " do") +
+        " not answer (dead, hung, or stuck outside communication)";
+  else
+    v = "every peer is waiting";
+  if (!with_us.empty()) v += "; " + rank_list(with_us) + " wait" + (with_us.size() == 1 ? "s" : "") + " in the same operation";
+  return v + elsewhere;
+}
+
+void NcclGroup::sync(const char* what) {
+  ops_++;
+  if (!comm_) {
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto next_status = start + kStatusAfter;
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream());
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) EPMOE_CUDA_CHECK(e);
+    ncclResult_t async;
+    EPMOE_NCCL_CHECK(ncclCommGetAsyncError(nc(comm_), &async));
+    if (async != ncclSuccess)
+      abort_group(std::string("NCCL failed in ") + what + " (operation " + std::to_string(ops_) + "): " +
+                      ncclGetErrorString(async) + ". Aborting the group.",
+                  1);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_status) {  // a long wait: say where this rank is, for a peer that times out
+      write_status(what);
+      next_status = now + kStatusEvery;
+    }
+    if (std::chrono::duration<double>(now - start).count() > timeout_s_)
+      abort_group(std::string(what) + " (operation " + std::to_string(ops_) + "): no answer from the group for " +
+                      std::to_string(int(timeout_s_)) + " s (--comm-timeout): " + diagnose_peers() +
+                      ". Aborting the group.",
+                  1);
+    std::this_thread::yield();
+  }
+}
+
+unsigned char* NcclGroup::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    if (scratch_) EPMOE_CUDA_CHECK(cudaFree(scratch_));
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    const size_t n = std::max<size_t>(bytes, 4096);
+    EPMOE_CUDA_CHECK(cudaMalloc(&scratch_, n));
+    scratch_bytes_ = n;
+  }
+  return static_cast<unsigned char*>(scratch_);
+}
+
+unsigned char* NcclGroup::staging(size_t bytes) {
+  if (bytes > staging_bytes_) {
+    if (staging_) EPMOE_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    const size_t n = std::max<size_t>(bytes, 4096);
+    EPMOE_CUDA_CHECK(cudaMallocHost(&staging_, n));
+    staging_bytes_ = n;
+  }
+  return static_cast<unsigned char*>(staging_);
+}
+
+// Host values travel host -> page-locked staging -> device, through NCCL, and back the same way:
+// the copy back is asynchronous, so that sync() and its deadline do the waiting.
+void NcclGroup::allreduce_one(void* value, int op, int type, const char* what) {
+  unsigned char* d = scratch(16);
+  unsigned char* h = staging(16);
+  std::memcpy(h, value, 8);
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d, h, 8, cudaMemcpyHostToDevice, stream()));
+  EPMOE_NCCL_CHECK(ncclAllReduce(d, d, 1, ncclDataType_t(type), ncclRedOp_t(op), nc(comm_), stream()));
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(h, d, 8, cudaMemcpyDeviceToHost, stream()));
+  sync(what);
+  std::memcpy(value, h, 8);
+}
+
+int64_t NcclGroup::allreduce_max(int64_t v) {
+  if (size_ == 1) return v;
+  allreduce_one(&v, ncclMax, ncclInt64, "allreduce_max");
+  return v;
+}
+
+int64_t NcclGroup::allreduce_sum(int64_t v) {
+  if (size_ == 1) return v;
+  allreduce_one(&v, ncclSum, ncclInt64, "allreduce_sum");
+  return v;
+}
+
+double NcclGroup::allreduce_max_f64(double v) {
+  if (size_ == 1) return v;
+  allreduce_one(&v, ncclMax, ncclFloat64, "allreduce_max_f64");
+  return v;
+}
+
+double NcclGroup::allreduce_sum_f64(double v) {
+  std::vector<double> all(static_cast<size_t>(size_));
+  allgather(&v, sizeof v, all.data());
+  double s = 0;
+  for (double x : all) s += x;  // rank order: the same sum on every rank
+  return s;
+}
+
+void NcclGroup::barrier() {
+  if (size_ == 1) return;
+  int64_t v = 0;
+  allreduce_one(&v, ncclSum, ncclInt64, "barrier");
+}
+
+void NcclGroup::allgather(const void* send, size_t bytes, void* recv) {
+  if (size_ == 1 || bytes == 0) {
+    if (bytes) std::memcpy(recv, send, bytes);
+    return;
+  }
+  const size_t total = bytes * size_t(size_), off = align16(bytes);
+  unsigned char* d = scratch(off + total);
+  unsigned char* h = staging(std::max(bytes, total));
+  std::memcpy(h, send, bytes);
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream()));
+  EPMOE_NCCL_CHECK(ncclAllGather(d, d + off, bytes, ncclChar, nc(comm_), stream()));
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(h, d + off, total, cudaMemcpyDeviceToHost, stream()));
+  sync("allgather");
+  std::memcpy(recv, h, total);
+}
+
+void NcclGroup::allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes) {
+  EPMOE_ASSERT(recv_bytes.size() == size_t(size_) && recv_bytes[size_t(rank_)] == bytes,
+               "allgatherv: one count per rank, this rank's equal to its bytes");
+  if (size_ == 1) {
+    if (bytes) std::memcpy(recv, send, bytes);
+    return;
+  }
+  const size_t most = *std::max_element(recv_bytes.begin(), recv_bytes.end());
+  if (most == 0) return;
+  const size_t total = most * size_t(size_), off = align16(most);
+  unsigned char* d = scratch(off + total);
+  unsigned char* h = staging(total);
+  std::memcpy(h, send, bytes);  // padded to `most`: the padding is sent and never read
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(d, h, most, cudaMemcpyHostToDevice, stream()));
+  EPMOE_NCCL_CHECK(ncclAllGather(d, d + off, most, ncclChar, nc(comm_), stream()));
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(h, d + off, total, cudaMemcpyDeviceToHost, stream()));
+  sync("allgatherv");
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  for (int r = 0; r < size_; r++) {
+    std::memcpy(out, h + size_t(r) * most, recv_bytes[size_t(r)]);
+    out += recv_bytes[size_t(r)];
+  }
+}
+
+}  // namespace epmoe

@@ -1,0 +1,269 @@
+#include "ep/cuda/plan_combine.cuh"
+
+namespace epmoe::cuda {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Plan. Positions inside an expert's group come from shared-memory atomics: their order varies run
+// to run, but a row's result does not depend on its position (batch-invariant GEMM) and its output
+// row is fixed by c_rows, so the bits do not vary. Compact indices follow (row, slot) order.
+//
+// Small inputs: one block of 1024 threads, each a contiguous chunk of rows. Large ones: three
+// launches over blocks of 256 rows (count per block, scan, scatter), so that the work is spread
+// over the chip instead of one multiprocessor.
+
+constexpr int kPlanThreads = 1024;
+constexpr int kPlanRowsPerBlock = 256;
+
+__device__ inline int local_expert(const PlanArgs& a, int64_t r, int k) {
+  const int e = a.phys[r * a.phys_stride + k] - a.p0;
+  return e >= 0 && e < a.n_local ? e : -1;
+}
+
+// Tiles of tile_m rows per expert, from the group offsets (one block; offsets already written).
+__device__ void write_tiles(const PlanArgs& a, int* scratch) {
+  if (!a.tiles) return;
+  int carry = 0;
+  for (int e0 = 0; e0 < a.n_local; e0 += blockDim.x) {
+    const int e = e0 + threadIdx.x;
+    const int rows = e < a.n_local ? a.offsets[e + 1] - a.offsets[e] : 0;
+    const int nt = (rows + a.tile_m - 1) / a.tile_m;
+    int tot = 0;
+    const int first = carry + block_exclusive_scan(nt, scratch, &tot);
+    for (int i = 0; i < nt; i++) {
+      a.tiles[2 * (first + i)] = e;
+      a.tiles[2 * (first + i) + 1] = i * a.tile_m;
+    }
+    carry += tot;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *a.num_tiles = carry;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
+  extern __shared__ int psm[];
+  int* cnt = psm;                 // [n_local]
+  int* cursor = cnt + a.n_local;  // [n_local]
+  int* scratch = cursor + a.n_local;  // [33]
+  const int tid = threadIdx.x;
+  const int64_t rows = a.rows_dev ? lmin(a.rows, *a.rows_dev) : a.rows;
+  const int64_t chunk = (rows + kPlanThreads - 1) / kPlanThreads;
+  const int64_t r0 = lmin(rows, tid * chunk), r1 = lmin(rows, r0 + chunk);
+  for (int e = tid; e < a.n_local; e += kPlanThreads) cnt[e] = 0;
+  __syncthreads();
+  int mine = 0;
+  for (int64_t r = r0; r < r1; r++)
+    for (int k = 0; k < a.K; k++) {
+      const int e = local_expert(a, r, k);
+      if (e >= 0) {
+        atomicAdd(&cnt[e], 1);
+        mine++;
+      }
+    }
+  int total = 0;
+  int base = block_exclusive_scan(mine, scratch, &total);
+  __syncthreads();
+  // Group offsets: exclusive scan of cnt (n_local may exceed the block: chunks of 1024).
+  int carry = 0;
+  for (int e0 = 0; e0 < a.n_local; e0 += kPlanThreads) {
+    const int e = e0 + tid;
+    const int v = e < a.n_local ? cnt[e] : 0;
+    int tot = 0;
+    const int ex = block_exclusive_scan(v, scratch, &tot);
+    if (e < a.n_local) {
+      cursor[e] = carry + ex;
+      a.offsets[e] = carry + ex;
+    }
+    carry += tot;
+    __syncthreads();
+  }
+  if (tid == 0) a.offsets[a.n_local] = carry;
+  __syncthreads();
+  write_tiles(a, scratch);
+  for (int64_t r = r0; r < r1; r++) {
+    if (a.row_base) a.row_base[r] = base;
+    for (int k = 0; k < a.K; k++) {
+      const int e = local_expert(a, r, k);
+      if (e >= 0) {
+        const int pos = atomicAdd(&cursor[e], 1);
+        a.a_rows[pos] = int32_t(r);
+        a.c_rows[pos] = a.compact ? base : a.one_per_row ? int32_t(r) : int32_t(r * a.K + k);
+        base++;
+      }
+    }
+  }
+  if (a.row_base && tid == kPlanThreads - 1) a.row_base[rows] = total;
+}
+
+// Multi-block plan. ws: [B][n_local] counts then bases, [B] served totals then compact bases.
+__global__ void __launch_bounds__(kPlanRowsPerBlock) plan_count_kernel(const PlanArgs a, int32_t* ws_cnt,
+                                                                         int32_t* ws_tot) {
+  extern __shared__ int psm[];
+  int* cnt = psm;
+  int* scratch = cnt + a.n_local;
+  for (int e = threadIdx.x; e < a.n_local; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  const int64_t r = int64_t(blockIdx.x) * kPlanRowsPerBlock + threadIdx.x;
+  int mine = 0;
+  if (r < a.rows)
+    for (int k = 0; k < a.K; k++) {
+      const int e = local_expert(a, r, k);
+      if (e >= 0) atomicAdd(&cnt[e], 1), mine++;
+    }
+  int tot = 0;
+  block_exclusive_scan(mine, scratch, &tot);
+  __syncthreads();
+  for (int e = threadIdx.x; e < a.n_local; e += blockDim.x) ws_cnt[int64_t(blockIdx.x) * a.n_local + e] = cnt[e];
+  if (threadIdx.x == 0) ws_tot[blockIdx.x] = tot;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_scan_kernel(const PlanArgs a, int nb, int32_t* ws_cnt,
+                                                                  int32_t* ws_tot) {
+  __shared__ int scratch[33];
+  // Per expert: bases of the blocks in block order, then the group offsets over experts.
+  int carry = 0;
+  for (int e0 = 0; e0 < a.n_local; e0 += kPlanThreads) {
+    const int e = e0 + threadIdx.x;
+    int run = 0;
+    if (e < a.n_local)
+      for (int b = 0; b < nb; b++) {
+        const int c = ws_cnt[int64_t(b) * a.n_local + e];
+        ws_cnt[int64_t(b) * a.n_local + e] = run;
+        run += c;
+      }
+    int tot = 0;
+    const int ex = carry + block_exclusive_scan(run, scratch, &tot);
+    if (e < a.n_local) {
+      a.offsets[e] = ex;
+      for (int b = 0; b < nb; b++) ws_cnt[int64_t(b) * a.n_local + e] += ex;
+    }
+    carry += tot;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    a.offsets[a.n_local] = carry;
+    int run = 0;  // compact bases of the blocks
+    for (int b = 0; b < nb; b++) {
+      const int c = ws_tot[b];
+      ws_tot[b] = run;
+      run += c;
+    }
+    if (a.row_base) a.row_base[a.rows] = run;
+  }
+  __syncthreads();
+  write_tiles(a, scratch);
+}
+
+__global__ void __launch_bounds__(kPlanRowsPerBlock) plan_scatter_kernel(const PlanArgs a, const int32_t* ws_cnt,
+                                                                           const int32_t* ws_tot) {
+  extern __shared__ int psm[];
+  int* cursor = psm;
+  int* scratch = cursor + a.n_local;
+  for (int e = threadIdx.x; e < a.n_local; e += blockDim.x) cursor[e] = ws_cnt[int64_t(blockIdx.x) * a.n_local + e];
+  const int64_t r = int64_t(blockIdx.x) * kPlanRowsPerBlock + threadIdx.x;
+  int mine = 0;
+  if (r < a.rows)
+    for (int k = 0; k < a.K; k++) mine += local_expert(a, r, k) >= 0;
+  int tot = 0;
+  int idx = ws_tot[blockIdx.x] + block_exclusive_scan(mine, scratch, &tot);  // syncs: cursors are ready
+  if (r >= a.rows) return;
+  if (a.row_base) a.row_base[r] = idx;
+  for (int k = 0; k < a.K; k++) {
+    const int e = local_expert(a, r, k);
+    if (e < 0) continue;
+    const int pos = atomicAdd(&cursor[e], 1);
+    a.a_rows[pos] = int32_t(r);
+    a.c_rows[pos] = a.compact ? idx : a.one_per_row ? int32_t(r) : int32_t(r * a.K + k);
+    idx++;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// bf16 rows, H % 8 == 0: eight columns per thread, 16-byte loads (same sums, same order).
+__global__ void combine_bf16x8_kernel(const bf16* rows, const int32_t* slot_pos, const float* w, int64_t T, int H,
+                                      int K, float scale, float* y) {
+  const int H8 = H / 8;
+  const int64_t n = T * H8;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / H8, h = (i - t * H8) * 8;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < K; k++) {
+      const int64_t r = slot_pos ? int64_t(slot_pos[t * K + k]) : t * K + k;
+      const float wk = w[t * K + k];
+      const uint4 v = *reinterpret_cast<const uint4*>(rows + r * H + h);
+      const bf16* b = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+      for (int q = 0; q < 8; q++) acc[q] += wk * __bfloat162float(b[q]);
+    }
+    if (scale != 1.0f)
+#pragma unroll
+      for (int q = 0; q < 8; q++) acc[q] *= scale;
+    float4* o = reinterpret_cast<float4*>(y + t * H + h);
+    o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  }
+}
+
+template <class TS>
+__global__ void combine_kernel(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,
+                               float scale, float* y) {
+  const int64_t n = T * H;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / H, h = i - t * H;
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) {
+      const int64_t r = slot_pos ? int64_t(slot_pos[t * K + k]) : t * K + k;
+      acc += w[t * K + k] * to_f32(rows[r * H + h]);
+    }
+    if (scale != 1.0f) acc *= scale;
+    y[i] = acc;
+  }
+}
+
+}  // namespace
+
+void plan(const PlanArgs& a, cudaStream_t s) {
+  EPMOE_ASSERT(a.rows * a.K < (int64_t(1) << 31), "gpu plan: too many jobs");
+  EPMOE_ASSERT(!a.tiles || a.tile_m > 0, "gpu plan: tiles need a tile height");
+  const size_t smem = (2 * size_t(a.n_local) + 33) * sizeof(int);
+  EPMOE_ASSERT(smem <= 48 * 1024, "gpu plan: too many local experts");
+  if (a.rows * a.K <= 8192 || a.rows_dev) {
+    plan_kernel<<<1, kPlanThreads, smem, s>>>(a);
+    EPMOE_CUDA_LAUNCHED();
+    return;
+  }
+  const int nb = ceil_div(a.rows, kPlanRowsPerBlock);
+  static DeviceArray<int32_t> ws;  // grow-only; sized before any graph capture by a warm-up run
+  ws.reserve(size_t(nb) * (size_t(a.n_local) + 1));
+  int32_t* ws_cnt = ws.data();
+  int32_t* ws_tot = ws.data() + size_t(nb) * size_t(a.n_local);
+  plan_count_kernel<<<nb, kPlanRowsPerBlock, (size_t(a.n_local) + 33) * sizeof(int), s>>>(a, ws_cnt, ws_tot);
+  EPMOE_CUDA_LAUNCHED();
+  plan_scan_kernel<<<1, kPlanThreads, 0, s>>>(a, nb, ws_cnt, ws_tot);
+  EPMOE_CUDA_LAUNCHED();
+  plan_scatter_kernel<<<nb, kPlanRowsPerBlock, (size_t(a.n_local) + 33) * sizeof(int), s>>>(a, ws_cnt, ws_tot);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template <class TS>
+void combine_slots(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K, float scale,
+                   float* y, cudaStream_t s) {
+  if (T == 0) return;
+  if constexpr (std::is_same_v<TS, bf16>) {
+    if (H % 8 == 0) {
+      combine_bf16x8_kernel<<<grid_for(T * H / 8), 256, 0, s>>>(rows, slot_pos, w, T, H, K, scale, y);
+      EPMOE_CUDA_LAUNCHED();
+      return;
+    }
+  }
+  combine_kernel<TS><<<grid_for(T * H), 256, 0, s>>>(rows, slot_pos, w, T, H, K, scale, y);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void combine_slots<float>(const float*, const int32_t*, const float*, int64_t, int, int, float, float*,
+                                   cudaStream_t);
+template void combine_slots<bf16>(const bf16*, const int32_t*, const float*, int64_t, int, int, float, float*,
+                                  cudaStream_t);
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,96 @@
+#include "kernels/cuda/ops.cuh"
+
+namespace epmoe::cuda {
+
+namespace {
+
+template <class TA>
+__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
+                               TA* oa) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += r[i] * r[i];
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    const float v = w[i] * (r[i] * inv);
+    if (of) of[t * H + i] = v;
+    if (oa) oa[t * H + i] = from_f32<TA>(v);
+  }
+}
+
+template <class TW>
+__global__ void embed_kernel(const int32_t* ids, const TW* table, int H, float* out) {
+  const int64_t t = blockIdx.x;
+  const TW* row = table + int64_t(ids[t]) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = to_f32(row[i]);
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+template <class TO>
+__global__ void convert_kernel(const float* in, TO* out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_f32<TO>(in[i]);
+}
+
+template <class T>
+__global__ void fill_random_kernel(T* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = splitmix64(seed * 0x100000001b3ull + uint64_t(i));
+    const float u = float(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = from_f32<T>((2.0f * u - 1.0f) * scale);
+  }
+}
+
+}  // namespace
+
+template <class TA>
+void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
+             TA* out_act, cudaStream_t s) {
+  if (T == 0) return;
+  rmsnorm_kernel<TA><<<unsigned(T), 256, 0, s>>>(x, w, eps, H, rows, out_f32, out_act);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t);
+template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t);
+
+template <class TW>
+void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s) {
+  if (T == 0) return;
+  embed_kernel<TW><<<unsigned(T), 256, 0, s>>>(ids, table, H, out);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void embed<float>(const int32_t*, const float*, int64_t, int, float*, cudaStream_t);
+template void embed<bf16>(const int32_t*, const bf16*, int64_t, int, float*, cudaStream_t);
+
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n), 256, 0, s>>>(x, y, n);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template <class TO>
+void convert(const float* in, TO* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  convert_kernel<TO><<<grid_for(n), 256, 0, s>>>(in, out, n);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void convert<float>(const float*, float*, int64_t, cudaStream_t);
+template void convert<bf16>(const float*, bf16*, int64_t, cudaStream_t);
+
+template <class T>
+void fill_random(T* p, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
+  if (n == 0) return;
+  fill_random_kernel<T><<<grid_for(n), 256, 0, s>>>(p, n, seed, scale);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void fill_random<float>(float*, int64_t, uint64_t, float, cudaStream_t);
+template void fill_random<bf16>(bf16*, int64_t, uint64_t, float, cudaStream_t);
+
+}  // namespace epmoe::cuda

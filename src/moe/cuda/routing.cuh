@@ -1,0 +1,91 @@
+// The router of the MoE layer on the GPU, twin of moe/routing.cc (the CPU code is the reference):
+// the fp32-accurate router GEMM (RouterGpu) and route(), every strategy of RoutingConfig, then the
+// replica of each slot (Placement::choose's hash, util/hash.h).
+#pragma once
+
+#include <vector>
+
+#include "io/hf_config.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.cuh"
+
+namespace epmoe::cuda {
+
+// moe/routing.cc: route(), then Placement::choose() for the replica of each slot.
+struct RouteArgs {
+  RoutingConfig cfg;
+  const float* logits = nullptr;  // [T, E]
+  const float* bias = nullptr;    // [E] correction bias or nullptr
+  int64_t T = 0;
+  const uint64_t* gids = nullptr;     // [T] token global ids
+  const int32_t* rep_off = nullptr;   // [E + 1] replicas of logical e: rep_list[rep_off[e] .. rep_off[e+1])
+  const int32_t* rep_list = nullptr;  // [P]
+  bool identity = false;              // no replicas: physical = logical (the tables are not read)
+  int parts = 1;                      // logits = sum of `parts` partials in order (split-K router)
+  int64_t part_stride = 0;            // elements from one partial [T, E] to the next
+  int32_t* logical = nullptr;         // [T, K] (may be nullptr)
+  int32_t* physical = nullptr;        // [T, K]
+  float* weights = nullptr;           // [T, K]
+};
+void route(const RouteArgs& a, cudaStream_t s);
+
+// The fp32-accurate router on tensor cores: x . w = xh.wh + xh.wl + xl.wh with x = xh + xl and
+// w = wh + wl split into bf16 (products exact in fp32, accumulation in fp32; the dropped xl.wl is
+// ~2^-18 relative). As one GEMM over K' = 3H: A' = [xh | xh | xl], B' = [wh | wl | wh], cut into
+// S fixed chunks of K' (a split-K that depends only on H, never on T: batch-invariant), summed in
+// chunk order. router_split writes A' as [S][T][K'/S]; router_sum adds the S partials [S][T][E].
+void router_split(const float* x, int64_t T, int H, int S, bf16* out, cudaStream_t s);
+void router_sum(const float* part, int S, int64_t T, int E, float* out, cudaStream_t s);
+// Host side: B' = [wh | wl | wh] of fp32 router weights [E, H].
+std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H);
+// The number of K' chunks for hidden size H (chunks of a multiple of 8 elements).
+int router_chunks(int H);
+
+// The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
+// bf16 mode: the split-bf16 tensor-core GEMM above (fp32-grade logits, batch-invariant);
+// f32 mode: the fp32 SIMT GEMM.
+struct RouterGpu {
+  int E = 0, H = 0, S = 1;
+  bool split = true;
+  DeviceArray<float> w32;  // [E, H] (f32 mode)
+  DeviceArray<bf16> w3;    // [E, 3H] = [wh | wl | wh] (bf16 mode)
+  DeviceArray<bf16> a3;    // [S][T][3H / S]
+  DeviceArray<float> part; // [S][T][E]
+
+  void init(const std::vector<float>& w, int E_, int H_, bool split_) {
+    E = E_, H = H_, split = split_, S = router_chunks(H_);
+    if (split) w3.upload(router_split_weights(w, E, H));
+    else w32.upload(w);
+  }
+  // Logits for route(): either one [T, E] array (parts = 1) or S split-K partials [S][T, E] that
+  // route() sums in order.
+  struct Logits {
+    const float* ptr;
+    int parts;
+    int64_t stride;
+  };
+  Logits run(const float* x, int64_t T, cudaStream_t s) {
+    GemmArgs g;
+    g.N = E;
+    if (!split) {
+      full.reserve(size_t(std::max<int64_t>(T, 1)) * size_t(E));
+      g.A = x, g.lda = H, g.B = w32.data(), g.ldb = H, g.M = int(T), g.K = H, g.C = full.data(), g.ldc = E;
+      if (T > 0) gemm<float, float>(g, Epilogue::Store, s);
+      return {full.data(), 1, 0};
+    }
+    const int Kc = 3 * H / S;
+    a3.reserve(size_t(std::max<int64_t>(T, 1)) * 3 * size_t(H));
+    part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
+    if (T > 0) {
+      router_split(x, T, H, S, a3.data(), s);
+      g.C = part.data();
+      g.A = a3.data(), g.lda = Kc, g.B = w3.data(), g.ldb = 3 * H, g.b_group_stride = Kc;
+      g.G = S, g.M = int(T), g.K = Kc, g.ldc = E;
+      gemm<bf16, float>(g, Epilogue::Store, s);
+    }
+    return {part.data(), S, int64_t(T) * E};
+  }
+  DeviceArray<float> full;  // [T, E] (f32 mode)
+};
+
+}  // namespace epmoe::cuda
