@@ -29,7 +29,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
-#include "model/generate.h"
+#include "model/model.h"
 #include "model/model.h"
 #include "moe/moe_layer.h"
 #include "util/threads.h"
@@ -212,7 +212,7 @@ void model_throughput(const std::string& dir, ComputeMode mode) {
   Checkpoint ck(dir);
   Placement p = Placement::make_default(cfg.routing.num_experts, 1, 0);
   Model m(cfg, ck, p, 0);
-  auto be = make_local_backend(p);
+  auto be = make_local_backend(Device::Cpu, p);
   std::mt19937_64 rng(5);
   const int prefill = 512, decode = 16;
   std::vector<int32_t> prompt(prefill);
@@ -278,8 +278,8 @@ int main(int argc, char** argv) {
   RoutingConfig rc;
   rc.num_experts = E;
   rc.top_k = K;
-  MoeLayer layer(rc, x.w, p);
-  auto be = make_local_backend(p);
+  CpuExpertRunner experts(x.w, p, /*rank=*/0, H);
+  auto be = make_local_backend(Device::Cpu, p);
   const double expert_bytes = double(x.per_expert()) * 2;
   std::printf("\nMoE layer: hidden %d, %d experts, top-%d, intermediate %d, bf16 weights (%.1f MB per expert), cold\n", H, E, K,
               I, expert_bytes / 1e6);
@@ -302,13 +302,16 @@ int main(int argc, char** argv) {
       distinct /= iters;
       {  // one untimed pass on its own routing: first-call allocations and the pool's wake-up
         RouteSample warm = random_routing(T, rng);
-        MoeTokens tok{T, H, K, in.data(), warm.ids.data(), warm.w.data()};
-        be->run(tok, layer.expert_fn(), y.data());
+        MoeTokens tok;
+        tok.T = T, tok.H = H, tok.K = K, tok.x = in.data(), tok.physical = warm.ids.data(), tok.weights = warm.w.data();
+        be->run(tok, experts, y.data());
       }
       const double t = median_time(iters, [&](int i) {
         std::vector<int32_t> phys = routes[size_t(i)].ids;
-        MoeTokens tok{T, H, K, in.data(), phys.data(), routes[size_t(i)].w.data()};
-        be->run(tok, layer.expert_fn(), y.data());
+        MoeTokens tok;
+        tok.T = T, tok.H = H, tok.K = K, tok.x = in.data(), tok.physical = phys.data(),
+        tok.weights = routes[size_t(i)].w.data();
+        be->run(tok, experts, y.data());
       });
       double tb = 0;
       if (baseline && mode == ComputeMode::F32)

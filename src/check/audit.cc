@@ -5,7 +5,9 @@
 #include <random>
 #include <vector>
 
+#include "check/probe.h"
 #include "moe/moe_layer.h"
+#include "tensor/device_buffer.h"
 
 namespace epmoe {
 
@@ -74,6 +76,15 @@ AuditTokens make_audit_tokens(const Placement& p, int me, int R, const AuditOpti
 // Probe experts: expert e scales its rows by (e + 1), so that every expert leaves its mark.
 float audit_probe_scale(const Placement& p, int phys) { return float(p.logical_of[size_t(phys)] + 1); }
 
+namespace {
+
+// This rank's verdicts: counts per diagnosis (the last entry: ok), the worst relative error.
+struct AuditTally {
+  std::vector<int64_t> counts;
+  int64_t tokens = 0;
+  double max_rel_error = 0;
+};
+
 AuditTally tally_audit(const Placement& p, int me, int R, const AuditTokens& tok, const float* y, const float* exact_ref,
                        bool exact) {
   const int H = tok.H, K = tok.K;
@@ -115,12 +126,13 @@ AuditTally tally_audit(const Placement& p, int me, int R, const AuditTokens& tok
   return tally;
 }
 
-AuditResult audit_result(AuditTally all, const GroupReduce& group) {
-  for (auto& c : all.counts) c = group.sum_i64(c);  // everyone's counts, everywhere
+// The verdict over all ranks from each rank's tally (collective).
+AuditResult audit_result(AuditTally all, Group& group) {
+  for (auto& c : all.counts) c = group.allreduce_sum(c);  // everyone's counts, everywhere
   AuditResult res;
   const auto& counts = all.counts;
-  res.tokens = group.sum_i64(all.tokens);
-  res.max_rel_error = group.max_f64(all.max_rel_error);
+  res.tokens = group.allreduce_sum(all.tokens);
+  res.max_rel_error = group.allreduce_max_f64(all.max_rel_error);
   res.pass = counts[std::size(kDiagnoses)] == res.tokens;
   for (size_t i = 0; i < std::size(kDiagnoses); i++)
     if (counts[i]) res.counts[kDiagnoses[i]] = counts[i];
@@ -140,19 +152,37 @@ AuditResult audit_result(AuditTally all, const GroupReduce& group) {
   return res;
 }
 
-AuditResult run_audit(MpiGroup& comm, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
-  const int R = comm.size(), me = comm.rank();
-  AuditTokens tok = make_audit_tokens(p, me, R, opt);
-  std::vector<float> y(size_t(tok.T * tok.H), NAN);
-  const int H = tok.H;
-  ExpertFn probe = [&p, H](int phys, const float* in, int64_t n, float* out) {
-    const float scale = audit_probe_scale(p, phys);
-    for (int64_t i = 0; i < n * H; i++) out[i] = scale * in[i];
-  };
-  MoeTokens mt{tok.T, tok.H, tok.K, tok.x.data(), tok.physical.data(), tok.w.data()};
-  backend.run(mt, probe, y.data());
+}  // namespace
 
-  return audit_result(tally_audit(p, me, R, tok, y.data(), nullptr, opt.exact), group_reduce(comm));
+AuditResult run_audit(Group& group, Device device, const Placement& p, A2ABackend& backend, const AuditOptions& opt) {
+  const int R = group.size(), me = group.rank();
+  const AuditTokens tok = make_audit_tokens(p, me, R, opt);
+  const size_t n = size_t(tok.T) * size_t(tok.H);
+  DeviceBuffer x = DeviceBuffer::of(device, tok.x), w = DeviceBuffer::of(device, tok.w);
+  DeviceBuffer phys = DeviceBuffer::of(device, tok.physical), logical = DeviceBuffer::of(device, tok.logical);
+  DeviceBuffer y(device, n * sizeof(float)), y_ref(device, n * sizeof(float));
+  y.fill(0xff);  // NaN: rows a backend never writes show up
+  y_ref.fill(0xff);
+  MoeTokens in;
+  in.device = device;
+  in.act = DType::F32;  // probe outputs are exact in fp32
+  in.T = tok.T, in.H = tok.H, in.K = tok.K;
+  in.x = x.data(), in.physical = phys.as<int32_t>(), in.weights = w.as<float>();
+  {
+    // The reference bits: every expert local (the solo placement takes logical ids as physical).
+    const Placement solo = Placement::make_default(p.num_logical, 1, 0);
+    auto all = make_probe_runner(device, solo, 0, tok.H);
+    MoeTokens li = in;
+    li.physical = logical.as<int32_t>();
+    make_local_backend(device, solo)->run(li, *all, y_ref.as<float>());
+  }
+  auto mine = make_probe_runner(device, p, me, tok.H);
+  backend.run(in, *mine, y.as<float>());
+  group.wait_device("check: reduction audit");
+  std::vector<float> yh(n), refh(n);
+  y.download(yh.data(), n * sizeof(float));
+  y_ref.download(refh.data(), n * sizeof(float));
+  return audit_result(tally_audit(p, me, R, tok, yh.data(), refh.data(), opt.exact), group);
 }
 
 }  // namespace epmoe

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "check/group_reduce.h"
-#include "comm/mpi_group.h"
+#include "comm/group.h"
 #include "ep/backend.h"
 #include "ep/placement.h"
+#include "tensor/device.h"
 
 namespace epmoe {
 
@@ -34,10 +34,12 @@ struct AuditResult {
   double max_rel_error = 0;               // over all ranks
 };
 
-// Collective: every rank of comm calls it with the same options.
-AuditResult run_audit(MpiGroup& comm, const Placement& placement, A2ABackend& backend, const AuditOptions& opt);
-
-// The pieces of run_audit, for a runtime with another communicator (the GPU check, src/cuda).
+// Collective: every rank of the group calls it with the same options. The tokens live on
+// `device` (the backend's), the probe experts run there (check/probe.h), and the bits a correct
+// backend must reproduce come from the single-process path on the same device with every expert
+// local: the same kernels, the same slot-order combine.
+AuditResult run_audit(Group& group, Device device, const Placement& placement, A2ABackend& backend,
+                      const AuditOptions& opt);
 
 // This rank's random tokens and routing: x [T, H], logical/physical/w [T, K].
 struct AuditTokens {
@@ -50,17 +52,5 @@ AuditTokens make_audit_tokens(const Placement& placement, int rank, int ranks, c
 
 // What probe expert `physical` does to its rows: multiplies them by this.
 float audit_probe_scale(const Placement& placement, int physical);
-
-// This rank's verdicts: counts per diagnosis (the last entry: ok), the worst relative error.
-// `exact_ref` (optional): the bits a correct backend must reproduce (else the formula in slot order).
-struct AuditTally {
-  std::vector<int64_t> counts;
-  int64_t tokens = 0;
-  double max_rel_error = 0;
-};
-AuditTally tally_audit(const Placement& placement, int rank, int ranks, const AuditTokens& tok, const float* y,
-                       const float* exact_ref, bool exact);
-// The verdict over all ranks from each rank's tally (collective through `group`).
-AuditResult audit_result(AuditTally tally, const GroupReduce& group);
 
 }  // namespace epmoe

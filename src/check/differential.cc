@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/generate.h"
+#include "engine/lockstep.h"
 
 namespace epmoe {
 
@@ -35,15 +35,15 @@ bool is_degenerate_tail(const std::vector<int32_t>& t) {
 
 namespace {
 
-// Logits of full sequences in one teacher-forced pass each (all of this rank's at once).
-std::vector<std::vector<float>> score(Model& model, A2ABackend& backend, const std::vector<uint64_t>& ids,
-                                      const std::vector<std::vector<int32_t>>& seqs) {
-  std::vector<Sequence> s;
-  for (uint64_t id : ids) s.push_back(model.new_sequence(id));
-  std::vector<Sequence*> ptrs;
-  for (auto& x : s) ptrs.push_back(&x);
-  return model.forward(ptrs, seqs, backend, /*all_logits=*/true);
-}
+// This rank's share: its logits (teacher-forced on the reference tokens) and, when generation was
+// run, its greedy tokens, against the reference.
+struct ComparisonTally {
+  double max_abs = 0, sum_abs = 0;
+  int64_t count = 0;
+  bool identical = true;
+  int64_t greedy_agree = 0, greedy_total = 0;
+  bool degenerate = false;
+};
 
 }  // namespace
 
@@ -56,7 +56,7 @@ std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r) {
   return out;
 }
 
-ReferenceRun run_reference(Model& model, A2ABackend& backend, MpiGroup& comm, const std::vector<uint64_t>& ids,
+ReferenceRun run_reference(LanguageModel& model, A2ABackend& backend, Group& group, const std::vector<uint64_t>& ids,
                            const std::vector<std::vector<int32_t>>& prompts, int gen_tokens) {
   ReferenceRun r;
   r.ids = ids;
@@ -65,12 +65,14 @@ ReferenceRun run_reference(Model& model, A2ABackend& backend, MpiGroup& comm, co
   for (size_t i = 0; i < ids.size(); i++) req.push_back({ids[i], prompts[i]});
   GenerateParams gp;
   gp.max_new_tokens = gen_tokens;
-  r.generated = generate_greedy(model, backend, comm, req, gp);
+  r.generated = generate_greedy(model, backend, group, req, gp);
   const int64_t V = model.config().vocab_size;
-  r.logits = score(model, backend, ids, full_sequences(r));
+  r.logits = score_sequences(model, backend, ids, full_sequences(r));
   for (auto& l : r.logits) r.logprobs.push_back(log_softmax_rows(l, V));
   return r;
 }
+
+namespace {
 
 ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std::vector<float>>& logits,
                                  const std::vector<std::vector<int32_t>>& gen, int64_t V) {
@@ -102,31 +104,34 @@ ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std:
   return t;
 }
 
-BackendStats compare_backend(Model& model, A2ABackend& backend, MpiGroup& comm, const ReferenceRun& ref,
+// The stats over all ranks from each rank's tally (collective).
+BackendStats comparison_stats(const ComparisonTally& t, Group& group) {
+  BackendStats st;
+  st.max_abs_dlogprob = group.allreduce_max_f64(t.max_abs);
+  const int64_t n_all = group.allreduce_sum(t.count);
+  st.mean_abs_dlogprob = group.allreduce_sum_f64(t.sum_abs) / double(std::max<int64_t>(1, n_all));
+  st.identical = group.allreduce_sum(t.identical ? 0 : 1) == 0;
+  st.greedy_agree = group.allreduce_sum(t.greedy_agree);
+  st.greedy_total = group.allreduce_sum(t.greedy_total);
+  st.degenerate = group.allreduce_sum(t.degenerate ? 1 : 0) > 0;
+  return st;
+}
+
+}  // namespace
+
+BackendStats compare_backend(LanguageModel& model, A2ABackend& backend, Group& group, const ReferenceRun& ref,
                              int gen_tokens) {
   const int64_t V = model.config().vocab_size;
-  auto logits = score(model, backend, ref.ids, full_sequences(ref));
+  auto logits = score_sequences(model, backend, ref.ids, full_sequences(ref));
   std::vector<std::vector<int32_t>> gen;
   if (gen_tokens > 0) {
     std::vector<GenerateRequest> req;
     for (size_t i = 0; i < ref.ids.size(); i++) req.push_back({ref.ids[i], ref.prompts[i]});
     GenerateParams gp;
     gp.max_new_tokens = gen_tokens;
-    gen = generate_greedy(model, backend, comm, req, gp);
+    gen = generate_greedy(model, backend, group, req, gp);
   }
-  return comparison_stats(tally_comparison(ref, logits, gen, V), group_reduce(comm));
-}
-
-BackendStats comparison_stats(const ComparisonTally& t, const GroupReduce& group) {
-  BackendStats st;
-  st.max_abs_dlogprob = group.max_f64(t.max_abs);
-  const int64_t n_all = group.sum_i64(t.count);
-  st.mean_abs_dlogprob = group.sum_f64(t.sum_abs) / double(std::max<int64_t>(1, n_all));
-  st.identical = group.sum_i64(t.identical ? 0 : 1) == 0;
-  st.greedy_agree = group.sum_i64(t.greedy_agree);
-  st.greedy_total = group.sum_i64(t.greedy_total);
-  st.degenerate = group.sum_i64(t.degenerate ? 1 : 0) > 0;
-  return st;
+  return comparison_stats(tally_comparison(ref, logits, gen, V), group);
 }
 
 }  // namespace epmoe

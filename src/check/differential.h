@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "check/group_reduce.h"
-#include "comm/mpi_group.h"
+#include "comm/group.h"
 #include "ep/backend.h"
-#include "model/model.h"
+#include "model/language_model.h"
 
 namespace epmoe {
 
@@ -41,28 +40,13 @@ bool is_degenerate_tail(const std::vector<int32_t>& tokens);
 std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r);
 
 // The reference for this rank's sequences: greedy generation with `gen_tokens` new tokens, then
-// the logits of prompt + generation in one pass. (Collective only through `backend`.)
-ReferenceRun run_reference(Model& model, A2ABackend& backend, MpiGroup& comm, const std::vector<uint64_t>& ids,
+// the logits of prompt + generation in one pass. Collective (the lockstep loop of engine/).
+ReferenceRun run_reference(LanguageModel& model, A2ABackend& backend, Group& group, const std::vector<uint64_t>& ids,
                            const std::vector<std::vector<int32_t>>& prompts, int gen_tokens);
 
 // The backend on the same sequences: scored teacher-forced on the reference tokens (log-prob
 // differences), and generating on its own (greedy agreement, degeneration). Collective.
-BackendStats compare_backend(Model& model, A2ABackend& backend, MpiGroup& comm, const ReferenceRun& ref,
+BackendStats compare_backend(LanguageModel& model, A2ABackend& backend, Group& group, const ReferenceRun& ref,
                              int gen_tokens);
-
-// The pieces of compare_backend, for a runtime with another communicator (the GPU check).
-// This rank's share: its logits (teacher-forced on the reference tokens) and, when generation was
-// run, its greedy tokens, against the reference.
-struct ComparisonTally {
-  double max_abs = 0, sum_abs = 0;
-  int64_t count = 0;
-  bool identical = true;
-  int64_t greedy_agree = 0, greedy_total = 0;
-  bool degenerate = false;
-};
-ComparisonTally tally_comparison(const ReferenceRun& ref, const std::vector<std::vector<float>>& logits,
-                                 const std::vector<std::vector<int32_t>>& generated, int64_t V);
-// The stats over all ranks from each rank's tally (collective through `group`).
-BackendStats comparison_stats(const ComparisonTally& t, const GroupReduce& group);
 
 }  // namespace epmoe

@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "model/generate.h"
+#include "engine/lockstep.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -51,35 +51,6 @@ std::vector<Prompt> read_prompts_file(const std::string& path) {
   return out;
 }
 
-// Gathers every rank's results on all ranks, indexed by request id.
-std::vector<std::vector<int32_t>> gather_results(MpiGroup& comm, size_t total,
-                                                 const std::vector<GenerateRequest>& mine,
-                                                 const std::vector<std::vector<int32_t>>& outs) {
-  // Pack as [id, n, tokens...] records.
-  std::vector<int32_t> packed;
-  for (size_t i = 0; i < mine.size(); i++) {
-    packed.push_back(int32_t(mine[i].id));
-    packed.push_back(int32_t(outs[i].size()));
-    packed.insert(packed.end(), outs[i].begin(), outs[i].end());
-  }
-  const int R = comm.size();
-  int64_t my = int64_t(packed.size());
-  std::vector<int64_t> sizes(static_cast<size_t>(R));
-  comm.allgather(&my, sizeof my, sizes.data());
-  std::vector<size_t> bytes(static_cast<size_t>(R));
-  size_t all = 0;
-  for (int r = 0; r < R; r++) all += (bytes[size_t(r)] = size_t(sizes[size_t(r)]) * sizeof(int32_t));
-  std::vector<int32_t> recv(all / sizeof(int32_t));
-  comm.allgatherv(packed.data(), packed.size() * sizeof(int32_t), recv.data(), bytes);
-  std::vector<std::vector<int32_t>> res(total);
-  for (size_t i = 0; i < recv.size();) {
-    const size_t id = size_t(recv[i]), n = size_t(recv[i + 1]);
-    res[id].assign(recv.begin() + long(i) + 2, recv.begin() + long(i + 2 + n));
-    i += 2 + n;
-  }
-  return res;
-}
-
 int run_generate(const GenerateOptions& o) {
   const int sources = o.prompt_ids_given + !o.prompts_file.empty() + o.prompt_given;
   if (sources != 1) throw InputError("generate: give exactly one of --prompt-ids, --prompts-file, --prompt");
@@ -101,37 +72,15 @@ int run_generate(const GenerateOptions& o) {
   // Every prompt is checked against the model before any rank loads a weight.
   const ModelConfig cfg = load_model_config(o.run.model_dir);
   for (const Prompt& p : prompts) check_prompt(p.ids, cfg, p.source, o.max_new_tokens);
-  if (use_cuda(o.run)) {
-#ifdef EPMOE_HAVE_CUDA
-    // The GPU path: greedy on every rank's prompts, results on every rank; rank 0 prints them
-    // (text mode prints the decoded text at the end, not streamed).
-    std::vector<std::vector<int32_t>> ids;
-    for (const Prompt& p : prompts) ids.push_back(p.ids);
-    int rank = 0;
-    auto all = cuda::cuda_generate(cuda_options(o.run), ids, o.max_new_tokens,
-                                   o.ignore_eos ? std::vector<int>{} : cfg.eos_token_ids, &rank);
-    if (rank == 0) {
-      if (tok) {
-        std::printf("%s\n", tok->decode(all[0]).c_str());
-      } else {
-        for (auto& v : all) std::printf("%s\n", join_ids(v).c_str());
-      }
-      std::fflush(stdout);
-    }
-#endif
-    return 0;
-  }
-
-  Runtime rt = make_runtime(o.run);
-  const int R = rt.comm->size(), me = rt.comm->rank();
+  Runtime rt = start_runtime(o.run);
+  const int me = rt.group->rank();
   std::vector<GenerateRequest> mine;
-  for (size_t i = 0; i < prompts.size(); i++)
-    if (int(i % size_t(R)) == me) mine.push_back({uint64_t(i), prompts[i].ids});
+  for (size_t i : my_share(prompts.size(), *rt.group)) mine.push_back({uint64_t(i), prompts[i].ids});
 
   GenerateParams gp;
   gp.max_new_tokens = o.max_new_tokens;
   if (!o.ignore_eos) gp.stop_ids = rt.cfg.eos_token_ids;
-  gp.forward.check_numerics = o.run.check_numerics;
+  gp.forward = rt.options.forward;
 
   // Text mode streams tokens as they come (single prompt, served by rank 0).
   std::unique_ptr<StreamDecoder> stream;
@@ -143,8 +92,8 @@ int run_generate(const GenerateOptions& o) {
       std::fflush(stdout);
     };
   }
-  auto outs = generate_greedy(*rt.model, *rt.backend, *rt.comm, mine, gp, on_token);
-  auto all = gather_results(*rt.comm, prompts.size(), mine, outs);
+  auto outs = generate_greedy(*rt.model, *rt.backend, *rt.group, mine, gp, on_token);
+  auto all = gather_results(*rt.group, prompts.size(), mine, outs);
   if (me == 0) {
     if (tok) {
       std::fputs(stream->flush().c_str(), stdout);
@@ -163,7 +112,6 @@ Command register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Greedy decoding from token ids or text");
   auto o = std::make_shared<GenerateOptions>();
   add_run_options(*cmd, o->run);
-  add_device_options(*cmd, o->run);
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids")
       ->each([o](const std::string&) { o->prompt_ids_given = true; });
   cmd->add_option("--prompts-file", o->prompts_file,

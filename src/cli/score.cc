@@ -1,11 +1,13 @@
 // `epmoe score --model DIR --ids 1,2,3 --out FILE`: the logits at every position of the ids,
 // as transformers' model(input_ids).logits[0], written as safetensors (tensor `logits`, F32).
-// Under mpirun the sequence runs on rank 0; the other ranks serve their experts with T = 0.
+// Under mpirun (or on several GPUs) the sequence runs on rank 0; the other ranks serve their
+// experts with T = 0.
 #include <cstdio>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "engine/lockstep.h"
 #include "io/safetensors.h"
 #include "util/error.h"
 
@@ -22,29 +24,25 @@ struct ScoreOptions {
 int run_score(const ScoreOptions& o) {
   std::vector<int32_t> ids = parse_ids(o.ids, "--ids");
   check_prompt(ids, load_model_config(o.run.model_dir), "--ids", 0);
-  if (use_cuda(o.run)) {
-#ifdef EPMOE_HAVE_CUDA
-    cuda::cuda_score(cuda_options(o.run), ids, o.out);
-#endif
-    return 0;
-  }
-  Runtime rt = make_runtime(o.run);
-  const bool mine = rt.comm->rank() == 0;
-  Sequence seq = rt.model->new_sequence(0);
-  std::vector<Sequence*> seqs;
-  std::vector<std::vector<int32_t>> toks;
+  Runtime rt = start_runtime(o.run);
+  const bool mine = rt.group->rank() == 0;
+  std::vector<uint64_t> seq_ids;
+  std::vector<std::vector<int32_t>> seqs;
   if (mine) {
-    seqs.push_back(&seq);
-    toks.push_back(ids);
+    seq_ids.push_back(0);
+    seqs.push_back(ids);
   }
-  ForwardOptions fo;
-  fo.check_numerics = o.run.check_numerics;
-  auto logits = rt.model->forward(seqs, toks, *rt.backend, /*all_logits=*/true, fo);
+  auto logits = score_sequences(*rt.model, *rt.backend, seq_ids, seqs, rt.options.forward);
   if (mine) {
     const int64_t V = rt.cfg.vocab_size;
     write_safetensors(o.out, {{"logits", DType::F32, {int64_t(ids.size()), V}, logits[0].data()}},
-                      {{"model", o.run.model_dir}, {"ids", join_ids(ids)}});
-    std::fprintf(stderr, "epmoe score: %zu positions x %lld logits -> %s\n", ids.size(), (long long)V, o.out.c_str());
+                      {{"model", o.run.model_dir},
+                       {"ids", join_ids(ids)},
+                       {"device", device_name(rt.device)},
+                       {"compute", rt.options.compute}});
+    std::fprintf(stderr, "epmoe score: %zu positions x %lld logits -> %s (%s, %s, %d rank%s)\n", ids.size(),
+                 (long long)V, o.out.c_str(), device_name(rt.device), rt.options.compute.c_str(), rt.group->size(),
+                 rt.group->size() > 1 ? "s" : "");
   }
   return 0;
 }
@@ -55,7 +53,6 @@ Command register_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Write the logits at every position of a token sequence (safetensors)");
   auto o = std::make_shared<ScoreOptions>();
   add_run_options(*cmd, o->run);
-  add_device_options(*cmd, o->run);
   cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", o->out, "Output safetensors file (tensor 'logits', F32 [T, vocab])")->required();
   return {cmd, [o] { return run_score(*o); }};

@@ -12,23 +12,18 @@
 namespace epmoe {
 
 Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank)
-    : cfg_(cfg), placement_(placement),
+    : cfg_(cfg), placement_(placement), rank_(rank),
       w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
       rope_(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) {}
 
 Sequence Model::new_sequence(uint64_t id) const {
   Sequence s;
   s.id = id;
-  s.k.resize(static_cast<size_t>(cfg_.num_layers));
-  s.v.resize(static_cast<size_t>(cfg_.num_layers));
+  auto kv = std::make_shared<CpuKvCache>();
+  kv->k.resize(static_cast<size_t>(cfg_.num_layers));
+  kv->v.resize(static_cast<size_t>(cfg_.num_layers));
+  s.kv = std::move(kv);
   return s;
-}
-
-int32_t argmax(const float* logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (logits[i] > logits[best]) best = i;
-  return int32_t(best);
 }
 
 namespace {
@@ -72,8 +67,9 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   for (size_t s = 0; s < seqs.size(); s++) {
     Sequence& seq = *seqs[s];
     const int64_t t0 = offsets[s], n = offsets[s + 1] - offsets[s];
-    auto& kc = seq.k[size_t(l)];
-    auto& vc = seq.v[size_t(l)];
+    CpuKvCache& cache = static_cast<CpuKvCache&>(*seq.kv);
+    auto& kc = cache.k[size_t(l)];
+    auto& vc = cache.v[size_t(l)];
     const int64_t base = seq.len;
     kc.resize(static_cast<size_t>((base + n) * kvd));
     vc.resize(static_cast<size_t>((base + n) * kvd));
@@ -103,10 +99,10 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   matmul(ctx.data(), T, a.o, out);
 }
 
-void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) const {
+void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) {
   const LayerWeights& L = w_.layers[size_t(l)];
   if (L.sparse) {
-    MoeLayer(cfg_.routing, L.moe, placement_).forward(x, T, cfg_.hidden_size, gids, backend, y);
+    MoeLayer(cfg_.routing, L.moe, placement_, rank_).forward(x, T, cfg_.hidden_size, gids, backend, y);
   } else {
     swiglu_forward(L.dense, x, T, y);
   }

@@ -1,11 +1,8 @@
-// The decoder: embedding -> layers (RMSNorm, attention with KV cache, RMSNorm, dense MLP or the
-// MoE layer) -> final norm -> lm_head. One code path for every family; families differ in data
-// (config flags and weights), never in branches on the family.
-//
-// A forward pass takes new tokens of several sequences at once (data-parallel attention: the
-// sequences this rank serves). Attention runs per sequence; the MoE layer sees all of the rank's
-// tokens together, and runs even when the rank has none (T = 0), because the other ranks need it
-// at the same layer.
+// The decoder on the CPU: embedding -> layers (RMSNorm, attention with KV cache, RMSNorm, dense MLP
+// or the MoE layer) -> final norm -> lm_head. One code path for every family; families differ in
+// data (config flags and weights), never in branches on the family. It implements LanguageModel
+// (model/language_model.h), the interface the engine drives on every device; this is also the
+// readable reference the GPU model (model/cuda/) is held against.
 #pragma once
 
 #include <cstdint>
@@ -17,42 +14,35 @@
 #include "io/checkpoint.h"
 #include "io/hf_config.h"
 #include "kernels/ops.h"
+#include "model/language_model.h"
 #include "model/weights.h"
 
 namespace epmoe {
 
-struct Sequence {
-  uint64_t id = 0;                          // index in the user's input: feeds token_gid
-  int64_t len = 0;                          // tokens already in the KV cache
-  std::vector<std::vector<float>> k, v;     // per layer: [len, kv_heads * head_dim]
+// A sequence's KV cache on the CPU: per layer, [len, kv_heads * head_dim] keys and values.
+struct CpuKvCache final : KvCache {
+  std::vector<std::vector<float>> k, v;
 };
 
-// What to check while running (all off by default).
-struct ForwardOptions {
-  bool check_numerics = false;  // stop at the first layer that produces NaN/Inf, naming it
-};
-
-class Model {
+class Model final : public LanguageModel {
  public:
   // Loads the non-expert weights and the experts `placement` gives to `rank`.
   Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank);
 
-  const ModelConfig& config() const { return cfg_; }
+  const ModelConfig& config() const override { return cfg_; }
+  Device device() const override { return Device::Cpu; }
   const Placement& placement() const { return placement_; }
   const ModelWeights& weights() const { return w_; }
 
-  Sequence new_sequence(uint64_t id) const;
+  Sequence new_sequence(uint64_t id) const override;
 
-  // Appends tokens[i] to seqs[i] for every i and returns logits: for each sequence, all positions
-  // [n_i, V] when all_logits, else only the last [1, V] (empty when n_i = 0).
+  // LanguageModel::forward; check_numerics stops at the first layer that produces NaN/Inf.
   std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens,
                                           A2ABackend& backend, bool all_logits,
-                                          const ForwardOptions& opt = {});
+                                          const ForwardOptions& opt = {}) override;
 
-  // The MoE (or dense MLP) block of layer l alone: x [T, H] -> y [T, H]. For tests against the
-  // goldens' per-layer input/output.
-  void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) const;
+  void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) override;
 
  private:
   void attention(int layer, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
@@ -60,11 +50,9 @@ class Model {
 
   ModelConfig cfg_;
   Placement placement_;
+  int rank_;
   ModelWeights w_;
   Rope rope_;
 };
-
-// Index of the largest logit (ties to the lower id): greedy decoding.
-int32_t argmax(const float* logits, int64_t n);
 
 }  // namespace epmoe

@@ -2,20 +2,23 @@
 
 #include <cmath>
 
+#include "ep/cpu_expert_jobs.h"
 #include "kernels/matmul.h"
 #include "util/error.h"
 
 namespace epmoe {
 
-ExpertFn MoeLayer::expert_fn() const {
-  return [this](int physical, const float* in, int64_t n, float* out) {
+void CpuExpertRunner::run(const ExpertJobs& jobs, void* out) {
+  auto expert = [this](int physical, const float* in, int64_t n, float* y) {
     const int logical = placement_.logical_of[size_t(physical)];
     auto it = w_.experts.find(logical);
     EPMOE_ASSERT(it != w_.experts.end(),
                  "expert " + std::to_string(logical) + " (physical " + std::to_string(physical) +
                      ") asked of a rank that does not hold its weights");
-    swiglu_forward(it->second, in, n, out);
+    swiglu_forward(it->second, in, n, y);
   };
+  run_jobs_grouped(jobs, H_, placement_.first_local(rank_), placement_.num_local(rank_), expert,
+                   static_cast<float*>(out));
 }
 
 void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y) const {
@@ -30,13 +33,16 @@ void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A
       physical[size_t(t * K + k)] = placement_.choose(r.ids[size_t(t * K + k)], gids[t], k);
 
   MoeTokens tok;
+  tok.device = Device::Cpu;
+  tok.act = DType::F32;
   tok.T = T;
   tok.H = H;
   tok.K = K;
   tok.x = x;
   tok.physical = physical.data();
   tok.weights = r.weights.data();
-  backend.run(tok, expert_fn(), y);
+  CpuExpertRunner experts(w_, placement_, rank_, H);
+  backend.run(tok, experts, y);
 
   if (!w_.shared.empty() && T > 0) {
     std::vector<float> s(static_cast<size_t>(T * H));

@@ -29,21 +29,34 @@ struct MoeLayerWeights {
 // and the position in it. Independent of the rank the sequence runs on.
 inline uint64_t token_gid(uint64_t sequence, uint64_t position) { return (sequence << 32) | position; }
 
+// The routed experts of one layer on the CPU, as the backend runs them: the jobs of the physical
+// experts `rank` owns, grouped by expert (ep/cpu_expert_jobs.h), each group through its SwiGLU.
+class CpuExpertRunner final : public ExpertRunner {
+ public:
+  CpuExpertRunner(const MoeLayerWeights& w, const Placement& placement, int rank, int H)
+      : w_(w), placement_(placement), rank_(rank), H_(H) {}
+  Device device() const override { return Device::Cpu; }
+  void run(const ExpertJobs& jobs, void* out) override;
+
+ private:
+  const MoeLayerWeights& w_;
+  const Placement& placement_;
+  int rank_, H_;
+};
+
 class MoeLayer {
  public:
-  MoeLayer(const RoutingConfig& routing, const MoeLayerWeights& w, const Placement& placement)
-      : routing_(routing), w_(w), placement_(placement) {}
+  MoeLayer(const RoutingConfig& routing, const MoeLayerWeights& w, const Placement& placement, int rank)
+      : routing_(routing), w_(w), placement_(placement), rank_(rank) {}
 
   // y: [T, H] (overwritten). gids: [T] token global ids.
   void forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y) const;
-
-  // The callable the backend runs for a physical expert this rank owns.
-  ExpertFn expert_fn() const;
 
  private:
   const RoutingConfig& routing_;
   const MoeLayerWeights& w_;
   const Placement& placement_;
+  int rank_;
 };
 
 }  // namespace epmoe

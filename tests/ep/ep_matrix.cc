@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
       const int E = cfg.routing.num_experts;
       Placement ref_place = Placement::make_default(E, 1, 0);
       Model ref(cfg, ck, ref_place, 0);
-      auto local = make_local_backend(ref_place);
+      auto local = make_local_backend(Device::Cpu, ref_place);
 
       for (bool zero_rank : {false, true}) {
         // Sequences of varied lengths; with zero_rank, rank R-1 gets none (R >= 2).
@@ -127,13 +127,13 @@ int main(int argc, char** argv) {
           if (redundant > E) continue;
           Placement place = Placement::make_default(E, R, redundant);
           Model m(cfg, ck, place, me);
-          for (const std::string& backend : backend_names())
+          for (const std::string& backend : backend_names(Device::Cpu))
             for (CombineMode mode : {CombineMode::Deterministic, CombineMode::Fast}) {
               BackendOptions opt;
               opt.combine = mode;
               opt.max_dispatch_tokens_per_rank = 4;  // below the tokens per rank: overflow rounds
               opt.chunk_tokens = 5;
-              auto be = make_backend(backend, comm, place, opt);
+              auto be = make_backend(backend, Device::Cpu, comm, place, opt);
               auto got = run(m, *be, comm, mine, 3);
               float maxdiff = 0.f;
               bool identical = true;

@@ -9,7 +9,7 @@
 #include "comm/mpi_group.h"
 #include "ep/backend.h"
 #include "io/checkpoint.h"
-#include "model/generate.h"
+#include "engine/lockstep.h"
 #include "model/model.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
@@ -30,7 +30,7 @@ struct Loaded {
         ckpt(test::fixture(name)),
         placement(Placement::make_default(cfg.routing.num_experts, 1, 0)),
         model(cfg, ckpt, placement, 0),
-        backend(make_local_backend(placement)) {}
+        backend(make_local_backend(Device::Cpu, placement)) {}
 };
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};

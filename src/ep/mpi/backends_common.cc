@@ -1,4 +1,4 @@
-#include "ep/backends_impl.h"
+#include "ep/mpi/backends_impl.h"
 
 namespace epmoe {
 
@@ -19,12 +19,12 @@ std::vector<const float*> split_by_rank(const float* base, const std::vector<siz
 }
 
 void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
-                     const ExpertFn& expert, CombineMode mode, Answers& a) {
+                     ExpertRunner& experts, CombineMode mode, Answers& a) {
   size_t n = 0;
   for (int64_t c : records_from) n += size_t(c);
   a.bytes_to.clear();
   a.rows.resize(count_answers(records, n, L, mode) * size_t(L.H));
-  serve_records(records, n, L, expert, mode, a.rows.data());
+  serve_records(records, n, L, experts, mode, a.rows.data());
   const char* r = records;
   for (int64_t c : records_from) {
     a.bytes_to.push_back(count_answers(r, size_t(c), L, mode) * L.answer_bytes());

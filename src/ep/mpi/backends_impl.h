@@ -1,4 +1,4 @@
-// Internals shared by the backend implementations (src/ep/backend_*.cc). Not for other layers.
+// Internals shared by the MPI backends (src/ep/mpi/*.cc). Not for other layers.
 #pragma once
 
 #include <memory>
@@ -6,7 +6,8 @@
 
 #include "comm/mpi_group.h"
 #include "ep/backend.h"
-#include "ep/exchange.h"
+#include "ep/mpi/exchange.h"
+#include "ep/mpi/mpi_backends.h"
 
 namespace epmoe {
 
@@ -22,7 +23,7 @@ struct Answers {
   std::vector<size_t> bytes_to;  // answer bytes going back to each source rank
 };
 void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
-                     const ExpertFn& expert, CombineMode mode, Answers& out);
+                     ExpertRunner& experts, CombineMode mode, Answers& out);
 
 size_t total_bytes(const std::vector<size_t>& b);
 // Pointers to each rank's part of a buffer packed in rank order.
@@ -30,13 +31,8 @@ std::vector<const float*> split_by_rank(const float* base, const std::vector<siz
 
 // Dedup dispatch + combine of tokens [t0, t1) with blocking collectives (alltoall backend; also
 // the body of every round of the others' simplest paths).
-void exchange_dedup_blocking(MpiGroup& comm, const Placement& p, const MoeTokens& in, const ExpertFn& expert,
-                             CombineMode mode, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y);
+void exchange_dedup_blocking(MpiGroup& comm, const Placement& p, const MoeTokens& in, ExpertRunner& experts,
+                             const BackendOptions& opt, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y);
 
-std::unique_ptr<A2ABackend> make_none_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_alltoall_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_lowlatency_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_onesided_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_fused_backend(MpiGroup& c, const Placement& p, const BackendOptions& o);
 
 }  // namespace epmoe

@@ -1,9 +1,8 @@
-#include "ep/exchange.h"
+#include "ep/mpi/exchange.h"
 
 #include <cstring>
 
 #include "ep/combine.h"
-#include "ep/fault.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -57,7 +56,7 @@ size_t DispatchPlan::answers_from(int d, const MoeTokens& in, const Placement& p
 }
 
 void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Record>& records, int d, int src,
-                  const RecordLayout& L, char* out) {
+                  const RecordLayout& L, Fault fault, char* out) {
   for (const Record& r : records) {
     int32_t* meta = reinterpret_cast<int32_t*>(out);
     meta[0] = r.token;
@@ -66,10 +65,12 @@ void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Rec
     int32_t* phys = meta + RecordLayout::kHeader;
     float* w = reinterpret_cast<float*>(phys + L.K);
     for (int k = 0; k < L.K; k++) {
-      phys[k] = serves(in, p, r, d, k) ? in.physical[r.token * in.K + k] : -1;
-      w[k] = packed_weight(in, p, r.token, k);
+      const int32_t physical = in.physical[r.token * in.K + k];
+      phys[k] = serves(in, p, r, d, k) ? physical : -1;
+      const float wk = in.weights[r.token * in.K + k];
+      w[k] = fault == Fault::None ? wk : faulty_weight(fault, p, physical, wk);
     }
-    std::memcpy(meta + L.meta_words(), in.x + int64_t(r.token) * L.H, L.answer_bytes());
+    std::memcpy(meta + L.meta_words(), host_rows(in) + int64_t(r.token) * L.H, L.answer_bytes());
     out += L.record_bytes();
   }
 }
@@ -84,34 +85,30 @@ size_t count_answers(const char* records, size_t n, const RecordLayout& L, Combi
   return a;
 }
 
-void serve_records(const char* records, size_t n, const RecordLayout& L, const ExpertFn& expert, CombineMode mode,
+void serve_records(const char* records, size_t n, const RecordLayout& L, ExpertRunner& experts, CombineMode mode,
                    float* answers) {
-  // Gather one input row per served (record, slot), run the experts grouped, then either keep the
-  // rows (deterministic) or reduce each record's rows in slot order (fast).
-  const size_t rows = count_answers(records, n, L, CombineMode::Deterministic);
-  // Grow-only scratch: fresh pages are expensive (page faults, and MPI's single-copy transfers
-  // fault them in one by one), and a layer runs many times with similar sizes.
-  thread_local std::vector<float> xin, out;
-  thread_local std::vector<int32_t> expert_of;
-  xin.resize(rows * size_t(L.H));
-  out.resize(rows * size_t(L.H));
-  expert_of.resize(rows);
-  size_t j = 0;
-  for (size_t i = 0; i < n; i++) {
-    RecordView r = record_at(records, i, L);
-    for (int k = 0; k < L.K; k++)
-      if (r.physical(k) >= 0) {
-        std::memcpy(&xin[j * size_t(L.H)], r.row(), L.answer_bytes());
-        expert_of[j++] = r.physical(k);
-      }
-  }
-  run_experts_grouped(int64_t(rows), L.H, xin.data(), expert_of.data(), expert, out.data());
+  // The experts read each record's row in place and write one row per served (record, slot), in
+  // that order; deterministic answers are exactly those rows, fast ones reduce each record's rows
+  // in slot order.
+  ExpertJobs jobs;
+  jobs.x = records + L.meta_words() * 4;
+  jobs.x_stride = int64_t(L.record_bytes() / 4);
+  jobs.phys = reinterpret_cast<const int32_t*>(records) + RecordLayout::kHeader;
+  jobs.phys_stride = int64_t(L.record_bytes() / 4);
+  jobs.rows = int64_t(n);
+  jobs.K = L.K;
+  jobs.compact = true;
   switch (mode) {
     case CombineMode::Deterministic:
-      if (rows) std::memcpy(answers, out.data(), rows * L.answer_bytes());
+      experts.run(jobs, answers);
       return;
     case CombineMode::Fast: {
-      j = 0;
+      // Grow-only scratch: fresh pages are expensive (page faults, and MPI's single-copy
+      // transfers fault them in one by one), and a layer runs many times with similar sizes.
+      thread_local std::vector<float> out;
+      out.resize(count_answers(records, n, L, CombineMode::Deterministic) * size_t(L.H));
+      experts.run(jobs, out.data());
+      size_t j = 0;
       for (size_t i = 0; i < n; i++) {
         float* a = answers + i * size_t(L.H);
         std::fill(a, a + L.H, 0.0f);
@@ -128,61 +125,45 @@ void serve_records(const char* records, size_t n, const RecordLayout& L, const E
   }
 }
 
-float packed_weight(const MoeTokens& in, const Placement& p, int64_t t, int k) {
-  const float w = in.weights[t * in.K + k];
-  if (injected_fault() != Fault::ReplicaPerRank) return w;
-  // Every replica serves the slot and every answer is summed: the slot counts once per replica.
-  return w * float(p.replicas[size_t(p.logical_of[size_t(in.physical[t * in.K + k])])].size());
-}
-
-void finish_slots(const MoeTokens& in, const Placement& p, int me, int64_t t0, int64_t t1, float* slot_rows, float* y) {
+void finish_slots(const MoeTokens& in, const Placement& p, Fault fault, int me, int64_t t0, int64_t t1, float* slot_rows,
+                  float* y) {
   const int H = in.H, K = in.K;
   const int64_t n = t1 - t0;
-  const Fault fault = injected_fault();
-  const float* weights = in.weights + t0 * K;
-  thread_local std::vector<float> faulty_w, moved;
-  if (fault != Fault::None) {
-    faulty_w.resize(size_t(n * K));
-    for (int64_t t = 0; t < n; t++)
-      for (int k = 0; k < K; k++) faulty_w[size_t(t * K + k)] = packed_weight(in, p, t0 + t, k);
-    weights = faulty_w.data();
-    if (fault == Fault::SkipReduce || fault == Fault::WrongCombineIds) {
-      // Rows served by another rank: dropped, or written one token further on.
-      moved.assign(size_t(n * K) * size_t(H), 0.0f);
-      for (int64_t t = 0; t < n; t++)
-        for (int k = 0; k < K; k++) {
-          const bool remote = p.owner(in.physical[(t0 + t) * K + k]) != me;
-          int64_t dst = t;
-          if (remote && fault == Fault::SkipReduce) continue;
-          if (remote && fault == Fault::WrongCombineIds) dst = (t + 1) % n;
-          std::memcpy(&moved[size_t((dst * K + k) * H)], &slot_rows[size_t((t * K + k) * H)], sizeof(float) * size_t(H));
-        }
-      if (!moved.empty()) std::memcpy(slot_rows, moved.data(), moved.size() * sizeof(float));  // n = 0: both null
-    }
+  if (fault == Fault::None) {
+    combine_slots(n, H, K, in.weights + t0 * K, slot_rows, y + t0 * H);
+    return;
   }
-  combine_slots(n, H, K, weights, slot_rows, y + t0 * H);
-  if (fault == Fault::DoubleReduce)
-    for (int64_t i = t0 * H; i < t1 * H; i++) y[i] *= float(p.ranks);
+  // The checker's bug classes (ep/fault.h), applied where the real bugs act: the weights the
+  // home rank sums with, the rows it takes, the output it returns.
+  thread_local std::vector<float> w;
+  w.resize(size_t(n * K));
+  for (int64_t t = 0; t < n; t++)
+    for (int k = 0; k < K; k++)
+      w[size_t(t * K + k)] = faulty_weight(fault, p, in.physical[(t0 + t) * K + k], in.weights[(t0 + t) * K + k]);
+  fault_slot_rows(fault, p, me, in.physical + t0 * K, n, K, H, slot_rows);
+  combine_slots(n, H, K, w.data(), slot_rows, y + t0 * H);
+  const float scale = fault_output_scale(fault, p);
+  if (scale != 1.0f)
+    for (int64_t i = t0 * H; i < t1 * H; i++) y[i] *= scale;
 }
 
-void add_partial(const MoeTokens& in, int me, int d, int32_t token, int64_t t0, int64_t t1, const float* partial,
-                 float* y) {
-  const Fault fault = injected_fault();
-  if (d != me && fault == Fault::SkipReduce) return;
-  int64_t t = token;
-  if (d != me && fault == Fault::WrongCombineIds) t = t0 + (token - t0 + 1) % (t1 - t0);
+void add_partial(const MoeTokens& in, Fault fault, int me, int d, int32_t token, int64_t t0, int64_t t1,
+                 const float* partial, float* y) {
+  const int64_t t = fault == Fault::None ? token : fault_partial_token(fault, me, d, token, t0, t1);
+  if (t < 0) return;
   float* yt = y + t * in.H;
   for (int h = 0; h < in.H; h++) yt[h] += partial[h];
 }
 
-void finish_partials(const MoeTokens& in, const Placement& p, int64_t t0, int64_t t1, float* y) {
-  if (injected_fault() == Fault::DoubleReduce)
-    for (int64_t i = t0 * in.H; i < t1 * in.H; i++) y[i] *= float(p.ranks);
+void finish_partials(const MoeTokens& in, const Placement& p, Fault fault, int64_t t0, int64_t t1, float* y) {
+  const float scale = fault_output_scale(fault, p);
+  if (scale != 1.0f)
+    for (int64_t i = t0 * in.H; i < t1 * in.H; i++) y[i] *= scale;
 }
 
 void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan& plan,
-                     const std::vector<const float*>& answers, CombineMode mode, int me, int64_t t0, int64_t t1,
-                     float* y) {
+                     const std::vector<const float*>& answers, CombineMode mode, Fault fault, int me, int64_t t0,
+                     int64_t t1, float* y) {
   const int H = in.H, K = in.K;
   switch (mode) {
     case CombineMode::Deterministic: {
@@ -203,7 +184,7 @@ void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan
               a += H;
             }
       }
-      finish_slots(in, p, me, t0, t1, slot_rows.data(), y);
+      finish_slots(in, p, fault, me, t0, t1, slot_rows.data(), y);
       return;
     }
     case CombineMode::Fast: {
@@ -211,11 +192,11 @@ void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan
       for (int d = 0; d < p.ranks; d++) {
         const float* a = answers[size_t(d)];
         for (const Record& r : plan.to[size_t(d)]) {
-          add_partial(in, me, d, r.token, t0, t1, a, y);
+          add_partial(in, fault, me, d, r.token, t0, t1, a, y);
           a += H;
         }
       }
-      finish_partials(in, p, t0, t1, y);
+      finish_partials(in, p, fault, t0, t1, y);
       return;
     }
   }

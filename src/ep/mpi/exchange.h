@@ -19,8 +19,12 @@
 #include <vector>
 
 #include "ep/backend.h"
+#include "ep/fault.h"
 
 namespace epmoe {
+
+// The CPU backends carry fp32 rows in host memory.
+inline const float* host_rows(const MoeTokens& in) { return static_cast<const float*>(in.x); }
 
 struct RecordLayout {
   int H = 0, K = 0;
@@ -50,7 +54,7 @@ struct DispatchPlan {
 
 // Writes the records for rank d (plan.to[d]) into out (plan.to[d].size() * record_bytes()).
 void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Record>& records, int d, int src,
-                  const RecordLayout& L, char* out);
+                  const RecordLayout& L, Fault fault, char* out);
 
 // Field access of a packed record.
 struct RecordView {
@@ -68,28 +72,27 @@ inline RecordView record_at(const char* records, size_t i, const RecordLayout& L
 
 // Serving side: the number of answers n received records need.
 size_t count_answers(const char* records, size_t n, const RecordLayout& L, CombineMode mode);
-// Runs the local experts for n received records; writes the answers in record order (and slot
-// order within a record) to answers (count_answers(...) rows of H floats).
-void serve_records(const char* records, size_t n, const RecordLayout& L, const ExpertFn& expert, CombineMode mode,
+// Runs the local experts for n received records, read where they lie (ExpertJobs over the
+// records); writes the answers in record order (and slot order within a record) to answers
+// (count_answers(...) rows of H floats).
+void serve_records(const char* records, size_t n, const RecordLayout& L, ExpertRunner& experts, CombineMode mode,
                    float* answers);
 
 // Home side: y[t] for t in [t0, t1) from the answers of every rank (answers[d] points at the
 // answers of rank d to plan.to[d], in order). `me` is this rank.
 void combine_answers(const MoeTokens& in, const Placement& p, const DispatchPlan& plan,
-                     const std::vector<const float*>& answers, CombineMode mode, int me, int64_t t0, int64_t t1,
-                     float* y);
+                     const std::vector<const float*>& answers, CombineMode mode, Fault fault, int me, int64_t t0,
+                     int64_t t1, float* y);
 
 // The last step of the deterministic combine, shared by every backend: slot_rows holds
 // expert_k(x_t) for t in [t0, t1) (row (t - t0) * K + k); y[t] = sum_k w_k * row in slot order.
-// (Injected faults, when a checker sets one, act here.)
-void finish_slots(const MoeTokens& in, const Placement& p, int me, int64_t t0, int64_t t1, float* slot_rows, float* y);
+// (An injected fault, when a checker sets one, acts here.)
+void finish_slots(const MoeTokens& in, const Placement& p, Fault fault, int me, int64_t t0, int64_t t1, float* slot_rows,
+                  float* y);
 // The last step of the fast combine: y[token] += partial of rank d (call in rank order after
 // zeroing y), then finish_partials once.
-void add_partial(const MoeTokens& in, int me, int d, int32_t token, int64_t t0, int64_t t1, const float* partial,
-                 float* y);
-void finish_partials(const MoeTokens& in, const Placement& p, int64_t t0, int64_t t1, float* y);
-
-// The weight a sender packs for slot k of token t (the weight itself unless a fault is injected).
-float packed_weight(const MoeTokens& in, const Placement& p, int64_t t, int k);
+void add_partial(const MoeTokens& in, Fault fault, int me, int d, int32_t token, int64_t t0, int64_t t1,
+                 const float* partial, float* y);
+void finish_partials(const MoeTokens& in, const Placement& p, Fault fault, int64_t t0, int64_t t1, float* y);
 
 }  // namespace epmoe

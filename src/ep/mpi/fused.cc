@@ -3,7 +3,7 @@
 // ascend_fuseep's fused dispatch-GEMM-combine). The number of chunks is agreed by all ranks.
 #include <algorithm>
 
-#include "ep/backends_impl.h"
+#include "ep/mpi/backends_impl.h"
 
 namespace epmoe {
 
@@ -24,9 +24,10 @@ struct Chunk {
 class FusedBackend : public A2ABackend {
  public:
   FusedBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  Device device() const override { return Device::Cpu; }
   std::string name() const override { return "fused"; }
 
-  void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int64_t C = opt_.chunk_tokens;
     const int64_t n = comm_.allreduce_max((in.T + C - 1) / C);
     // Chunk state (and its buffers) persists across layers: grow-only, like the other backends.
@@ -39,7 +40,7 @@ class FusedBackend : public A2ABackend {
     if (n > 0) post_dispatch(in, chunks[0]);
     for (int64_t c = 0; c < n; c++) {
       if (c + 1 < n) post_dispatch(in, chunks[size_t(c) + 1]);
-      serve_and_post_answers(in, expert, chunks[size_t(c)]);
+      serve_and_post_answers(in, experts, chunks[size_t(c)]);
       if (c > 0) finish(in, chunks[size_t(c) - 1], y);
     }
     if (n > 0) finish(in, chunks[size_t(n) - 1], y);
@@ -63,17 +64,17 @@ class FusedBackend : public A2ABackend {
     ch.recv.resize(total_bytes(recv_b));
     size_t off = 0;
     for (int d = 0; d < R; d++) {
-      pack_records(in, p_, ch.plan.to[size_t(d)], d, comm_.rank(), L, ch.send.data() + off);
+      pack_records(in, p_, ch.plan.to[size_t(d)], d, comm_.rank(), L, opt_.fault, ch.send.data() + off);
       off += send_b[size_t(d)];
     }
     ch.dispatch = comm_.all_to_all_v_async(ch.send.data(), send_b, ch.recv.data(), recv_b);
   }
 
-  void serve_and_post_answers(const MoeTokens& in, const ExpertFn& expert, Chunk& ch) {
+  void serve_and_post_answers(const MoeTokens& in, ExpertRunner& experts, Chunk& ch) {
     const int R = comm_.size();
     const RecordLayout L{in.H, in.K};
     comm_.wait(*ch.dispatch, "fused dispatch");
-    serve_by_source(ch.recv.data(), ch.recv_n, L, expert, opt_.combine, ch.answers);
+    serve_by_source(ch.recv.data(), ch.recv_n, L, experts, opt_.combine, ch.answers);
     ch.back_b.resize(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) ch.back_b[size_t(d)] = ch.plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
     ch.back.resize(total_bytes(ch.back_b) / sizeof(float));
@@ -82,7 +83,8 @@ class FusedBackend : public A2ABackend {
 
   void finish(const MoeTokens& in, Chunk& ch, float* y) {
     comm_.wait(*ch.combine, "fused combine");
-    combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, comm_.rank(), ch.t0, ch.t1, y);
+    combine_answers(in, p_, ch.plan, split_by_rank(ch.back.data(), ch.back_b), opt_.combine, opt_.fault, comm_.rank(),
+                    ch.t0, ch.t1, y);
   }
 
   MpiGroup& comm_;
@@ -93,7 +95,7 @@ class FusedBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_fused_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_mpi_fused_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<FusedBackend>(c, p, o);
 }
 

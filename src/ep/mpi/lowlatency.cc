@@ -4,8 +4,7 @@
 // every rank runs further rounds (their number agreed by an all-reduce): nothing is dropped.
 #include <algorithm>
 
-#include "ep/backends_impl.h"
-#include "ep/fault.h"
+#include "ep/mpi/backends_impl.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -15,15 +14,16 @@ namespace {
 class LowLatencyBackend : public A2ABackend {
  public:
   LowLatencyBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  Device device() const override { return Device::Cpu; }
   std::string name() const override { return "lowlatency"; }
 
-  void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = comm_.size(), me = comm_.rank();
     const int64_t C = opt_.max_dispatch_tokens_per_rank;
     const RecordLayout L{in.H, in.K};
     allocate_once(L, R, C);
     int64_t rounds = comm_.allreduce_max((in.T + C - 1) / C);
-    if (injected_fault() == Fault::DropOverflow && rounds > 1) {
+    if (fault_drops_overflow(opt_.fault) && rounds > 1) {
       // The bug class: one round only; tokens beyond the capacity silently get no expert output.
       rounds = 1;
       if (in.T > C) std::fill(y + C * in.H, y + in.T * in.H, 0.0f);
@@ -45,7 +45,7 @@ class LowLatencyBackend : public A2ABackend {
         EPMOE_ASSERT(recs.size() <= size_t(C * in.K), "lowlatency: records exceed the fixed capacity");
         send_n[size_t(d)] = int64_t(recs.size());
         send_b[size_t(d)] = recs.size() * L.record_bytes();
-        pack_records(in, p_, recs, d, me, L, send_.data() + rec_displ[size_t(d)]);
+        pack_records(in, p_, recs, d, me, L, opt_.fault, send_.data() + rec_displ[size_t(d)]);
       }
       comm_.all_to_all(send_n.data(), sizeof(int64_t), recv_n.data());
       for (int d = 0; d < R; d++) recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.record_bytes();
@@ -57,13 +57,13 @@ class LowLatencyBackend : public A2ABackend {
         const char* recs = recv_.data() + rec_displ[size_t(s)];
         const size_t n = size_t(recv_n[size_t(s)]);
         ans_send_b[size_t(s)] = count_answers(recs, n, L, opt_.combine) * L.answer_bytes();
-        serve_records(recs, n, L, expert, opt_.combine, answers_out_.data() + ans_displ[size_t(s)] / sizeof(float));
+        serve_records(recs, n, L, experts, opt_.combine, answers_out_.data() + ans_displ[size_t(s)] / sizeof(float));
       }
       for (int d = 0; d < R; d++) ans_recv_b[size_t(d)] = plan.answers_from(d, in, p_, opt_.combine) * L.answer_bytes();
       comm_.all_to_all_v(answers_out_.data(), ans_send_b, ans_displ, answers_in_.data(), ans_recv_b, ans_displ);
       std::vector<const float*> from(static_cast<size_t>(R));
       for (int d = 0; d < R; d++) from[size_t(d)] = answers_in_.data() + ans_displ[size_t(d)] / sizeof(float);
-      combine_answers(in, p_, plan, from, opt_.combine, me, t0, t1, y);
+      combine_answers(in, p_, plan, from, opt_.combine, opt_.fault, me, t0, t1, y);
     }
   }
 
@@ -91,7 +91,7 @@ class LowLatencyBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_lowlatency_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_mpi_lowlatency_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<LowLatencyBackend>(c, p, o);
 }
 

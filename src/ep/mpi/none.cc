@@ -1,7 +1,7 @@
 // none: all-gather of tokens and routing; every rank serves its own experts for every token;
 // per-slot answers return home through one all-to-all (sglang's `none` + standard dispatcher,
 // Megatron's allgather dispatcher -- but the reduction happens once, at home, here).
-#include "ep/backends_impl.h"
+#include "ep/mpi/backends_impl.h"
 
 namespace epmoe {
 
@@ -10,9 +10,10 @@ namespace {
 class NoneBackend : public A2ABackend {
  public:
   NoneBackend(MpiGroup& c, const Placement& p, const BackendOptions& o) : comm_(c), p_(p), opt_(o) {}
+  Device device() const override { return Device::Cpu; }
   std::string name() const override { return "none"; }
 
-  void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = comm_.size(), me = comm_.rank();
     const RecordLayout L{in.H, in.K};
     std::vector<int64_t> T(static_cast<size_t>(R));
@@ -30,7 +31,7 @@ class NoneBackend : public A2ABackend {
       xb[size_t(r)] = size_t(T[size_t(r)]) * size_t(in.H) * sizeof(float);
       kb[size_t(r)] = size_t(T[size_t(r)]) * size_t(in.K) * sizeof(float);
     }
-    comm_.allgatherv(in.x, xb[size_t(me)], x.data(), xb);
+    comm_.allgatherv(host_rows(in), xb[size_t(me)], x.data(), xb);
     comm_.allgatherv(in.physical, kb[size_t(me)], phys.data(), kb);
     comm_.allgatherv(in.weights, kb[size_t(me)], w.data(), kb);
 
@@ -40,15 +41,19 @@ class NoneBackend : public A2ABackend {
     records.clear();
     int64_t base = 0;
     for (int s = 0; s < R; s++) {
-      MoeTokens view{T[size_t(s)], in.H, in.K, x.data() + base * in.H, phys.data() + base * in.K, w.data() + base * in.K};
+      MoeTokens view = in;
+      view.T = T[size_t(s)];
+      view.x = x.data() + base * in.H;
+      view.physical = phys.data() + base * in.K;
+      view.weights = w.data() + base * in.K;
       auto mine = DispatchPlan::dedup(view, p_, 0, view.T).to[size_t(me)];
       records_from[size_t(s)] = int64_t(mine.size());
       const size_t off = records.size();
       records.resize(off + mine.size() * L.record_bytes());
-      pack_records(view, p_, mine, me, s, L, records.data() + off);
+      pack_records(view, p_, mine, me, s, L, opt_.fault, records.data() + off);
       base += T[size_t(s)];
     }
-    serve_by_source(records.data(), records_from, L, expert, opt_.combine, answers_);
+    serve_by_source(records.data(), records_from, L, experts, opt_.combine, answers_);
     const Answers& a = answers_;
 
     DispatchPlan plan = DispatchPlan::dedup(in, p_, 0, in.T);
@@ -57,7 +62,7 @@ class NoneBackend : public A2ABackend {
     auto& back = back_;
     back.resize(total_bytes(back_b) / sizeof(float));
     comm_.all_to_all_v(a.rows.data(), a.bytes_to, back.data(), back_b);
-    combine_answers(in, p_, plan, split_by_rank(back.data(), back_b), opt_.combine, me, 0, in.T, y);
+    combine_answers(in, p_, plan, split_by_rank(back.data(), back_b), opt_.combine, opt_.fault, me, 0, in.T, y);
   }
 
  private:
@@ -73,7 +78,7 @@ class NoneBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_none_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_mpi_none_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<NoneBackend>(c, p, o);
 }
 

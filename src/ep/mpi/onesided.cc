@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ep/backends_impl.h"
+#include "ep/mpi/backends_impl.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -41,9 +41,10 @@ class OneSidedBackend : public A2ABackend {
     requests_.free();
     answers_.free();
   }
+  Device device() const override { return Device::Cpu; }
   std::string name() const override { return "onesided"; }
 
-  void run(const MoeTokens& in, const ExpertFn& expert, float* y) override {
+  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = comm_.size(), me = comm_.rank();
     const RecordLayout L{in.H, in.K};
     const int64_t Tmax = comm_.allreduce_max(in.T);
@@ -67,7 +68,7 @@ class OneSidedBackend : public A2ABackend {
       const auto& recs = plan.to[size_t(d)];
       if (recs.empty()) continue;
       packed[size_t(d)].resize(recs.size() * L.record_bytes());
-      pack_records(in, p_, recs, d, me, L, packed[size_t(d)].data());
+      pack_records(in, p_, recs, d, me, L, opt_.fault, packed[size_t(d)].data());
       if (d != me) comm_.add_bytes_sent(packed[size_t(d)].size());
       MPI_Put(packed[size_t(d)].data(), int(packed[size_t(d)].size()), MPI_BYTE, d,
               MPI_Aint(size_t(base[size_t(d)]) * L.record_bytes()), int(packed[size_t(d)].size()), MPI_BYTE,
@@ -80,7 +81,7 @@ class OneSidedBackend : public A2ABackend {
     // 3. Serve, and put every answer at its final place at home.
     const char* recs = static_cast<const char*>(requests_.base);
     std::vector<float> answers(count_answers(recs, size_t(received), L, opt_.combine) * size_t(L.H));
-    serve_records(recs, size_t(received), L, expert, opt_.combine, answers.data());
+    serve_records(recs, size_t(received), L, experts, opt_.combine, answers.data());
     fence(answers_, "onesided combine");
     const float* a = answers.data();
     for (int64_t i = 0; i < received; i++) {
@@ -103,15 +104,15 @@ class OneSidedBackend : public A2ABackend {
     // 4. Combine at home.
     float* home = static_cast<float*>(answers_.base);
     switch (opt_.combine) {
-      case CombineMode::Deterministic: finish_slots(in, p_, me, 0, in.T, home, y); break;
+      case CombineMode::Deterministic: finish_slots(in, p_, opt_.fault, me, 0, in.T, home, y); break;
       case CombineMode::Fast: {
         // Partials of rank d sit at rows t*R + d; add them in rank order, as combine_answers does.
         std::fill(y, y + in.T * L.H, 0.0f);
         for (int d = 0; d < R; d++)
           for (const Record& rec : plan.to[size_t(d)])
-            add_partial(in, me, d, rec.token, 0, in.T,
+            add_partial(in, opt_.fault, me, d, rec.token, 0, in.T,
                         home + (size_t(rec.token) * size_t(R) + size_t(d)) * size_t(L.H), y);
-        finish_partials(in, p_, 0, in.T, y);
+        finish_partials(in, p_, opt_.fault, 0, in.T, y);
         break;
       }
     }
@@ -148,7 +149,7 @@ class OneSidedBackend : public A2ABackend {
 
 }  // namespace
 
-std::unique_ptr<A2ABackend> make_onesided_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
+std::unique_ptr<A2ABackend> make_mpi_onesided_backend(MpiGroup& c, const Placement& p, const BackendOptions& o) {
   return std::make_unique<OneSidedBackend>(c, p, o);
 }
 

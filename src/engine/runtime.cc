@@ -1,0 +1,102 @@
+#include "engine/runtime.h"
+
+#include "comm/mpi_group.h"
+#include "kernels/matmul.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "util/error.h"
+#include "util/threads.h"
+#ifdef EPMOE_HAVE_CUDA
+#include "comm/nccl_group.h"
+#include "model/cuda/gpu_model.h"
+#endif
+
+namespace epmoe {
+
+namespace {
+
+[[noreturn]] void no_cuda() {
+  throw InputError("--device cuda: this epmoe was built without CUDA (configure with -DEPMOE_CUDA=ON on a machine "
+                   "with nvcc and NCCL)");
+}
+
+}  // namespace
+
+std::string resolve_compute(Device device, const std::string& compute) {
+  if (compute.empty()) {
+    switch (device) {
+      case Device::Cpu: return "f32";
+      case Device::Cuda: return "bf16";  // bf16 tensor cores, fp32-grade products outside the experts
+    }
+  }
+  if (compute != "f32" && compute != "bf16") throw InputError("--compute '" + compute + "': choose f32 or bf16");
+  return compute;
+}
+
+Group& start_group(Device device, double comm_timeout) {
+  Group* g = nullptr;
+  switch (device) {
+    case Device::Cpu: g = &MpiGroup::world(); break;
+    case Device::Cuda:
+#ifdef EPMOE_HAVE_CUDA
+      g = &NcclGroup::world();
+      break;
+#else
+      no_cuda();
+#endif
+  }
+  g->set_timeout(comm_timeout);
+  set_active_group(g);
+  return *g;
+}
+
+void apply_run_context(const EngineOptions& o) {
+  switch (o.device) {
+    case Device::Cpu:
+      set_num_threads(o.threads);
+      set_compute_mode(resolve_compute(o.device, o.compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);
+      return;
+    case Device::Cuda: return;  // the GPU model takes its compute mode at construction
+  }
+}
+
+Placement make_placement(const EngineOptions& o, int E, int R) {
+  return o.placement_file.empty() ? Placement::make_default(E, R, o.redundant_experts)
+                                  : Placement::from_file(o.placement_file, E, R);
+}
+
+std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
+                                          const Placement& placement, int rank, const std::string& compute) {
+  switch (device) {
+    case Device::Cpu: return std::make_unique<Model>(cfg, ckpt, placement, rank);
+    case Device::Cuda:
+#ifdef EPMOE_HAVE_CUDA
+      return make_gpu_model(cfg, ckpt, placement, rank, resolve_compute(device, compute) == "f32");
+#else
+      (void)compute;
+      no_cuda();
+#endif
+  }
+  throw Error("make_model: unknown device");
+}
+
+Runtime make_runtime(const EngineOptions& o) {
+  if (!device_compiled(o.device)) no_cuda();
+  Runtime rt;
+  rt.options = o;
+  rt.options.compute = resolve_compute(o.device, o.compute);
+  rt.device = o.device;
+  rt.group = &start_group(o.device, o.comm_timeout);
+  apply_run_context(rt.options);
+  rt.cfg = load_model_config(o.model_dir);
+  rt.ckpt = std::make_unique<Checkpoint>(o.model_dir);
+  const int E = rt.cfg.routing.num_experts, R = rt.group->size(), me = rt.group->rank();
+  rt.placement = make_placement(o, E, R);
+  // The backend before the weights: a bad name or an unsupported pair costs no loading.
+  rt.backend = make_backend(o.backend, o.device, *rt.group, rt.placement, o.backend_options);
+  if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(me));
+  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute);
+  return rt;
+}
+
+}  // namespace epmoe

@@ -1,0 +1,66 @@
+// Runtime assembly: options -> group + placement + model + backend, for either device. The one
+// place that knows which device runs (the CLI hands it a device name; nothing above or below asks
+// again): the group over MPI or NCCL, the CPU or GPU model, the run context of the kernels.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/group.h"
+#include "ep/backend.h"
+#include "io/checkpoint.h"
+#include "io/hf_config.h"
+#include "model/language_model.h"
+#include "tensor/device.h"
+
+namespace epmoe {
+
+// Everything a command that runs a model chooses (the CLI's flags, or a test's literal).
+struct EngineOptions {
+  std::string model_dir;
+  Device device = Device::Cpu;
+  std::string backend = "none";
+  BackendOptions backend_options;  // combine, capacity, chunks, injected fault
+  int redundant_experts = 0;
+  std::string placement_file;
+  double comm_timeout = 60.0;
+  bool check_weights = false;  // scan the weights this rank loads for NaN/Inf
+  // The run context: explicit settings of the kernels, applied once when the runtime is built.
+  std::string compute;  // f32 | bf16 | "" (the device's default: cpu f32, cuda bf16)
+  int threads = 0;      // CPU worker threads per rank (0: the cores available)
+  ForwardOptions forward;
+};
+
+// The compute mode a device runs with for `compute` ("" -> its default); InputError otherwise.
+std::string resolve_compute(Device device, const std::string& compute);
+
+// The group of `device` (MPI on CPUs, NCCL on GPUs), with its timeout, made the active group.
+Group& start_group(Device device, double comm_timeout);
+
+// Applies the kernels' settings of the run context (CPU: threads and compute mode).
+void apply_run_context(const EngineOptions& o);
+
+// The default placement (E experts, R ranks, N replicas) or the --placement file's.
+Placement make_placement(const EngineOptions& o, int num_experts, int ranks);
+
+// The model of `device` with the experts `placement` gives to `rank`.
+std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
+                                          const Placement& placement, int rank, const std::string& compute);
+
+struct Runtime {
+  Device device = Device::Cpu;
+  Group* group = nullptr;
+  ModelConfig cfg;
+  std::unique_ptr<Checkpoint> ckpt;
+  Placement placement;
+  std::unique_ptr<LanguageModel> model;
+  std::unique_ptr<A2ABackend> backend;
+  EngineOptions options;
+};
+
+// Builds everything a model-running command needs, in the order that reports input errors
+// (unknown backend, unsupported pair, bad placement file) before any weight is read.
+Runtime make_runtime(const EngineOptions& o);
+
+}  // namespace epmoe
