@@ -5,17 +5,11 @@
 
 #include "io/json_util.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace epmoe {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 void split_ranges(Placement& p) {
   const int P = p.num_physical(), R = p.ranks;
@@ -41,7 +35,7 @@ std::vector<int> Placement::logical_owned_by(int rank) const {
 int Placement::choose(int logical, uint64_t token_gid, int slot) const {
   const auto& reps = replicas[size_t(logical)];
   if (reps.size() == 1) return reps[0];
-  return reps[splitmix64(token_gid * 64 + uint64_t(slot)) % reps.size()];
+  return reps[replica_index(token_gid, slot, reps.size())];
 }
 
 Placement Placement::make_default(int E, int R, int N) {
