@@ -13,7 +13,10 @@
 
 #include <nccl.h>
 
-#include "cuda/moe.cuh"
+#include "comm/nccl_group.h"
+#include "ep/backend.h"
+#include "ep/cuda/expert_plan.cuh"
+#include "kernels/cuda/ops.cuh"
 
 using namespace epmoe;
 using namespace epmoe::cuda;
@@ -23,10 +26,11 @@ namespace {
 constexpr int H = 2048, E = 128, K = 8;
 
 // The expert side without the GEMMs: the plan (grouping, compact indices) only.
-class PlanOnly final : public GpuExpertRunner {
+class PlanOnly final : public ExpertRunner {
  public:
   PlanOnly(int p0, int n) : p0_(p0), n_(n) {}
-  void run(const GpuExpertJobs& j, void*) override { plan_.make(j, p0_, n_, /*tiled=*/false); }
+  Device device() const override { return Device::Cuda; }
+  void run(const ExpertJobs& j, void*) override { plan_.make(j, p0_, n_, /*tiled=*/false); }
 
  private:
   int p0_, n_;
@@ -52,7 +56,7 @@ double median_us(F&& f, int iters) {
 
 int main(int argc, char** argv) {
   try {
-    GpuGroup& g = GpuGroup::world();
+    NcclGroup& g = NcclGroup::world();
     const int R = g.size(), me = g.rank();
     FILE* f = nullptr;
     std::vector<int> Ts = {128, 1024, 4096};
@@ -86,17 +90,18 @@ int main(int argc, char** argv) {
       dph.upload(ph);
       DeviceArray<float> dw, y(size_t(T) * H);
       dw.upload(w);
-      GpuMoeTokens tok;
-      tok.T = T, tok.H = H, tok.K = K, tok.bf16 = true, tok.x = x.data(), tok.physical = dph.data(), tok.weights = dw.data();
+      MoeTokens tok;
+      tok.device = Device::Cuda, tok.act = DType::BF16;
+      tok.T = T, tok.H = H, tok.K = K, tok.x = x.data(), tok.physical = dph.data(), tok.weights = dw.data();
       double a2a_bytes = 0;
       std::vector<std::pair<std::string, int>> variants = {{"none", 128}, {"alltoall", 128}, {"lowlatency", 128}};
       if (ll_full && T > 128) variants.push_back({"lowlatency", T});
       std::vector<std::pair<std::string, std::pair<double, double>>> res;
       for (auto& [name, cap] : variants) {
         if (me == 0) std::fprintf(stderr, "gpu_ep_bench: T=%d %s cap %d\n", T, name.c_str(), cap);
-        GpuBackendOptions bo;
+        BackendOptions bo;
         bo.max_dispatch_tokens_per_rank = cap;
-        auto be = make_gpu_backend(name, g, pl, bo);
+        auto be = make_backend(name, Device::Cuda, g, pl, bo);
         be->run(tok, runner, y.data());  // allocate
         const uint64_t b0 = g.bytes_sent();
         be->run(tok, runner, y.data());

@@ -11,15 +11,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cuda/model.h"
-#include "model/model.h"
+#include "comm/nccl_group.h"
+#include "ep/backend.h"
+#include "model/cuda/gpu_model.h"
+#include "model/language_model.h"
 
 using namespace epmoe;
-using namespace epmoe::cuda;
 
 int main(int argc, char** argv) {
   try {
-    GpuGroup& g = GpuGroup::world();
+    NcclGroup& g = NcclGroup::world();  // selects this process's GPU
     (void)g;
     nlohmann::json j = {{"architectures", {"Qwen3MoeForCausalLM"}},
                         {"model_type", "qwen3_moe"},
@@ -46,9 +47,9 @@ int main(int argc, char** argv) {
                         {"torch_dtype", "bfloat16"}};
     ModelConfig cfg = parse_model_config(j, "synthesized Qwen3-30B-A3B (4 layers)");
     Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
-    GpuOptions go;
-    GpuModel m(cfg, pl, 0, go, 42);
-    auto be = make_local_gpu_backend(pl);
+    auto model = make_synthetic_gpu_model(cfg, pl, 0, /*f32=*/false, 42);
+    LanguageModel& m = *model;
+    auto be = make_local_backend(Device::Cuda, pl);
     FILE* f = argc > 2 && std::string(argv[1]) == "--out" ? std::fopen(argv[2], "w") : nullptr;
     if (f) std::fprintf(f, "phase\tbatch\tcontext\ttokens_per_s\tms_per_step\n");
     std::printf("| phase | sequences | context | tokens/s | ms per step |\n|---|---|---|---|---|\n");
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids(static_cast<size_t>(L));
       for (int i = 0; i < L; i++) ids[size_t(i)] = (i * 7919) % cfg.vocab_size;
       for (int rep = 0; rep < 2; rep++) {  // the first run allocates
-        GpuSequence s = m.new_sequence(0);
+        Sequence s = m.new_sequence(0);
         auto t0 = now();
         m.forward({&s}, {ids}, *be, false);
         auto t1 = now();
@@ -71,9 +72,9 @@ int main(int argc, char** argv) {
     }
     // Decode: B sequences with 128-token prompts, then 32 steps of one token each.
     for (int B : {1, 8, 64, 256}) {
-      std::vector<GpuSequence> seqs;
+      std::vector<Sequence> seqs;
       for (int b = 0; b < B; b++) seqs.push_back(m.new_sequence(uint64_t(b)));
-      std::vector<GpuSequence*> ps;
+      std::vector<Sequence*> ps;
       std::vector<std::vector<int32_t>> prompts;
       for (int b = 0; b < B; b++) {
         ps.push_back(&seqs[size_t(b)]);

@@ -16,7 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "cuda/moe.cuh"
+#include "ep/cuda/plan_combine.cuh"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/ops.cuh"
+#include "moe/cuda/experts.cuh"
+#include "moe/cuda/routing.cuh"
 
 using namespace epmoe;
 using namespace epmoe::cuda;

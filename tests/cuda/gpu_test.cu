@@ -1,4 +1,5 @@
-// GPU tests, run on the GPU machine by scripts/gpu-test.sh (not in CI: CI has no GPU).
+// GPU tests (GoogleTest; ctest label `gpu`, tests/cuda/CMakeLists.txt; scripts/gpu-test.sh on a GPU
+// machine). Without a visible GPU every test reports SKIPPED with the reason, never passed.
 //
 //   kernels   grouped GEMM (bf16 tensor cores and fp32) against a double-precision reference,
 //             with gather, scatter, empty groups, K tails, SwiGLU; the same bits for every tile
@@ -9,23 +10,33 @@
 //             top-2 margin exceeds 0.1, incremental decoding == full recompute (bits), a batch of
 //             two sequences == each alone (bits), two runs == same bits
 //
-// Exit status 0 when every check passes. Prints one line per check and a summary table.
+// Every check prints one line ([ ok ] / [FAIL]) and is a GoogleTest expectation; the goldens end
+// with a summary table.
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/golden.h"
-#include "cuda/model.h"
-#include "cuda/moe.cuh"
-#include "cuda/split_linear.cuh"
+#include "ep/backend.h"
 #include "ep/placement.h"
 #include "io/checkpoint.h"
-#include "model/model.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/split_linear.cuh"
+#include "model/cuda/gpu_model.h"
+#include "model/language_model.h"
+#include "moe/cuda/experts.cuh"
+#include "moe/cuda/routing.cuh"
+#include "moe/moe_layer.h"
 #include "moe/routing.h"
 #include "tensor/dtype.h"
 
@@ -34,11 +45,34 @@ using namespace epmoe::cuda;
 
 namespace {
 
-int g_fail = 0;
+// One line per check, as the test always printed; a failed check fails the running test.
 void check(bool ok, const std::string& what) {
   std::printf("[%s] %s\n", ok ? " ok " : "FAIL", what.c_str());
-  if (!ok) g_fail++;
+  EXPECT_TRUE(ok) << what;
 }
+
+// Whether a GPU is visible (device 0 selected, once); else the reason.
+bool gpu_ready(std::string* why) {
+  static int state = -1;
+  static std::string reason;
+  if (state < 0) {
+    state = visible_devices(&reason) > 0 ? 1 : 0;
+    if (state) {
+      init_device(0);
+      cudaDeviceProp prop;
+      EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+      std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+    }
+  }
+  *why = reason;
+  return state == 1;
+}
+
+#define REQUIRE_GPU()                                                         \
+  do {                                                                        \
+    std::string why_;                                                         \
+    if (!gpu_ready(&why_)) GTEST_SKIP() << "no CUDA device visible: " << why_; \
+  } while (0)
 
 std::mt19937_64 rng(12345);
 std::vector<float> randu(size_t n, float scale = 1.f) {
@@ -336,7 +370,7 @@ void test_runner(int rows = 50, int K = 3) {
   };
   for (bool compact : {false, true}) {
     EPMOE_CUDA_CHECK(cudaMemset(dout.data(), 0, sizeof(TA) * size_t(rows) * K * H));
-    GpuExpertJobs j;
+    ExpertJobs j;
     j.x = dx.data();
     j.x_stride = H;
     j.phys = dp.data();
@@ -407,10 +441,9 @@ Row test_fixture(const std::string& name, bool f32) {
   ModelConfig cfg = load_model_config(test::fixture(name));
   Checkpoint ckpt(test::fixture(name));
   Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
-  GpuOptions go;
-  go.f32 = f32;
-  GpuModel m(cfg, ckpt, pl, 0, go);
-  auto be = make_local_gpu_backend(pl);
+  std::unique_ptr<LanguageModel> model = make_gpu_model(cfg, ckpt, pl, 0, f32);
+  LanguageModel& m = *model;
+  auto be = make_local_backend(Device::Cuda, pl);
   test::Golden g(name);
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
   // The MLP / MoE block alone.
@@ -434,7 +467,7 @@ Row test_fixture(const std::string& name, bool f32) {
     const std::string p = "seq" + std::to_string(s) + ".";
     auto ids = g.ids(p + "all_ids");
     all_ids.push_back(ids);
-    GpuSequence seq = m.new_sequence(0);
+    Sequence seq = m.new_sequence(0);
     auto logits = m.forward({&seq}, {ids}, *be, true)[0];
     full_logits.push_back(logits);
     auto want = g.f32(p + "logits");
@@ -450,7 +483,7 @@ Row test_fixture(const std::string& name, bool f32) {
     // Greedy decoding on the GPU (prefill, then one token at a time).
     auto prompt = g.ids(p + "prompt_ids");
     auto margin = g.f32(p + "top2_margin");
-    GpuSequence gs = m.new_sequence(0);
+    Sequence gs = m.new_sequence(0);
     std::vector<int32_t> feed = prompt;
     for (size_t pos = prompt.size(); pos < ids.size(); pos++) {
       auto l = m.forward({&gs}, {feed}, *be, false)[0];
@@ -465,7 +498,7 @@ Row test_fixture(const std::string& name, bool f32) {
   // Incremental decoding: prefix, then one token at a time == the full pass, bit for bit.
   {
     auto& ids = all_ids.back();
-    GpuSequence inc = m.new_sequence(0);
+    Sequence inc = m.new_sequence(0);
     const size_t prefix = ids.size() / 2;
     auto got = m.forward({&inc}, {{ids.begin(), ids.begin() + long(prefix)}}, *be, true)[0];
     for (size_t i = prefix; i < ids.size(); i++) {
@@ -477,9 +510,9 @@ Row test_fixture(const std::string& name, bool f32) {
   }
   // Two sequences in one batch == each alone; and a second run gives the same bits.
   if (all_ids.size() >= 2) {
-    GpuSequence a = m.new_sequence(0), b = m.new_sequence(1);
+    Sequence a = m.new_sequence(0), b = m.new_sequence(1);
     auto both = m.forward({&a, &b}, {all_ids[0], all_ids[1]}, *be, true);
-    GpuSequence b1 = m.new_sequence(1);
+    Sequence b1 = m.new_sequence(1);
     auto alone1 = m.forward({&b1}, {all_ids[1]}, *be, true)[0];
     row.batch_bits = std::memcmp(both[0].data(), full_logits[0].data(), both[0].size() * 4) == 0 &&
                      alone1.size() == both[1].size() && std::memcmp(alone1.data(), both[1].data(), alone1.size() * 4) == 0;
@@ -488,7 +521,7 @@ Row test_fixture(const std::string& name, bool f32) {
     row.batch_bits = true;
   }
   {
-    GpuSequence again = m.new_sequence(0);
+    Sequence again = m.new_sequence(0);
     auto l = m.forward({&again}, {all_ids[0]}, *be, true)[0];
     row.det_bits = std::memcmp(l.data(), full_logits[0].data(), l.size() * 4) == 0;
   }
@@ -519,80 +552,136 @@ Row test_fixture(const std::string& name, bool f32) {
   return row;
 }
 
+// The golden rows of the run, for the summary table.
+std::vector<Row> g_rows;
+
+class SummaryTable : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (g_rows.empty()) return;
+    std::printf("\n| fixture | compute | MoE/MLP block max abs (rel) | max |dlogprob| (where) | median | max |dlogit| | greedy | inc==full | batch==alone | rerun |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (auto& r : g_rows)
+      std::printf("| %s | %s | %.2e (%.1e) | %.2e (%s) | %.1e | %.2e | %d/%d | %s | %s | %s |\n", r.fixture.c_str(),
+                  r.compute.c_str(), r.mlp_max_abs, r.mlp_rel, r.dlogprob, r.worst_at.c_str(), r.dlogprob_median,
+                  r.dlogit, r.greedy_ok, r.greedy_cmp, r.inc_bits ? "bits" : "NO", r.batch_bits ? "bits" : "NO",
+                  r.det_bits ? "bits" : "NO");
+  }
+};
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  const bool goldens_only = argc > 1 && std::string(argv[1]) == "--goldens";
-  std::vector<Row> rows;
-  try {
-    init_device(0);
-    cudaDeviceProp prop;
-    EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
-    if (!goldens_only) {
-      for (int K : {24, 64, 200, 2048}) {
-        test_grouped_gemm<bf16>(K, 130, false);
-        test_grouped_gemm<bf16>(K, 96, true);
-      }
-      for (int K : {24, 61, 200}) {
-        test_grouped_gemm<float>(K, 130, false);
-        test_grouped_gemm<float>(K, 96, true);
-      }
-      test_batch_invariance<bf16>();
-      test_batch_invariance<float>();
-      for (int K : {64, 96, 2048})
-        for (bool bw : {true, false}) {
-          test_split_linear(K, 130, bw, false);
-          test_split_linear(K, 96, bw, true);
-        }
-      RoutingConfig c;
-      c.kind = RoutingKind::SoftmaxTopK;
-      c.num_experts = 128;
-      c.top_k = 8;
-      c.norm_topk_prob = true;
-      test_routing("softmax top-8 of 128, renorm", c, 0);
-      c.norm_topk_prob = false;
-      c.num_experts = 60;
-      c.top_k = 4;
-      test_routing("softmax top-4 of 60, 5 replicas", c, 5);
-      RoutingConfig s;
-      s.kind = RoutingKind::SigmoidGroupLimited;
-      s.num_experts = 64;
-      s.top_k = 6;
-      s.n_group = 8;
-      s.topk_group = 3;
-      s.norm_topk_prob = true;
-      s.routed_scaling_factor = 2.5f;
-      s.has_correction_bias = true;
-      test_routing("sigmoid group-limited (8 groups, keep 3), bias", s, 0);
-      RoutingConfig d;
-      d.kind = RoutingKind::SoftmaxGroupLimited;
-      d.num_experts = 32;
-      d.top_k = 4;
-      d.n_group = 4;
-      d.topk_group = 2;
-      d.norm_topk_prob = true;
-      d.routed_scaling_factor = 1.5f;
-      test_routing("softmax group-limited (4 groups, keep 2)", d, 0);
-      d.group_limited = false;
-      test_routing("softmax greedy (DeepSeek-V2 greedy)", d, 0);
-      test_runner<bf16>();
-      test_runner<float>();
-      test_runner<bf16>(3000, 4);
-      test_runner<float>(2100, 4);
-    }
-    for (const auto& f : test::all_model_fixtures())
-      for (bool f32 : {false, true}) rows.push_back(test_fixture(f, f32));
-  } catch (const std::exception& e) {
-    std::printf("[FAIL] exception: %s\n", e.what());
-    g_fail++;
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+TEST(GpuGemm, GroupedBf16) {
+  REQUIRE_GPU();
+  for (int K : {24, 64, 200, 2048}) {
+    test_grouped_gemm<bf16>(K, 130, false);
+    test_grouped_gemm<bf16>(K, 96, true);
   }
-  std::printf("\n| fixture | compute | MoE/MLP block max abs (rel) | max |dlogprob| (where) | median | max |dlogit| | greedy | inc==full | batch==alone | rerun |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  for (auto& r : rows)
-    std::printf("| %s | %s | %.2e (%.1e) | %.2e (%s) | %.1e | %.2e | %d/%d | %s | %s | %s |\n", r.fixture.c_str(),
-                r.compute.c_str(), r.mlp_max_abs, r.mlp_rel, r.dlogprob, r.worst_at.c_str(), r.dlogprob_median, r.dlogit,
-                r.greedy_ok, r.greedy_cmp, r.inc_bits ? "bits" : "NO", r.batch_bits ? "bits" : "NO", r.det_bits ? "bits" : "NO");
-  std::printf("\n%s: %d failure(s)\n", g_fail ? "FAILED" : "PASSED", g_fail);
-  return g_fail ? 1 : 0;
+}
+
+TEST(GpuGemm, GroupedF32) {
+  REQUIRE_GPU();
+  for (int K : {24, 61, 200}) {
+    test_grouped_gemm<float>(K, 130, false);
+    test_grouped_gemm<float>(K, 96, true);
+  }
+}
+
+TEST(GpuGemm, BatchInvariance) {
+  REQUIRE_GPU();
+  test_batch_invariance<bf16>();
+  test_batch_invariance<float>();
+}
+
+TEST(GpuGemm, SplitLinear) {
+  REQUIRE_GPU();
+  for (int K : {64, 96, 2048})
+    for (bool bw : {true, false}) {
+      test_split_linear(K, 130, bw, false);
+      test_split_linear(K, 96, bw, true);
+    }
+}
+
+TEST(GpuRouting, SoftmaxTopK) {
+  REQUIRE_GPU();
+  RoutingConfig c;
+  c.kind = RoutingKind::SoftmaxTopK;
+  c.num_experts = 128;
+  c.top_k = 8;
+  c.norm_topk_prob = true;
+  test_routing("softmax top-8 of 128, renorm", c, 0);
+  c.norm_topk_prob = false;
+  c.num_experts = 60;
+  c.top_k = 4;
+  test_routing("softmax top-4 of 60, 5 replicas", c, 5);
+}
+
+TEST(GpuRouting, SigmoidGroupLimited) {
+  REQUIRE_GPU();
+  RoutingConfig s;
+  s.kind = RoutingKind::SigmoidGroupLimited;
+  s.num_experts = 64;
+  s.top_k = 6;
+  s.n_group = 8;
+  s.topk_group = 3;
+  s.norm_topk_prob = true;
+  s.routed_scaling_factor = 2.5f;
+  s.has_correction_bias = true;
+  test_routing("sigmoid group-limited (8 groups, keep 3), bias", s, 0);
+}
+
+TEST(GpuRouting, SoftmaxGroupLimited) {
+  REQUIRE_GPU();
+  RoutingConfig d;
+  d.kind = RoutingKind::SoftmaxGroupLimited;
+  d.num_experts = 32;
+  d.top_k = 4;
+  d.n_group = 4;
+  d.topk_group = 2;
+  d.norm_topk_prob = true;
+  d.routed_scaling_factor = 1.5f;
+  test_routing("softmax group-limited (4 groups, keep 2)", d, 0);
+  d.group_limited = false;
+  test_routing("softmax greedy (DeepSeek-V2 greedy)", d, 0);
+}
+
+TEST(GpuExperts, RunnerOneBlockPlan) {
+  REQUIRE_GPU();
+  test_runner<bf16>();
+  test_runner<float>();
+}
+
+TEST(GpuExperts, RunnerMultiBlockPlan) {
+  REQUIRE_GPU();
+  test_runner<bf16>(3000, 4);
+  test_runner<float>(2100, 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every fixture against transformers' goldens, --compute bf16 and f32.
+
+class GpuGoldens : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(GpuGoldens, Fixture) {
+  REQUIRE_GPU();
+  const auto& [fixture, f32] = GetParam();
+  g_rows.push_back(test_fixture(fixture, f32));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuGoldens,
+                         ::testing::Combine(::testing::ValuesIn(test::all_model_fixtures()), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<GpuGoldens::ParamType>& info) {
+                           std::string n = std::get<0>(info.param);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n + (std::get<1>(info.param) ? "_f32" : "_bf16");
+                         });
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new SummaryTable);
+  return RUN_ALL_TESTS();
 }
