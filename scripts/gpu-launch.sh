@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Starts N processes of a command, one per GPU, as one epmoe GPU group (src/cuda/ep.h):
+# Starts N processes of a command, one per GPU, as one epmoe GPU group (src/comm/nccl_group.h):
 #   EPMOE_RANK=r EPMOE_WORLD_SIZE=N EPMOE_NCCL_ID_FILE=<file rank 0 writes the NCCL id to>
+# (next to it, each rank's status file <id file>.rank<r>.status names the peer that does not answer
+# when a wait times out; all are removed at the end)
 # Rank 0's output is passed through as is; other ranks' lines are prefixed with [rank r].
 # When one process fails, the others are ended (by their pids) and its exit code is returned.
 #
@@ -35,5 +37,5 @@ while ((${#left[@]})); do
     for p in "${left[@]+"${left[@]}"}"; do kill "$p" 2>/dev/null; done
   fi
 done
-rm -f "$EPMOE_NCCL_ID_FILE" "$EPMOE_NCCL_ID_FILE.tmp"
+rm -f "$EPMOE_NCCL_ID_FILE" "$EPMOE_NCCL_ID_FILE.tmp" "$EPMOE_NCCL_ID_FILE".rank*.status "$EPMOE_NCCL_ID_FILE".rank*.status.tmp
 exit $rc

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-cuda}
 jobs=${JOBS:-2}
-PATH=/usr/local/cuda/bin:$PATH cmake -S . -B "$build" -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=OFF \
+# Tests on: the GPU test binaries are test targets (only those below are built).
+PATH=/usr/local/cuda/bin:$PATH cmake -S . -B "$build" -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=ON \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 targets=(epmoe gpu_test gpu_ep_test gpu_moe_bench gpu_ep_bench gpu_model_bench)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"

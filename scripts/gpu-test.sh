@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The GPU tests (issues 9 and 10), on a machine with NVIDIA GPUs, from the binaries that
-# scripts/gpu-package.sh put in .gpu/ (or GPU_BIN=DIR). Not part of CI (CI has no GPU).
-#   1 GPU:  kernels, and every fixture against transformers' goldens in bf16 and f32 (gpu_test);
+# scripts/gpu-package.sh put in .gpu/ (or GPU_BIN=DIR). CI compiles them (scripts/build-cuda.sh) and
+# runs them under ctest (label gpu), where without a GPU they report skipped.
+#   1 GPU:  the GoogleTest binary gpu_test: kernels, and every fixture against transformers' goldens
+#           in bf16 and f32 (the ctest entries gpu.gemm, gpu.routing, gpu.experts, gpu.goldens);
 #           epmoe score / generate --device cuda
-#   2 GPUs: expert parallelism over NCCL, bit-identical to one GPU for every backend (gpu_ep_test);
+#   2 GPUs: gpu_ep_test (ctest gpu.ep.2gpu): expert parallelism over NCCL, bit-identical to one GPU
+#           for every backend;
 #           epmoe generate --device cuda on 2 processes; epmoe check --device cuda on every
 #           fixture (must pass) and with an injected double reduce (must fail, naming it)
 # Logs go to $OUT (or /tmp/epmoe-gpu). Exit status 0 when everything passed.
@@ -29,13 +32,13 @@ fx=tests/data/qwen3moe-tiny
 ids=$(python3 -c "
 from safetensors.numpy import load_file
 print(','.join(str(int(v)) for v in load_file('$fx/golden.safetensors')['seq0.all_ids']))" 2>/dev/null || echo 5,17,42,99,3)
-step gpu_test 150 "$GPU_BIN/gpu_test"
+step gpu_test 150 "$GPU_BIN/gpu_test" --gtest_color=no
 step cli_score 60 "$GPU_BIN/epmoe" score --device cuda --model $fx --ids "$ids" --out "$out/score.safetensors"
 step cli_generate 60 "$GPU_BIN/epmoe" generate --device cuda --model $fx --prompt-ids "$ids" --max-new-tokens 8
 step cli_generate_f32 60 "$GPU_BIN/epmoe" generate --device cuda --compute f32 --model $fx --prompt-ids "$ids" \
   --max-new-tokens 8
 if ((ngpu >= 2)); then
-  step gpu_ep_test 150 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test"
+  step gpu_ep_test 150 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test" --gtest_color=no
   printf '%s\n' "$ids" "${ids%,*}" "${ids#*,}" > "$out/prompts.txt"
   for b in none alltoall lowlatency; do
     step "cli_generate_2gpu_$b" 90 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda \
