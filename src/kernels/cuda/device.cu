@@ -32,9 +32,9 @@ int visible_devices(std::string* why) {
 
 void init_device(int rank) {
   if (g_stream) return;
-  int n = 0;
-  EPMOE_CUDA_CHECK(cudaGetDeviceCount(&n));
-  if (n == 0) throw InputError("--device cuda: no CUDA device is visible");
+  std::string why;
+  const int n = visible_devices(&why);
+  if (n == 0) throw InputError("--device cuda: no CUDA device is visible (" + why + ")");
   EPMOE_CUDA_CHECK(cudaSetDevice(rank % n));
   // A blocking stream: ordered with the legacy default stream, so that plain cudaMemcpy calls
   // (uploads and downloads of small host vectors) see the work queued before them.
