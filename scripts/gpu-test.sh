@@ -72,6 +72,41 @@ if ((ngpu >= 2)); then
   caught=$(grep -cE '^(none|alltoall|lowlatency) +reduced twice .* FAIL$' "$out/check_2gpu_inject.log")
   if ((rc == 1 && caught == 3)); then echo "=== check_2gpu_inject_double_reduce: caught (exit 1, 3/3 backends)"
   else echo "=== check_2gpu_inject_double_reduce: NOT caught (exit $rc, $caught/3 backends)"; status=1; fi
+  # Fault classes the GPU backends do not implement yet are refused as bad input (exit 2), naming
+  # the device, before any work.
+  echo "=== check_2gpu_inject_unsupported"
+  timeout 60 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx --inject skip-reduce \
+    > "$out/check_2gpu_unsupported.log" 2>&1
+  rc=$?
+  tail -n 5 "$out/check_2gpu_unsupported.log"
+  if ((rc == 2)) && grep -q "implemented on --device cpu only" "$out/check_2gpu_unsupported.log"; then
+    echo "=== check_2gpu_inject_unsupported: refused (exit 2, names the device)"
+  else echo "=== check_2gpu_inject_unsupported: NOT refused as it should be (exit $rc)"; status=1; fi
+  # A rank that stops answering (SIGSTOP 3 s into a long generation) is named by the other within
+  # the group's timeout (10 s here), and the group ends with exit 1 instead of hanging.
+  echo "=== rank_stopped_is_named"
+  cat > "$out/stop_rank1.sh" <<'WRAP'
+#!/usr/bin/env bash
+if [[ $EPMOE_RANK == 1 ]]; then
+  "$@" & pid=$!
+  sleep 3
+  kill -STOP "$pid"
+  sleep 40
+  kill -9 "$pid" 2>/dev/null
+  exit 0
+fi
+exec "$@"
+WRAP
+  chmod +x "$out/stop_rank1.sh"
+  start=$SECONDS
+  EPMOE_COMM_TIMEOUT=10 timeout 60 scripts/gpu-launch.sh 2 "$out/stop_rank1.sh" "$GPU_BIN/epmoe" generate --device cuda \
+    --model $fx --prompts-file "$out/prompts.txt" --max-new-tokens 4000 --ignore-eos > "$out/rank_stopped.log" 2>&1
+  rc=$?
+  pkill -9 -f "$GPU_BIN/epmoe" 2>/dev/null
+  tail -n 6 "$out/rank_stopped.log"
+  if ((rc == 1)) && grep -q "rank 1 does not answer" "$out/rank_stopped.log"; then
+    echo "=== rank_stopped_is_named: ok (exit 1 after $((SECONDS - start)) s, rank 1 named)"
+  else echo "=== rank_stopped_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
 else
   echo "only $ngpu GPU(s): the 2-GPU tests did not run"
 fi
