@@ -1,4 +1,5 @@
 #include "comm/nccl_group.h"
+#include "comm/test_fault.h"
 
 #include <nccl.h>
 
@@ -59,6 +60,8 @@ NcclGroup::NcclGroup() {
   if (rank_ < 0 || rank_ >= size_)
     throw InputError("EPMOE_RANK=" + std::to_string(rank_) + " outside 0.." + std::to_string(size_ - 1));
   if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
+  // The test-only fault hook of the MPI group (comm/test_fault.h), at every wait of this group.
+  if (const std::string error = arm_test_fault(); !error.empty()) throw InputError(error);
   cuda::init_device(rank_);
   if (size_ == 1) return;
   // NVLink multicast (NVLS) can take a shared host's GPUs out of service: always off.
@@ -150,6 +153,7 @@ std::string NcclGroup::diagnose_peers() const {
 
 void NcclGroup::sync(const char* what) {
   ops_++;
+  test_fault_point(rank_, ops_, what);
   if (!comm_) {
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
     return;

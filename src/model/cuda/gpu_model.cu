@@ -610,10 +610,23 @@ struct GpuModel final : LanguageModel {
         max_ctx = std::max<int>(max_ctx, int(pos + 1));
       }
     }
+    // The rows whose logits are wanted. Every host-to-device copy of the step happens here, while
+    // the stream is idle: a synchronous copy behind the layers would wait on their collectives
+    // outside the group's deadline (a stopped peer would hang this rank instead of being named).
+    std::vector<int32_t> sel_h;
+    std::vector<std::pair<int64_t, int64_t>> span(seqs.size(), {0, 0});
+    for (size_t q = 0; q < seqs.size(); q++) {
+      const int64_t n = int64_t(tokens[q].size());
+      if (n == 0) continue;
+      const int64_t first = all_logits ? off[q] : off[q + 1] - 1;
+      span[q] = {int64_t(sel_h.size()), off[q + 1] - first};
+      for (int64_t t = first; t < off[q + 1]; t++) sel_h.push_back(int32_t(t));
+    }
     cudaStream_t s = stream();
     ids.upload(ids_h);
     gids.upload(gids_h);
     slots.upload(slots_h);
+    if (!sel_h.empty()) sel.upload(sel_h);
     if (T_ > 0) {
       if (embed_f32) embed<float>(ids.data(), embed_f.data(), T_, H, x.data(), s);
       else embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
@@ -626,16 +639,7 @@ struct GpuModel final : LanguageModel {
     }
     for (size_t q = 0; q < seqs.size(); q++) seqs[q]->len += int64_t(tokens[q].size());
 
-    // The rows whose logits are wanted, normalised, through lm_head.
-    std::vector<int32_t> sel_h;
-    std::vector<std::pair<int64_t, int64_t>> span(seqs.size(), {0, 0});
-    for (size_t q = 0; q < seqs.size(); q++) {
-      const int64_t n = int64_t(tokens[q].size());
-      if (n == 0) continue;
-      const int64_t first = all_logits ? off[q] : off[q + 1] - 1;
-      span[q] = {int64_t(sel_h.size()), off[q + 1] - first};
-      for (int64_t t = first; t < off[q + 1]; t++) sel_h.push_back(int32_t(t));
-    }
+    // The rows whose logits are wanted (selected before the layers) are normalised, through lm_head.
     std::vector<std::vector<float>> out(seqs.size());
     const int64_t R = int64_t(sel_h.size());
     if (greedy) greedy->assign(seqs.size(), -1);
@@ -643,7 +647,6 @@ struct GpuModel final : LanguageModel {
       wait_stream("forward");
       return out;
     }
-    sel.upload(sel_h);
     reserve(R);
     norm(x.data(), final_norm, R, sel.data());
     logits.reserve(size_t(R) * size_t(V));
