@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ep/combine.h"
-#include "ep/mpi/mpi_backends.h"
+#include "ep/cpu_local_backend.h"
 
 namespace epmoe {
 

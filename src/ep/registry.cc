@@ -3,6 +3,7 @@
 
 #include "comm/mpi_group.h"
 #include "ep/backend.h"
+#include "ep/cpu_local_backend.h"
 #include "ep/mpi/mpi_backends.h"
 #include "ep/traits.h"
 #include "util/error.h"

@@ -13,7 +13,4 @@ std::unique_ptr<A2ABackend> make_mpi_alltoall_backend(MpiGroup& g, const Placeme
 std::unique_ptr<A2ABackend> make_mpi_lowlatency_backend(MpiGroup& g, const Placement& p, const BackendOptions& o);
 std::unique_ptr<A2ABackend> make_mpi_onesided_backend(MpiGroup& g, const Placement& p, const BackendOptions& o);
 std::unique_ptr<A2ABackend> make_mpi_fused_backend(MpiGroup& g, const Placement& p, const BackendOptions& o);
-// The single-process reference on the CPU (every expert local).
-std::unique_ptr<A2ABackend> make_cpu_local_backend(const Placement& p, const BackendOptions& o);
-
 }  // namespace epmoe
