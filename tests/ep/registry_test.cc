@@ -1,0 +1,80 @@
+// The one registry (src/ep/registry.cc) and the backend traits: which names exist on which device,
+// and that an unsupported (backend, device) pair or an option a device lacks is refused as bad
+// input, naming the devices that do support it -- before any group, weight or GPU is touched (so
+// these run on a CPU-only build too).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/mpi_group.h"
+#include "ep/backend.h"
+#include "ep/traits.h"
+#include "util/error.h"
+
+namespace epmoe {
+namespace {
+
+std::string refusal(const std::string& name, Device device, const BackendOptions& opt = {}) {
+  const Placement p = Placement::make_default(8, 1, 0);
+  try {
+    make_backend(name, device, MpiGroup::world(), p, opt);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Registry, NamesPerDeviceFollowTheTraits) {
+  EXPECT_EQ(backend_names(), (std::vector<std::string>{"none", "alltoall", "lowlatency", "onesided", "fused"}));
+  EXPECT_EQ(backend_names(Device::Cpu), backend_names());
+  EXPECT_EQ(backend_names(Device::Cuda), (std::vector<std::string>{"none", "alltoall", "lowlatency"}));
+  for (BackendKind k : all_backend_kinds()) {
+    const BackendTraits t = traits_of(k);
+    EXPECT_TRUE(supports(t, Device::Cpu)) << t.name;
+    EXPECT_EQ(mechanism_on(t, Device::Cuda).empty(), !supports(t, Device::Cuda)) << t.name;
+  }
+}
+
+TEST(Registry, UnsupportedPairNamesTheDevicesThatSupportIt) {
+  for (const std::string name : {"onesided", "fused"}) {
+    const std::string e = refusal(name, Device::Cuda);
+    EXPECT_NE(e.find("is not implemented on --device cuda"), std::string::npos) << e;
+    EXPECT_NE(e.find("it runs on: cpu"), std::string::npos) << e;
+    EXPECT_NE(e.find("none, alltoall, lowlatency"), std::string::npos) << e;
+  }
+}
+
+TEST(Registry, UnknownNameListsEveryBackend) {
+  for (Device d : all_devices()) {
+    const std::string e = refusal("mori", d);
+    EXPECT_NE(e.find("unknown backend"), std::string::npos) << e;
+    EXPECT_NE(e.find("none, alltoall, lowlatency, onesided, fused"), std::string::npos) << e;
+  }
+}
+
+TEST(Registry, OptionsTheGpuLacksAreRefusedNamingTheDevice) {
+  BackendOptions fast;
+  fast.combine = CombineMode::Fast;
+  EXPECT_NE(refusal("alltoall", Device::Cuda, fast).find("--combine fast: implemented on --device cpu only"),
+            std::string::npos);
+  for (Fault f : {Fault::SkipReduce, Fault::ReplicaPerRank, Fault::WrongCombineIds, Fault::DropOverflow}) {
+    BackendOptions o;
+    o.fault = f;
+    const std::string e = refusal("none", Device::Cuda, o);
+    EXPECT_NE(e.find("--inject " + fault_name(f) + ": implemented on --device cpu only"), std::string::npos) << e;
+  }
+}
+
+TEST(Registry, GroupOfOneIsTheLocalPathOnTheCpu) {
+  // Without mpirun the group has one rank and MPI is never started: every name is the local path.
+  const Placement p = Placement::make_default(8, 1, 0);
+  for (const std::string& name : backend_names(Device::Cpu)) {
+    auto be = make_backend(name, Device::Cpu, MpiGroup::world(), p, {});
+    EXPECT_EQ(be->name(), "local") << name;
+    EXPECT_EQ(be->device(), Device::Cpu) << name;
+  }
+}
+
+}  // namespace
+}  // namespace epmoe
