@@ -134,7 +134,8 @@ Command register_check(CLI::App& app) {
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   std::string faults;
   for (auto& n : fault_names()) faults += (faults.empty() ? "" : "|") + n;
-  cmd->add_option("--inject", o->inject, "Inject a bug class into every backend to see the check catch it: " + faults);
+  cmd->add_option("--inject", o->inject, "Inject a bug class into every backend to see the check catch it: " + faults +
+                                      " (cuda: double-reduce)");
   cmd->add_option("--reference", o->reference,
                   "'local': each rank recomputes its sequences with all experts in-process (the model must fit); or a "
                   "logits file written by a single-process `epmoe score`")
