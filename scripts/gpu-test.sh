@@ -85,6 +85,19 @@ if ((ngpu >= 2)); then
   # A rank that hangs in the middle of a generation (the test-only hook of comm/test_fault.h, as
   # tests/cli/rank_faults_test.cc uses it on CPUs) is named by the other rank within the group's
   # timeout (10 s here), and the group ends with exit 1; a rank that dies ends the group at once.
+  # A rank that never joins (started 30 s late) is named by the other within --comm-timeout while
+  # the group is being created (ncclCommInitRank has no deadline of its own).
+  echo "=== rank_late_is_named"
+  printf '#!/usr/bin/env bash\n[[ $EPMOE_RANK == 1 ]] && sleep 30\nexec "$@"\n' > "$out/late_rank1.sh"
+  chmod +x "$out/late_rank1.sh"
+  start=$SECONDS
+  timeout 60 scripts/gpu-launch.sh 2 "$out/late_rank1.sh" "$GPU_BIN/epmoe" generate --device cuda --comm-timeout 5 \
+    --model $fx --prompt-ids 5,17,42 --max-new-tokens 4 > "$out/rank_late.log" 2>&1
+  rc=$?
+  tail -n 3 "$out/rank_late.log" | cut -c1-400
+  if ((rc == 1)) && grep -q "rank 1 has not joined" "$out/rank_late.log"; then
+    echo "=== rank_late_is_named: ok (exit 1 after $((SECONDS - start)) s)"
+  else echo "=== rank_late_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
   for action in hang kill; do
     echo "=== rank_${action}_is_named"
     start=$SECONDS

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "comm/nccl_check.cuh"
@@ -92,8 +94,35 @@ NcclGroup::NcclGroup() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  // ncclCommInitRank blocks until every rank has joined, with no deadline of its own: a watchdog
+  // thread gives it the group's. Each rank says it has arrived by writing its status file first;
+  // when the deadline passes, the ranks without one are named and the group is aborted.
+  write_status("creating the group");
+  std::mutex m;
+  std::condition_variable cv;
+  bool created = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(m);
+    if (cv.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return created; })) return;
+    std::vector<int> absent;
+    for (int p = 0; p < size_; p++)
+      if (p != rank_ && !std::ifstream(status_base_ + std::to_string(p) + ".status")) absent.push_back(p);
+    const std::string who = absent.empty() ? "every peer has arrived (NCCL's own set-up is stuck)"
+                                           : rank_list(absent) + (absent.size() == 1 ? " has" : " have") +
+                                                 " not joined (not started, or stuck before the group)";
+    abort_group("creating the group: not complete after " + std::to_string(int(timeout_s_)) +
+                    " s (--comm-timeout): " + who + ". Aborting the group.",
+                1);
+  });
   ncclComm_t c;
-  EPMOE_NCCL_CHECK(ncclCommInitRank(&c, size_, id, rank_));
+  const ncclResult_t init = ncclCommInitRank(&c, size_, id, rank_);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    created = true;
+  }
+  cv.notify_one();
+  watchdog.join();
+  EPMOE_NCCL_CHECK(init);
   comm_ = c;
   // Every download of results (the models' logits) waits through sync(): under the deadline.
   cuda::set_stream_wait([](void* g, const char* what) { static_cast<NcclGroup*>(g)->sync(what); }, this);

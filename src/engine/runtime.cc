@@ -1,5 +1,8 @@
 #include "engine/runtime.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "comm/mpi_group.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
@@ -39,6 +42,9 @@ Group& start_group(Device device, double comm_timeout) {
     case Device::Cpu: g = &MpiGroup::world(); break;
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
+      // The group's creation (ncclCommInitRank under a watchdog) happens inside world() and reads
+      // its deadline from the environment; --comm-timeout must hold there too.
+      setenv("EPMOE_COMM_TIMEOUT", std::to_string(comm_timeout).c_str(), 1);
       g = &NcclGroup::world();
       break;
 #else
