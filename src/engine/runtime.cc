@@ -58,11 +58,8 @@ Group& start_group(Device device, double comm_timeout) {
 
 void apply_run_context(const EngineOptions& o) {
   switch (o.device) {
-    case Device::Cpu:
-      set_num_threads(o.threads);
-      set_compute_mode(resolve_compute(o.device, o.compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);
-      return;
-    case Device::Cuda: return;  // the GPU model takes its compute mode at construction
+    case Device::Cpu: set_num_threads(o.threads); return;  // the pool is the process's
+    case Device::Cuda: return;
   }
 }
 
@@ -74,7 +71,9 @@ Placement make_placement(const EngineOptions& o, int E, int R) {
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
                                           const Placement& placement, int rank, const std::string& compute) {
   switch (device) {
-    case Device::Cpu: return std::make_unique<Model>(cfg, ckpt, placement, rank);
+    case Device::Cpu:
+      return std::make_unique<Model>(cfg, ckpt, placement, rank,
+                                     resolve_compute(device, compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
       return make_gpu_model(cfg, ckpt, placement, rank, resolve_compute(device, compute) == "f32");

@@ -26,7 +26,7 @@ struct EngineOptions {
   std::string placement_file;
   double comm_timeout = 60.0;
   bool check_weights = false;  // scan the weights this rank loads for NaN/Inf
-  // The run context: explicit settings of the kernels, applied once when the runtime is built.
+  // The run context: compute mode (given to the model), threads (the process's pool), checks.
   std::string compute;  // f32 | bf16 | "" (the device's default: cpu f32, cuda bf16)
   int threads = 0;      // CPU worker threads per rank (0: the cores available)
   ForwardOptions forward;
@@ -38,7 +38,9 @@ std::string resolve_compute(Device device, const std::string& compute);
 // The group of `device` (MPI on CPUs, NCCL on GPUs), with its timeout, made the active group.
 Group& start_group(Device device, double comm_timeout);
 
-// Applies the kernels' settings of the run context (CPU: threads and compute mode).
+// Applies the process-wide part of the run context: the CPU's worker threads (one pool per
+// process). The compute mode is not process-wide: each model takes it at construction
+// (make_model), and faults travel in the backend's options.
 void apply_run_context(const EngineOptions& o);
 
 // The default placement (E experts, R ranks, N replicas) or the --placement file's.

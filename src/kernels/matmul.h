@@ -26,9 +26,22 @@ namespace epmoe {
 enum class ComputeMode { F32, BF16 };
 enum class KernelPath { Auto, Generic, Avx512 };
 
-// Process-wide settings, made once before any work (every rank of a group must agree).
+// The compute mode the kernels read. A model owns its mode (model/model.h) and installs it for
+// the length of each pass with ComputeModeScope; tests and benchmarks of the kernels set it here.
 void set_compute_mode(ComputeMode m);
 ComputeMode compute_mode();
+
+// Installs a compute mode for a scope and restores the previous one on exit.
+class ComputeModeScope {
+ public:
+  explicit ComputeModeScope(ComputeMode m) : prev_(compute_mode()) { set_compute_mode(m); }
+  ~ComputeModeScope() { set_compute_mode(prev_); }
+  ComputeModeScope(const ComputeModeScope&) = delete;
+  ComputeModeScope& operator=(const ComputeModeScope&) = delete;
+
+ private:
+  ComputeMode prev_;
+};
 void set_kernel_path(KernelPath p);  // Auto: the best the CPU has; tests force the others
 std::string kernel_description();    // what runs, e.g. "avx512-bf16 (AVX-512 + AVX512-BF16)"
 

@@ -11,8 +11,9 @@
 
 namespace epmoe {
 
-Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank)
-    : cfg_(cfg), placement_(placement), rank_(rank),
+Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
+             ComputeMode compute)
+    : cfg_(cfg), placement_(placement), rank_(rank), compute_(compute),
       w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
       rope_(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) {}
 
@@ -100,6 +101,7 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
 }
 
 void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) {
+  ComputeModeScope scope(compute_);
   const LayerWeights& L = w_.layers[size_t(l)];
   if (L.sparse) {
     MoeLayer(cfg_.routing, L.moe, placement_, rank_).forward(x, T, cfg_.hidden_size, gids, backend, y);
@@ -112,6 +114,7 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
                                                const std::vector<std::vector<int32_t>>& tokens,
                                                A2ABackend& backend, bool all_logits, const ForwardOptions& opt) {
   EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
+  ComputeModeScope scope(compute_);
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   std::vector<int64_t> offsets{0};
   for (auto& t : tokens) offsets.push_back(offsets.back() + int64_t(t.size()));

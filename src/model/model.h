@@ -13,6 +13,7 @@
 #include "ep/placement.h"
 #include "io/checkpoint.h"
 #include "io/hf_config.h"
+#include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/language_model.h"
 #include "model/weights.h"
@@ -26,8 +27,11 @@ struct CpuKvCache final : KvCache {
 
 class Model final : public LanguageModel {
  public:
-  // Loads the non-expert weights and the experts `placement` gives to `rank`.
-  Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank);
+  // Loads the non-expert weights and the experts `placement` gives to `rank`. `compute`: the
+  // activation precision of its matmuls (the engine passes --compute; by default the kernels'
+  // current mode), installed for every pass.
+  Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
+        ComputeMode compute = compute_mode());
 
   const ModelConfig& config() const override { return cfg_; }
   Device device() const override { return Device::Cpu; }
@@ -51,6 +55,7 @@ class Model final : public LanguageModel {
   ModelConfig cfg_;
   Placement placement_;
   int rank_;
+  ComputeMode compute_;
   ModelWeights w_;
   Rope rope_;
 };

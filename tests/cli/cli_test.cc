@@ -5,6 +5,7 @@
 #include "common/golden.h"
 #include "common/run.h"
 #include "io/safetensors.h"
+#include "kernels/cpu_features.h"
 
 namespace epmoe {
 namespace {
@@ -92,6 +93,32 @@ TEST(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   EXPECT_NE(r.output.find("unknown backend"), std::string::npos) << r.output;
   r = run_command(test::epmoe() + " frobnicate");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// --compute reaches the CPU model through the engine (the model owns its mode): bf16 compute gives
+// other logits than f32 on the bf16 fixture, within the bf16 tolerance of the goldens, and the
+// same bits on 1 and 2 ranks; f32 stays at the goldens' 1e-4.
+TEST(Cli, ComputeModeReachesTheModel) {
+  if (!cpu_features().avx512_bf16) GTEST_SKIP() << "no AVX512-BF16 on this CPU: --compute bf16 runs as f32";
+  const std::string fx = "qwen3moe-tiny-mixed-bf16";
+  Golden g(fx);
+  const std::string ids = test::join(g.ids("seq0.all_ids"));
+  auto score = [&](const std::string& prefix, const std::string& compute, const std::string& name) {
+    const std::string out = tmp_file(name);
+    auto r = run_command(prefix + test::epmoe() + " score --model " + test::fixture(fx) + " --ids " + ids +
+                         " --compute " + compute + " --out " + out);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return to_f32(SafetensorsFile(out).get("logits"));
+  };
+  const auto want = g.f32("seq0.logits");
+  const auto f32 = score("", "f32", "f32.safetensors");
+  const auto bf16 = score("", "bf16", "bf16.safetensors");
+  const auto bf16_2 = score(test::mpirun(2), "bf16", "bf16_2ranks.safetensors");
+  EXPECT_LE(test::max_abs_diff(f32, want), 1e-4f);
+  const float d = test::max_abs_diff(bf16, want);
+  EXPECT_GT(d, 1e-4f) << "--compute bf16 gave the f32 logits: the mode did not reach the model";
+  EXPECT_LE(d, 5e-2f);
+  EXPECT_EQ(bf16, bf16_2);
 }
 
 // The test suite is built without CUDA (EPMOE_HAVE_CUDA is private to the library): every command
