@@ -1,6 +1,8 @@
-// `epmoe generate`: greedy decoding. Prompts come as ids (--prompt-ids, or --prompts-file with one
-// comma-separated list per line) or as text (--prompt, with --chat for the ChatML template).
-// Sequences are spread over the ranks (sequence i on rank i mod R); results print in input order.
+// `epmoe generate`: greedy decoding or seeded sampling (engine/sampling.h). Prompts come as ids
+// (--prompt-ids, or --prompts-file with one comma-separated list per line) or as text (--prompt,
+// with --chat for the ChatML template). Each prompt gives --n samples (sample j uses seed + j);
+// sequences are spread over the ranks (sequence i on rank i mod R); results print in input order,
+// as ids / text, or with --json one object per (prompt, sample) per line.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -8,6 +10,8 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/lockstep.h"
+#include "engine/sampling.h"
+#include "io/json_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -26,7 +30,42 @@ struct GenerateOptions {
   std::string system;
   int max_new_tokens = 16;
   bool ignore_eos = false;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  bool seed_given = false;
+  int n = 1;
+  int top_logprobs = 0;  // --logprobs N
+  bool logprobs = false;  // --logprobs given
+  bool json = false;
 };
+
+// One line of --json: everything needed to replay and to check the sample.
+nlohmann::json json_line(size_t index, int sample, uint64_t seed, const std::vector<int32_t>& prompt,
+                         const Generation& g, const Tokenizer* tok, bool logprobs, int top_n) {
+  nlohmann::json j;
+  j["index"] = index;
+  j["sample"] = sample;
+  j["seed"] = seed;
+  j["prompt_ids"] = prompt;
+  j["output_ids"] = g.tokens;
+  if (logprobs) {
+    nlohmann::json lp = nlohmann::json::array();
+    for (float v : g.logprobs) lp.push_back(json_float(v));
+    j["output_logprobs"] = lp;
+  }
+  if (top_n > 0) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (auto& step : g.top) {
+      nlohmann::json alts = nlohmann::json::array();
+      for (auto& [id, v] : step) alts.push_back({id, json_float(v)});
+      steps.push_back(alts);
+    }
+    j["top_logprobs"] = steps;
+  }
+  j["finish_reason"] = finish_reason_name(g.finish);
+  if (tok) j["text"] = tok->decode(g.tokens);
+  return j;
+}
 
 // A prompt and where it came from (the flag, or file:line), for messages.
 struct Prompt {
@@ -72,34 +111,59 @@ int run_generate(const GenerateOptions& o) {
   // Every prompt is checked against the model before any rank loads a weight.
   const ModelConfig cfg = load_model_config(o.run.model_dir);
   for (const Prompt& p : prompts) check_prompt(p.ids, cfg, p.source, o.max_new_tokens);
+  validate(o.sampling);
+  if (o.n < 1) throw InputError("--n " + std::to_string(o.n) + ": at least one sample per prompt");
+  if (o.n > 1 && o.sampling.temperature <= 0.0f)
+    throw InputError("--n " + std::to_string(o.n) + ": greedy decoding gives one answer; set --temperature > 0");
   Runtime rt = start_runtime(o.run);
   const int me = rt.group->rank();
+  // The seed: given, or drawn by rank 0 and agreed by every rank (and reported, to replay).
+  uint64_t seed = o.seed;
+  if (!o.seed_given) seed = uint64_t(rt.group->allgather_i64(int64_t(fresh_seed()))[0]);
+  const size_t total = prompts.size() * size_t(o.n);  // request r = prompt r / n, sample r % n
   std::vector<GenerateRequest> mine;
-  for (size_t i : my_share(prompts.size(), *rt.group)) mine.push_back({uint64_t(i), prompts[i].ids});
+  for (size_t r : my_share(total, *rt.group))
+    mine.push_back({uint64_t(r), prompts[r / size_t(o.n)].ids, seed + uint64_t(r % size_t(o.n))});
 
   GenerateParams gp;
   gp.max_new_tokens = o.max_new_tokens;
   if (!o.ignore_eos) gp.stop_ids = rt.cfg.eos_token_ids;
   gp.forward = rt.options.forward;
+  gp.sampling = o.sampling;
+  gp.logprobs = o.logprobs;
+  gp.top_logprobs = o.top_logprobs;
 
-  // Text mode streams tokens as they come (single prompt, served by rank 0).
+  // Text mode streams tokens as they come (one prompt, one sample, served by rank 0).
   std::unique_ptr<StreamDecoder> stream;
   std::function<void(size_t, int32_t)> on_token;
-  if (tok && me == 0) {
+  if (tok && me == 0 && !o.json && total == 1) {
     stream = std::make_unique<StreamDecoder>(*tok);
     on_token = [&](size_t, int32_t id) {
       std::fputs(stream->push(id).c_str(), stdout);
       std::fflush(stdout);
     };
   }
-  auto outs = generate_greedy(*rt.model, *rt.backend, *rt.group, mine, gp, on_token);
-  auto all = gather_results(*rt.group, prompts.size(), mine, outs);
+  auto outs = generate(*rt.model, *rt.backend, *rt.group, mine, gp, on_token);
+  auto all = gather_generations(*rt.group, total, mine, outs);
   if (me == 0) {
-    if (tok) {
-      std::fputs(stream->flush().c_str(), stdout);
-      std::fputs("\n", stdout);
-    } else {
-      for (auto& ids : all) std::printf("%s\n", join_ids(ids).c_str());
+    if (o.sampling.temperature > 0.0f && !o.json) std::fprintf(stderr, "epmoe generate: seed %llu\n", (unsigned long long)seed);
+    for (size_t r = 0; r < total; r++) {
+      const size_t index = r / size_t(o.n);
+      const int sample = int(r % size_t(o.n));
+      if (o.json) {
+        std::printf("%s\n", json_line(index, sample, seed + uint64_t(sample), prompts[index].ids, all[r], tok.get(),
+                                      o.logprobs, o.top_logprobs)
+                               .dump()
+                               .c_str());
+      } else if (stream) {
+        std::fputs(stream->flush().c_str(), stdout);
+        std::fputs("\n", stdout);
+      } else if (tok) {
+        if (total > 1) std::printf("--- sample %d\n", sample);
+        std::printf("%s\n", tok->decode(all[r].tokens).c_str());
+      } else {
+        std::printf("%s\n", join_ids(all[r].tokens).c_str());
+      }
     }
     std::fflush(stdout);
   }
@@ -109,7 +173,8 @@ int run_generate(const GenerateOptions& o) {
 }  // namespace
 
 Command register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Greedy decoding from token ids or text");
+  auto* cmd = app.add_subcommand(
+      "generate", "Greedy decoding or seeded sampling from token ids or text, with log-probs and JSON output");
   auto o = std::make_shared<GenerateOptions>();
   add_run_options(*cmd, o->run);
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids")
@@ -125,6 +190,28 @@ Command register_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the eos ids of config.json / generation_config.json");
+  cmd->add_option("--temperature", o->sampling.temperature,
+                  "Sampling temperature; 0 (default): greedy, ties to the lower id")
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->sampling.top_k, "Sample among the k most likely ids (-1: off)")->capture_default_str();
+  cmd->add_option("--top-p", o->sampling.top_p,
+                  "Sample among the most likely ids whose probability reaches p (1: off)")
+      ->capture_default_str();
+  cmd->add_option("--min-p", o->sampling.min_p, "Sample among the ids with p >= min_p * p_max (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed,
+                  "Sampling seed (sample j of a prompt uses seed + j); without it a fresh one is drawn and reported")
+      ->each([o](const std::string&) { o->seed_given = true; });
+  cmd->add_option("--n", o->n, "Samples per prompt (with --temperature > 0)")->capture_default_str();
+  cmd->add_option("--logprobs", o->top_logprobs,
+                  "Report each generated token's log-prob, log_softmax(logits / T)[token] in fp32 (T = 1 when "
+                  "greedy); --logprobs N also the N most likely ids at each step with theirs")
+      ->expected(0, 1)
+      ->default_str("0")
+      ->each([o](const std::string&) { o->logprobs = true; });
+  cmd->add_flag("--json", o->json,
+                "One JSON object per (prompt, sample) per line: index, sample, seed, prompt_ids, output_ids, "
+                "output_logprobs (with --logprobs), top_logprobs (--logprobs N), finish_reason, text (text prompts)");
   return {cmd, [o] { return run_generate(*o); }};
 }
 

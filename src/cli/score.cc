@@ -3,11 +3,14 @@
 // Under mpirun (or on several GPUs) the sequence runs on rank 0; the other ranks serve their
 // experts with T = 0.
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/lockstep.h"
+#include "engine/sampling.h"
+#include "io/json_util.h"
 #include "io/safetensors.h"
 #include "util/error.h"
 
@@ -19,6 +22,7 @@ struct ScoreOptions {
   RunOptions run;
   std::string ids;
   std::string out;
+  float temperature = 1.0f;
 };
 
 int run_score(const ScoreOptions& o) {
@@ -35,11 +39,18 @@ int run_score(const ScoreOptions& o) {
   auto logits = score_sequences(*rt.model, *rt.backend, seq_ids, seqs, rt.options.forward);
   if (mine) {
     const int64_t V = rt.cfg.vocab_size;
-    write_safetensors(o.out, {{"logits", DType::F32, {int64_t(ids.size()), V}, logits[0].data()}},
+    // The log-prob of each token given the ones before it: the numbers `generate --logprobs`
+    // reports for the same sequence at the same temperature, bit for bit.
+    std::vector<float> token_lp(ids.size(), std::numeric_limits<float>::quiet_NaN());
+    for (size_t t = 1; t < ids.size(); t++)
+      token_lp[t] = token_logprob(logits[0].data() + (t - 1) * size_t(V), V, o.temperature, ids[t]);
+    write_safetensors(o.out, {{"logits", DType::F32, {int64_t(ids.size()), V}, logits[0].data()},
+                              {"token_logprobs", DType::F32, {int64_t(ids.size())}, token_lp.data()}},
                       {{"model", o.run.model_dir},
                        {"ids", join_ids(ids)},
                        {"device", device_name(rt.device)},
-                       {"compute", rt.options.compute}});
+                       {"compute", rt.options.compute},
+                       {"temperature", json_float(o.temperature).dump()}});
     std::fprintf(stderr, "epmoe score: %zu positions x %lld logits -> %s (%s, %s, %d rank%s)\n", ids.size(),
                  (long long)V, o.out.c_str(), device_name(rt.device), rt.options.compute.c_str(), rt.group->size(),
                  rt.group->size() > 1 ? "s" : "");
@@ -54,7 +65,14 @@ Command register_score(CLI::App& app) {
   auto o = std::make_shared<ScoreOptions>();
   add_run_options(*cmd, o->run);
   cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
-  cmd->add_option("--out", o->out, "Output safetensors file (tensor 'logits', F32 [T, vocab])")->required();
+  cmd->add_option("--out", o->out,
+                  "Output safetensors file: tensor 'logits' F32 [T, vocab], and 'token_logprobs' F32 [T]: entry t >= 1 "
+                  "is log_softmax(logits[t-1] / temperature)[ids[t]], entry 0 NaN")
+      ->required();
+  cmd->add_option("--temperature", o->temperature,
+                  "Temperature of token_logprobs (0 reports 1's, as generate does for greedy decoding)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   return {cmd, [o] { return run_score(*o); }};
 }
 

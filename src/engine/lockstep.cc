@@ -1,6 +1,7 @@
 #include "engine/lockstep.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace epmoe {
 
@@ -11,12 +12,23 @@ std::vector<size_t> my_share(size_t n, const Group& group) {
   return out;
 }
 
-std::vector<std::vector<int32_t>> generate_greedy(LanguageModel& model, A2ABackend& backend, Group& group,
-                                                  const std::vector<GenerateRequest>& mine, const GenerateParams& p,
-                                                  const std::function<void(size_t, int32_t)>& on_token) {
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+  }
+  return "?";
+}
+
+std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Group& group,
+                                 const std::vector<GenerateRequest>& mine, const GenerateParams& p,
+                                 const std::function<void(size_t, int32_t)>& on_token) {
+  const int64_t V = model.config().vocab_size;
+  // Greedy without log-probs needs no logits on the host: the model may pick on its device.
+  const bool pick_on_device = p.sampling.temperature <= 0.0f && !p.logprobs && p.top_logprobs == 0;
   std::vector<Sequence> seqs;
   for (auto& r : mine) seqs.push_back(model.new_sequence(r.id));
-  std::vector<std::vector<int32_t>> out(mine.size());
+  std::vector<Generation> out(mine.size());
   std::vector<bool> done(mine.size(), p.max_new_tokens <= 0);
   // Step 0 feeds the prompts (prefill); later steps feed the last chosen token.
   std::vector<std::vector<int32_t>> feed(mine.size());
@@ -34,16 +46,41 @@ std::vector<std::vector<int32_t>> generate_greedy(LanguageModel& model, A2ABacke
       }
     // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
     if (!group.any(!active.empty())) break;
-    const std::vector<int32_t> next = model.forward_greedy(active, tokens, backend, p.forward);
+    std::vector<int32_t> next;
+    std::vector<std::vector<float>> logits;
+    if (pick_on_device) next = model.forward_greedy(active, tokens, backend, p.forward);
+    else logits = model.forward(active, tokens, backend, /*all_logits=*/false, p.forward);
     for (size_t a = 0; a < active.size(); a++) {
       const size_t i = index[a];
-      out[i].push_back(next[a]);
-      if (on_token) on_token(i, next[a]);
-      feed[i] = {next[a]};
-      const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), next[a]) != p.stop_ids.end();
-      if (stop || int(out[i].size()) >= p.max_new_tokens) done[i] = true;
+      Generation& g = out[i];
+      int32_t t;
+      if (pick_on_device) {
+        t = next[a];
+      } else {
+        // The new token's absolute position: the sequence's length after this step's tokens.
+        const float* row = logits[a].data();
+        t = sample_token(row, V, p.sampling, mine[i].seed, active[a]->len);
+        if (p.logprobs) g.logprobs.push_back(token_logprob(row, V, p.sampling.temperature, t));
+        if (p.top_logprobs > 0) g.top.push_back(top_logprobs(row, V, p.sampling.temperature, p.top_logprobs));
+      }
+      g.tokens.push_back(t);
+      if (on_token) on_token(i, t);
+      feed[i] = {t};
+      const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
+      if (stop) g.finish = FinishReason::Stop;
+      if (stop || int(g.tokens.size()) >= p.max_new_tokens) done[i] = true;
     }
   }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> generate_greedy(LanguageModel& model, A2ABackend& backend, Group& group,
+                                                  const std::vector<GenerateRequest>& mine, const GenerateParams& p,
+                                                  const std::function<void(size_t, int32_t)>& on_token) {
+  GenerateParams greedy = p;
+  greedy.sampling = {};
+  std::vector<std::vector<int32_t>> out;
+  for (auto& g : generate(model, backend, group, mine, greedy, on_token)) out.push_back(std::move(g.tokens));
   return out;
 }
 
@@ -58,6 +95,33 @@ std::vector<std::vector<float>> score_sequences(LanguageModel& model, A2ABackend
   return model.forward(ptrs, seqs, backend, /*all_logits=*/true, fo);
 }
 
+namespace {
+
+// Every rank's int32 words, concatenated in rank order, on every rank.
+std::vector<int32_t> allgather_words(Group& group, const std::vector<int32_t>& packed) {
+  const int R = group.size();
+  const std::vector<int64_t> sizes = group.allgather_i64(int64_t(packed.size()));
+  std::vector<size_t> bytes(static_cast<size_t>(R));
+  size_t all = 0;
+  for (int r = 0; r < R; r++) all += (bytes[size_t(r)] = size_t(sizes[size_t(r)]) * sizeof(int32_t));
+  std::vector<int32_t> recv(all / sizeof(int32_t));
+  group.allgatherv(packed.data(), packed.size() * sizeof(int32_t), recv.data(), bytes);
+  return recv;
+}
+
+int32_t bits_of(float v) {
+  int32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+float float_of(int32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+}  // namespace
+
 std::vector<std::vector<int32_t>> gather_results(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
                                                  const std::vector<std::vector<int32_t>>& outs) {
   // Packed as [id, n, tokens...] records.
@@ -67,18 +131,51 @@ std::vector<std::vector<int32_t>> gather_results(Group& group, size_t total, con
     packed.push_back(int32_t(outs[i].size()));
     packed.insert(packed.end(), outs[i].begin(), outs[i].end());
   }
-  const int R = group.size();
-  const std::vector<int64_t> sizes = group.allgather_i64(int64_t(packed.size()));
-  std::vector<size_t> bytes(static_cast<size_t>(R));
-  size_t all = 0;
-  for (int r = 0; r < R; r++) all += (bytes[size_t(r)] = size_t(sizes[size_t(r)]) * sizeof(int32_t));
-  std::vector<int32_t> recv(all / sizeof(int32_t));
-  group.allgatherv(packed.data(), packed.size() * sizeof(int32_t), recv.data(), bytes);
+  const std::vector<int32_t> recv = allgather_words(group, packed);
   std::vector<std::vector<int32_t>> res(total);
   for (size_t i = 0; i < recv.size();) {
     const size_t id = size_t(recv[i]), n = size_t(recv[i + 1]);
     res[id].assign(recv.begin() + long(i) + 2, recv.begin() + long(i + 2 + n));
     i += 2 + n;
+  }
+  return res;
+}
+
+std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
+                                           const std::vector<Generation>& outs) {
+  // Packed as [id, n, finish, has_logprobs, top_n, tokens[n], logprob bits[n]?, (id, bits)[n * top_n]]:
+  // log-probs travel as their bits, so every rank prints what the sampling rank computed.
+  std::vector<int32_t> packed;
+  for (size_t i = 0; i < mine.size(); i++) {
+    const Generation& g = outs[i];
+    const int32_t top_n = g.top.empty() ? 0 : int32_t(g.top[0].size());
+    packed.insert(packed.end(), {int32_t(mine[i].id), int32_t(g.tokens.size()), int32_t(g.finish),
+                                 int32_t(!g.logprobs.empty()), top_n});
+    packed.insert(packed.end(), g.tokens.begin(), g.tokens.end());
+    for (float v : g.logprobs) packed.push_back(bits_of(v));
+    for (auto& step : g.top)
+      for (auto& [id, lp] : step) packed.insert(packed.end(), {id, bits_of(lp)});
+  }
+  const std::vector<int32_t> recv = allgather_words(group, packed);
+  std::vector<Generation> res(total);
+  for (size_t i = 0; i < recv.size();) {
+    const size_t id = size_t(recv[i]), n = size_t(recv[i + 1]);
+    const bool has_lp = recv[i + 3] != 0;
+    const size_t top_n = size_t(recv[i + 4]);
+    Generation& g = res[id];
+    g.finish = FinishReason(recv[i + 2]);
+    i += 5;
+    g.tokens.assign(recv.begin() + long(i), recv.begin() + long(i + n));
+    i += n;
+    if (has_lp) {
+      for (size_t k = 0; k < n; k++) g.logprobs.push_back(float_of(recv[i + k]));
+      i += n;
+    }
+    if (top_n > 0) {
+      g.top.resize(n);
+      for (size_t k = 0; k < n; k++)
+        for (size_t q = 0; q < top_n; q++, i += 2) g.top[k].push_back({recv[i], float_of(recv[i + 1])});
+    }
   }
   return res;
 }

@@ -9,27 +9,49 @@
 #include <vector>
 
 #include "comm/group.h"
+#include "engine/sampling.h"
 #include "ep/backend.h"
 #include "model/language_model.h"
 
 namespace epmoe {
 
 struct GenerateRequest {
-  uint64_t id = 0;  // index in the user's input
+  uint64_t id = 0;  // index of the sequence in the user's input (feeds the token global ids)
   std::vector<int32_t> prompt;
+  uint64_t seed = 0;  // the sampling seed of this sequence (unused when greedy)
 };
 
 struct GenerateParams {
   int max_new_tokens = 16;
   std::vector<int> stop_ids;  // generation of a sequence ends after one of these (it is kept)
   ForwardOptions forward;
+  SamplingParams sampling;    // temperature 0: greedy
+  bool logprobs = false;      // report each generated token's log-prob (engine/sampling.h)
+  int top_logprobs = 0;       // and the N most likely ids at each step with theirs
+};
+
+enum class FinishReason { Stop, Length };
+const char* finish_reason_name(FinishReason r);
+
+// What one sequence generated.
+struct Generation {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;                                 // [tokens] when asked
+  std::vector<std::vector<std::pair<int32_t, float>>> top;     // [tokens][N] when asked
+  FinishReason finish = FinishReason::Length;
 };
 
 // Which of n inputs this rank serves: input i on rank i mod R (data-parallel attention).
 std::vector<size_t> my_share(size_t n, const Group& group);
 
-// Greedy generation of this rank's requests. Returns the new tokens of each request, in the order
-// of `mine`. on_token(i, id) is called as each token of request i is chosen (for streaming).
+// Generation of this rank's requests (greedy or sampled, engine/sampling.h), in lockstep with
+// the group. Returns one Generation per request, in the order of `mine`. on_token(i, id) is
+// called as each token of request i is chosen (for streaming).
+std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Group& group,
+                                 const std::vector<GenerateRequest>& mine, const GenerateParams& p,
+                                 const std::function<void(size_t, int32_t)>& on_token = {});
+
+// The tokens of generate() with greedy decoding.
 std::vector<std::vector<int32_t>> generate_greedy(LanguageModel& model, A2ABackend& backend, Group& group,
                                                   const std::vector<GenerateRequest>& mine, const GenerateParams& p,
                                                   const std::function<void(size_t, int32_t)>& on_token = {});
@@ -44,5 +66,9 @@ std::vector<std::vector<float>> score_sequences(LanguageModel& model, A2ABackend
 // Every rank's token lists, indexed by request id, on every rank (collective).
 std::vector<std::vector<int32_t>> gather_results(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
                                                  const std::vector<std::vector<int32_t>>& outs);
+// Every rank's generations, indexed by request id, on every rank (collective); log-probs keep
+// their bits.
+std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
+                                           const std::vector<Generation>& outs);
 
 }  // namespace epmoe

@@ -1,5 +1,9 @@
 #include "io/json_util.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -80,6 +84,16 @@ std::string find_duplicate_key(const std::string& text, const std::string& neste
   f.nested = nested_key;
   json::sax_parse(text, &f, nlohmann::detail::input_format_t::json, false);
   return f.duplicate;
+}
+
+nlohmann::json json_float(float v) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[32];
+  for (int digits = 1; digits <= 9; digits++) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return std::strtod(buf, nullptr);
 }
 
 }  // namespace epmoe

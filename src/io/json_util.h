@@ -15,6 +15,11 @@ nlohmann::json read_json_file(const std::string& path);
 // top-level member's object (e.g. "weight_map").
 std::string find_duplicate_key(const std::string& text, const std::string& nested_key = "");
 
+// An fp32 value for JSON: the double of its shortest decimal that reads back as the same float
+// (at most 9 significant digits), which nlohmann prints as that decimal. Non-finite values have no
+// JSON number: they become null.
+nlohmann::json json_float(float v);
+
 bool file_exists(const std::string& path);
 std::string read_text_file(const std::string& path);  // throws InputError naming the path
 
