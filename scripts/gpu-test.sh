@@ -37,7 +37,25 @@ step cli_score 60 "$GPU_BIN/epmoe" score --device cuda --model $fx --ids "$ids" 
 step cli_generate 60 "$GPU_BIN/epmoe" generate --device cuda --model $fx --prompt-ids "$ids" --max-new-tokens 8
 step cli_generate_f32 60 "$GPU_BIN/epmoe" generate --device cuda --compute f32 --model $fx --prompt-ids "$ids" \
   --max-new-tokens 8
+# Sampling and log-probs on the GPU (issue 15): a seeded rollout's log-probs are the bits `score
+# --temperature` computes teacher-forced (scripts/rollout-check.py), in both compute modes.
+printf '5,17,42,99,3\n7,7,200,13\n1,2,3,4,5,6,7,8,9,10,11\n' > "$out/rollout_prompts.txt"
+rollout_args="--model $fx --prompts-file $out/rollout_prompts.txt --max-new-tokens 10 --ignore-eos --temperature 0.9 \
+  --top-p 0.95 --n 2 --seed 3 --json --logprobs 2"
+for c in bf16 f32; do
+  step "rollout_1gpu_$c" 120 bash -c "$GPU_BIN/epmoe generate --device cuda --compute $c $rollout_args \
+    > $out/rollout_1gpu_$c.jsonl && python3 scripts/rollout-check.py $out/rollout_1gpu_$c.jsonl 0.9 \
+    $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
+done
 if ((ngpu >= 2)); then
+  # The same rollout on 2 GPUs with every backend: the same lines, bit for bit.
+  for b in none alltoall lowlatency; do
+    scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $rollout_args --moe-a2a-backend $b \
+      > "$out/rollout_2gpu_$b.jsonl" 2> "$out/rollout_2gpu_$b.log"
+    if cmp -s "$out/rollout_2gpu_$b.jsonl" "$out/rollout_1gpu_bf16.jsonl" && [[ -s $out/rollout_1gpu_bf16.jsonl ]]; then
+      echo "=== rollout 2 GPUs $b == 1 GPU: ok"
+    else echo "=== rollout 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
+  done
   step gpu_ep_test 150 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test" --gtest_color=no
   printf '%s\n' "$ids" "${ids%,*}" "${ids#*,}" > "$out/prompts.txt"
   for b in none alltoall lowlatency; do
