@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -37,15 +38,17 @@ struct GenerateOptions {
   int top_logprobs = 0;  // --logprobs N
   bool logprobs = false;  // --logprobs given
   bool json = false;
+  int64_t max_batch_tokens = 0;
+  int max_running_requests = 0;
 };
 
 // One line of --json: everything needed to replay and to check the sample.
-nlohmann::json json_line(size_t index, int sample, uint64_t seed, const std::vector<int32_t>& prompt,
+nlohmann::json json_line(size_t index, int sample, std::optional<uint64_t> seed, const std::vector<int32_t>& prompt,
                          const Generation& g, const Tokenizer* tok, bool logprobs, int top_n) {
   nlohmann::json j;
   j["index"] = index;
   j["sample"] = sample;
-  j["seed"] = seed;
+  j["seed"] = seed ? nlohmann::json(*seed) : nlohmann::json(nullptr);  // null: greedy, no seed given
   j["prompt_ids"] = prompt;
   j["output_ids"] = g.tokens;
   if (logprobs) {
@@ -117,9 +120,11 @@ int run_generate(const GenerateOptions& o) {
     throw InputError("--n " + std::to_string(o.n) + ": greedy decoding gives one answer; set --temperature > 0");
   Runtime rt = start_runtime(o.run);
   const int me = rt.group->rank();
-  // The seed: given, or drawn by rank 0 and agreed by every rank (and reported, to replay).
+  // The seed of sampling: given, or drawn by rank 0 and agreed by every rank (and reported, to
+  // replay). Greedy decoding needs none (and makes no collective for it).
+  const bool sampling = o.sampling.temperature > 0.0f;
   uint64_t seed = o.seed;
-  if (!o.seed_given) seed = uint64_t(rt.group->allgather_i64(int64_t(fresh_seed()))[0]);
+  if (sampling && !o.seed_given) seed = uint64_t(rt.group->allgather_i64(int64_t(fresh_seed()))[0]);
   const size_t total = prompts.size() * size_t(o.n);  // request r = prompt r / n, sample r % n
   std::vector<GenerateRequest> mine;
   for (size_t r : my_share(total, *rt.group))
@@ -132,6 +137,8 @@ int run_generate(const GenerateOptions& o) {
   gp.sampling = o.sampling;
   gp.logprobs = o.logprobs;
   gp.top_logprobs = o.top_logprobs;
+  gp.max_batch_tokens = o.max_batch_tokens;
+  gp.max_running_requests = o.max_running_requests;
 
   // Text mode streams tokens as they come (one prompt, one sample, served by rank 0).
   std::unique_ptr<StreamDecoder> stream;
@@ -146,12 +153,14 @@ int run_generate(const GenerateOptions& o) {
   auto outs = generate(*rt.model, *rt.backend, *rt.group, mine, gp, on_token);
   auto all = gather_generations(*rt.group, total, mine, outs);
   if (me == 0) {
-    if (o.sampling.temperature > 0.0f && !o.json) std::fprintf(stderr, "epmoe generate: seed %llu\n", (unsigned long long)seed);
+    if (sampling && !o.json) std::fprintf(stderr, "epmoe generate: seed %llu\n", (unsigned long long)seed);
     for (size_t r = 0; r < total; r++) {
       const size_t index = r / size_t(o.n);
       const int sample = int(r % size_t(o.n));
       if (o.json) {
-        std::printf("%s\n", json_line(index, sample, seed + uint64_t(sample), prompts[index].ids, all[r], tok.get(),
+        const std::optional<uint64_t> used =
+            sampling || o.seed_given ? std::optional<uint64_t>(seed + uint64_t(sample)) : std::nullopt;
+        std::printf("%s\n", json_line(index, sample, used, prompts[index].ids, all[r], tok.get(),
                                       o.logprobs, o.top_logprobs)
                                .dump()
                                .c_str());
@@ -209,6 +218,15 @@ Command register_generate(CLI::App& app) {
       ->expected(0, 1)
       ->default_str("0")
       ->each([o](const std::string&) { o->logprobs = true; });
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
+                  "Tokens one step feeds per rank: running sequences' decode tokens first, then prompt chunks "
+                  "(chunked prefill); 0: unlimited")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o->max_running_requests,
+                  "Sequences in flight per rank; the others wait in the queue and join as sequences end (0: unlimited)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", o->json,
                 "One JSON object per (prompt, sample) per line: index, sample, seed, prompt_ids, output_ids, "
                 "output_logprobs (with --logprobs), top_logprobs (--logprobs N), finish_reason, text (text prompts)");

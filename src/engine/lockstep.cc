@@ -1,6 +1,10 @@
 #include "engine/lockstep.h"
 
+#include "util/error.h"
+
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 
 namespace epmoe {
@@ -26,24 +30,50 @@ std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Grou
   const int64_t V = model.config().vocab_size;
   // Greedy without log-probs needs no logits on the host: the model may pick on its device.
   const bool pick_on_device = p.sampling.temperature <= 0.0f && !p.logprobs && p.top_logprobs == 0;
-  std::vector<Sequence> seqs;
-  for (auto& r : mine) seqs.push_back(model.new_sequence(r.id));
+  const int64_t budget = p.max_batch_tokens > 0 ? p.max_batch_tokens : INT64_MAX;
+  const size_t max_running = p.max_running_requests > 0 ? size_t(p.max_running_requests) : SIZE_MAX;
+  enum class State { Queued, Running, Done };
+  std::vector<State> state(mine.size(), State::Queued);
+  std::vector<Sequence> seqs(mine.size());
+  std::vector<size_t> fed(mine.size(), 0);        // prompt tokens in the cache (or in this step)
+  std::vector<int32_t> pending(mine.size(), -1);  // the last chosen token, fed by the next step
   std::vector<Generation> out(mine.size());
-  std::vector<bool> done(mine.size(), p.max_new_tokens <= 0);
-  // Step 0 feeds the prompts (prefill); later steps feed the last chosen token.
-  std::vector<std::vector<int32_t>> feed(mine.size());
-  for (size_t i = 0; i < mine.size(); i++) feed[i] = mine[i].prompt;
+  std::vector<size_t> running;  // in admission order: decode tokens first, then prefill chunks
+  size_t next_queued = 0;
+  for (auto& r : mine) EPMOE_ASSERT(!r.prompt.empty(), "generate: request " + std::to_string(r.id) + " has no prompt");
+  if (p.max_new_tokens <= 0) next_queued = mine.size();  // nothing to generate: nobody is admitted
 
   for (;;) {
+    // One step of this rank's scheduler: every running sequence's decode token first, then prefill
+    // chunks (the running sequences' first, then newly admitted requests) up to the token budget.
     std::vector<Sequence*> active;
     std::vector<std::vector<int32_t>> tokens;
     std::vector<size_t> index;
-    for (size_t i = 0; i < mine.size(); i++)
-      if (!done[i] && !feed[i].empty()) {
+    int64_t room = budget;
+    for (size_t i : running)
+      if (pending[i] >= 0 && room > 0) {
         active.push_back(&seqs[i]);
-        tokens.push_back(feed[i]);
+        tokens.push_back({pending[i]});
         index.push_back(i);
+        room--;
       }
+    auto prefill = [&](size_t i) {
+      const size_t n = std::min<size_t>(mine[i].prompt.size() - fed[i], size_t(room));
+      active.push_back(&seqs[i]);
+      tokens.emplace_back(mine[i].prompt.begin() + long(fed[i]), mine[i].prompt.begin() + long(fed[i] + n));
+      index.push_back(i);
+      fed[i] += n;
+      room -= int64_t(n);
+    };
+    for (size_t i : running)
+      if (pending[i] < 0 && fed[i] < mine[i].prompt.size() && room > 0) prefill(i);
+    while (room > 0 && next_queued < mine.size() && running.size() < max_running) {
+      const size_t i = next_queued++;
+      state[i] = State::Running;
+      seqs[i] = model.new_sequence(mine[i].id);
+      running.push_back(i);
+      prefill(i);
+    }
     // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
     if (!group.any(!active.empty())) break;
     std::vector<int32_t> next;
@@ -52,6 +82,7 @@ std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Grou
     else logits = model.forward(active, tokens, backend, /*all_logits=*/false, p.forward);
     for (size_t a = 0; a < active.size(); a++) {
       const size_t i = index[a];
+      if (fed[i] < mine[i].prompt.size()) continue;  // a prefill chunk that does not end the prompt
       Generation& g = out[i];
       int32_t t;
       if (pick_on_device) {
@@ -65,11 +96,16 @@ std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Grou
       }
       g.tokens.push_back(t);
       if (on_token) on_token(i, t);
-      feed[i] = {t};
+      pending[i] = t;
       const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
       if (stop) g.finish = FinishReason::Stop;
-      if (stop || int(g.tokens.size()) >= p.max_new_tokens) done[i] = true;
+      if (stop || int(g.tokens.size()) >= p.max_new_tokens) {
+        state[i] = State::Done;
+        seqs[i] = Sequence{};  // its KV cache goes back now, not at the end
+      }
     }
+    running.erase(std::remove_if(running.begin(), running.end(), [&](size_t i) { return state[i] == State::Done; }),
+                  running.end());
   }
   return out;
 }

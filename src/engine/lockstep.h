@@ -28,6 +28,10 @@ struct GenerateParams {
   SamplingParams sampling;    // temperature 0: greedy
   bool logprobs = false;      // report each generated token's log-prob (engine/sampling.h)
   int top_logprobs = 0;       // and the N most likely ids at each step with theirs
+  // The scheduler, per rank: tokens fed in one step (decode tokens first, then prefill chunks;
+  // 0: unlimited) and sequences in flight at once (0: unlimited; the others wait in the queue).
+  int64_t max_batch_tokens = 0;
+  int max_running_requests = 0;
 };
 
 enum class FinishReason { Stop, Length };
@@ -45,7 +49,10 @@ struct Generation {
 std::vector<size_t> my_share(size_t n, const Group& group);
 
 // Generation of this rank's requests (greedy or sampled, engine/sampling.h), in lockstep with
-// the group. Returns one Generation per request, in the order of `mine`. on_token(i, id) is
+// the group, through a scheduler: requests are admitted in order while fewer than
+// max_running_requests run; each step feeds the running sequences' decode tokens, then prefill
+// chunks, up to max_batch_tokens (chunked prefill). The kernels are batch-invariant, so a
+// request's tokens and log-probs do not depend on either limit or on the other requests. Returns one Generation per request, in the order of `mine`. on_token(i, id) is
 // called as each token of request i is chosen (for streaming).
 std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Group& group,
                                  const std::vector<GenerateRequest>& mine, const GenerateParams& p,

@@ -120,6 +120,48 @@ TEST(Rollout, SameRequestAloneAmongOthersOnEveryLayoutAndBackend) {
     }
 }
 
+// The scheduler (engine/lockstep.h): 32 requests of lengths 1..41, with every token budget and
+// in-flight limit, on 1 and 2 ranks, give the lines of the unlimited run; one request alone gives
+// its line among the 31 others. Greedy decoding (the device-argmax path) likewise.
+TEST(Rollout, SchedulerLimitsChangeNoBit) {
+  const std::string fx = "qwen3moe-tiny-mixed-bf16";
+  std::string text;
+  uint64_t x = 5;
+  for (int i = 0; i < 32; i++) {
+    for (int k = 0; k < 1 + (i * 7) % 41; k++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      text += (k ? "," : "") + std::to_string((x >> 33) % 320);
+    }
+    text += "\n";
+  }
+  const std::string prompts = prompts_file(text);
+  auto run = [&](const std::string& prefix, const std::string& file, const std::string& flags) {
+    auto r = run_command(prefix + test::epmoe() + " generate --model " + test::fixture(fx) + " --prompts-file " + file +
+                         " --max-new-tokens 8 --ignore-eos " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string sampled = "--temperature 0.9 --min-p 0.02 --seed 11 --json --logprobs ";
+  const std::string want = run("", prompts, sampled);
+  ASSERT_EQ(json_lines(want).size(), 32u);
+  for (const std::string limits : {"--max-batch-tokens 7", "--max-batch-tokens 64", "--max-batch-tokens 1",
+                                   "--max-running-requests 3 --max-batch-tokens 5", "--max-running-requests 1"})
+    EXPECT_EQ(run("", prompts, sampled + limits), want) << limits;
+  EXPECT_EQ(run(test::mpirun(2), prompts, sampled + "--max-batch-tokens 7 --moe-a2a-backend alltoall"), want);
+  // Request 20 alone (index 0 there) is line 20 among the others.
+  std::istringstream in(text);
+  std::string line;
+  for (int i = 0; i <= 20; i++) std::getline(in, line);
+  auto alone = json_lines(run("", prompts_file(line + "\n"), sampled));
+  ASSERT_EQ(alone.size(), 1u);
+  const auto among = json_lines(want)[20];
+  EXPECT_EQ(alone[0]["output_ids"], among["output_ids"]);
+  EXPECT_EQ(alone[0]["output_logprobs"], among["output_logprobs"]);
+  // Greedy, picked on the device path.
+  const std::string greedy = run("", prompts, "");
+  EXPECT_EQ(run("", prompts, "--max-batch-tokens 7 --max-running-requests 4"), greedy);
+}
+
 TEST(Rollout, ASeedReplaysAndAFreshOneIsReported) {
   const std::string fx = "qwen3moe-tiny";
   const std::string p = prompts_file("5,17,42\n");
