@@ -47,6 +47,12 @@ for c in bf16 f32; do
     > $out/rollout_1gpu_$c.jsonl && python3 scripts/rollout-check.py $out/rollout_1gpu_$c.jsonl 0.9 \
     $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
 done
+# The scheduler's limits (chunked prefill of 7 tokens a step, 2 sequences in flight) change no bit.
+"$GPU_BIN/epmoe" generate --device cuda $rollout_args --max-batch-tokens 7 --max-running-requests 2 \
+  > "$out/rollout_1gpu_chunked.jsonl" 2> "$out/rollout_1gpu_chunked.log"
+if cmp -s "$out/rollout_1gpu_chunked.jsonl" "$out/rollout_1gpu_bf16.jsonl" && [[ -s $out/rollout_1gpu_bf16.jsonl ]]; then
+  echo "=== rollout 1 GPU chunked (7 tokens a step, 2 in flight) == unlimited: ok"
+else echo "=== rollout 1 GPU chunked differs from unlimited: FAIL"; status=1; fi
 if ((ngpu >= 2)); then
   # The same rollout on 2 GPUs with every backend: the same lines, bit for bit.
   for b in none alltoall lowlatency; do
