@@ -1,4 +1,5 @@
 #include "comm/nccl_group.h"
+#include "comm/peer_verdict.h"
 #include "comm/test_fault.h"
 
 #include <nccl.h>
@@ -35,12 +36,6 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 // The side channel's timing (nccl_group.h): write after 50 ms of waiting, every 100 ms, and a
 // status older than 2 s is a peer that is not waiting.
 constexpr auto kStatusAfter = std::chrono::milliseconds(50);
@@ -51,17 +46,19 @@ size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 }  // namespace
 
-NcclGroup& NcclGroup::world() {
-  static NcclGroup g;
+NcclGroup& NcclGroup::world(double timeout_s) {
+  static NcclGroup g(timeout_s);
+  if (timeout_s > 0) g.set_timeout(timeout_s);
   return g;
 }
 
-NcclGroup::NcclGroup() {
+NcclGroup::NcclGroup(double timeout_s) {
   size_ = std::max(1, env_int("EPMOE_WORLD_SIZE", 1));
   rank_ = size_ > 1 ? env_int("EPMOE_RANK", 0) : 0;
   if (rank_ < 0 || rank_ >= size_)
     throw InputError("EPMOE_RANK=" + std::to_string(rank_) + " outside 0.." + std::to_string(size_ - 1));
-  if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
+  if (timeout_s > 0) timeout_s_ = timeout_s;
+  else if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
   // The test-only fault hook of the MPI group (comm/test_fault.h), at every wait of this group.
   if (const std::string error = arm_test_fault(); !error.empty()) throw InputError(error);
   cuda::init_device(rank_);
@@ -131,8 +128,6 @@ NcclGroup::NcclGroup() {
 NcclGroup::~NcclGroup() {
   if (comm_) cuda::set_stream_wait(nullptr, nullptr);
   if (!status_base_.empty()) std::remove((status_base_ + std::to_string(rank_) + ".status").c_str());
-  if (scratch_) cudaFree(scratch_);
-  if (staging_) cudaFreeHost(staging_);
   if (comm_) ncclCommDestroy(nc(comm_));
 }
 
@@ -154,8 +149,7 @@ void NcclGroup::write_status(const char* what) const {
 
 std::string NcclGroup::diagnose_peers() const {
   const double now = wall_seconds();
-  std::vector<int> silent, with_us;
-  std::string elsewhere;
+  std::vector<PeerReport> peers;
   for (int p = 0; p < size_; p++) {
     if (p == rank_) continue;
     unsigned long long count = 0;
@@ -166,18 +160,9 @@ std::string NcclGroup::diagnose_peers() const {
       fresh = std::fscanf(f, "%llu %lf %159[^\n]", &count, &when, name) == 3 && now - when <= kStatusStale;
       std::fclose(f);
     }
-    if (!fresh) silent.push_back(p);
-    else if (count == ops_) with_us.push_back(p);
-    else elsewhere += "; rank " + std::to_string(p) + " waits in " + name + " (operation " + std::to_string(count) + ")";
+    peers.push_back({p, fresh, uint64_t(count), name});
   }
-  std::string v;
-  if (!silent.empty())
-    v = rank_list(silent) + (silent.size() == 1 ? " does" : " do") +
-        " not answer (dead, hung, or stuck outside communication)";
-  else
-    v = "every peer is waiting";
-  if (!with_us.empty()) v += "; " + rank_list(with_us) + " wait" + (with_us.size() == 1 ? "s" : "") + " in the same operation";
-  return v + elsewhere;
+  return peer_verdict(peers, ops_, "every peer is waiting");
 }
 
 void NcclGroup::sync(const char* what) {
@@ -213,28 +198,21 @@ void NcclGroup::sync(const char* what) {
   }
 }
 
+struct NcclGroup::Buffers {
+  cuda::DeviceArray<unsigned char> scratch;
+  cuda::PinnedArray<unsigned char> staging;
+};
+
 unsigned char* NcclGroup::scratch(size_t bytes) {
-  if (bytes > scratch_bytes_) {
-    if (scratch_) EPMOE_CUDA_CHECK(cudaFree(scratch_));
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-    const size_t n = std::max<size_t>(bytes, 4096);
-    EPMOE_CUDA_CHECK(cudaMalloc(&scratch_, n));
-    scratch_bytes_ = n;
-  }
-  return static_cast<unsigned char*>(scratch_);
+  if (!buffers_) buffers_ = std::make_unique<Buffers>();
+  buffers_->scratch.reserve(std::max<size_t>(bytes, 4096));
+  return buffers_->scratch.data();
 }
 
 unsigned char* NcclGroup::staging(size_t bytes) {
-  if (bytes > staging_bytes_) {
-    if (staging_) EPMOE_CUDA_CHECK(cudaFreeHost(staging_));
-    staging_ = nullptr;
-    staging_bytes_ = 0;
-    const size_t n = std::max<size_t>(bytes, 4096);
-    EPMOE_CUDA_CHECK(cudaMallocHost(&staging_, n));
-    staging_bytes_ = n;
-  }
-  return static_cast<unsigned char*>(staging_);
+  if (!buffers_) buffers_ = std::make_unique<Buffers>();
+  buffers_->staging.reserve(std::max<size_t>(bytes, 4096));
+  return buffers_->staging.data();
 }
 
 // Host values travel host -> page-locked staging -> device, through NCCL, and back the same way:

@@ -1,5 +1,7 @@
 #include "comm/peer_watchdog.h"
 
+#include "comm/peer_verdict.h"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -19,12 +21,6 @@ namespace {
 constexpr int kQueryTag = 1, kReplyTag = 2;
 
 MPI_Comm& side_comm(unsigned char* p) { return *reinterpret_cast<MPI_Comm*>(p); }
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
 
 }  // namespace
 
@@ -104,25 +100,13 @@ std::string PeerWatchdog::diagnose(void* request, Position here) {
     }
     sched_yield();
   }
-  std::vector<int> silent, with_us;
-  std::string elsewhere;
+  std::vector<PeerReport> peers;
   for (int p = 0; p < size; p++) {
     if (p == rank) continue;
     const Status& a = answer[size_t(p)];
-    if (!answered[size_t(p)]) silent.push_back(p);
-    else if (a.op == int64_t(here.count)) with_us.push_back(p);
-    else
-      elsewhere += "; rank " + std::to_string(p) + " waits in " + std::string(a.name, strnlen(a.name, sizeof a.name)) +
-                   " (operation " + std::to_string(a.op) + ")";
+    peers.push_back({p, bool(answered[size_t(p)]), uint64_t(a.op), std::string(a.name, strnlen(a.name, sizeof a.name))});
   }
-  std::string v;
-  if (!silent.empty())
-    v = rank_list(silent) + (silent.size() == 1 ? " does" : " do") +
-        " not answer (dead, hung, or stuck outside communication)";
-  else
-    v = "every peer answers";
-  if (!with_us.empty()) v += "; " + rank_list(with_us) + " wait" + (with_us.size() == 1 ? "s" : "") + " in the same operation";
-  return v + elsewhere;
+  return peer_verdict(peers, here.count, "every peer answers");
 }
 
 void PeerWatchdog::wait(void* request, const char* op, Position here) {
