@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,9 @@ namespace epmoe {
 class NcclGroup final : public Group {
  public:
   // The process-wide group (selects this process's GPU: init_device(rank)). Created on first use.
-  static NcclGroup& world();
+  // The process's group, made on first use. `timeout_s` (> 0) is the deadline of every wait,
+  // the group's creation included; otherwise EPMOE_COMM_TIMEOUT, else 60 s.
+  static NcclGroup& world(double timeout_s = 0);
   ~NcclGroup() override;
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
@@ -62,7 +65,7 @@ class NcclGroup final : public Group {
   uint64_t operations() const { return ops_; }
 
  private:
-  NcclGroup();
+  explicit NcclGroup(double timeout_s);
   // Rewrites this rank's status file: waiting in operation ops_ (`what`).
   void write_status(const char* what) const;
   // After a timeout: what each peer's status file says, as one clause of the abort message.
@@ -79,10 +82,8 @@ class NcclGroup final : public Group {
   uint64_t bytes_sent_ = 0;
   uint64_t ops_ = 0;
   std::string status_base_;  // "<id file>.rank" (empty in a group of one)
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
-  void* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
+  struct Buffers;  // a DeviceArray and a PinnedArray (kernels/cuda/common.cuh): no CUDA types here
+  std::unique_ptr<Buffers> buffers_;
 };
 
 }  // namespace epmoe

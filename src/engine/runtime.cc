@@ -1,8 +1,5 @@
 #include "engine/runtime.h"
 
-#include <cstdlib>
-#include <string>
-
 #include "comm/mpi_group.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
@@ -42,10 +39,8 @@ Group& start_group(Device device, double comm_timeout) {
     case Device::Cpu: g = &MpiGroup::world(); break;
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
-      // The group's creation (ncclCommInitRank under a watchdog) happens inside world() and reads
-      // its deadline from the environment; --comm-timeout must hold there too.
-      setenv("EPMOE_COMM_TIMEOUT", std::to_string(comm_timeout).c_str(), 1);
-      g = &NcclGroup::world();
+      // The deadline goes in at creation: ncclCommInitRank runs under it too.
+      g = &NcclGroup::world(comm_timeout);
       break;
 #else
       no_cuda();
