@@ -58,6 +58,19 @@ struct ExpertJobs {
   int32_t* row_base = nullptr;
 };
 
+// The jobs of this rank's own tokens, read in place, one output row per (token, slot) at
+// t * K + k: what the single-process path of every device hands its experts.
+inline ExpertJobs token_jobs(const MoeTokens& in) {
+  ExpertJobs j;
+  j.x = in.x;
+  j.x_stride = in.H;
+  j.phys = in.physical;
+  j.phys_stride = in.K;
+  j.rows = in.T;
+  j.K = in.K;
+  return j;
+}
+
 // The expert computation, declared here so that ep/ never depends on moe/. Implementations
 // (moe/: the model's SwiGLU experts; check/: the audit's probe experts) live on one device and
 // must be batch-invariant: a row's result depends only on that row, never on how many rows come

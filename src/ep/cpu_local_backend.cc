@@ -18,14 +18,7 @@ class CpuLocalBackend : public A2ABackend {
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     slots_.resize(size_t(in.T * in.K) * size_t(in.H));  // reused across layers
-    ExpertJobs j;
-    j.x = in.x;
-    j.x_stride = in.H;
-    j.phys = in.physical;
-    j.phys_stride = in.K;
-    j.rows = in.T;
-    j.K = in.K;
-    if (in.T > 0) experts.run(j, slots_.data());
+    if (in.T > 0) experts.run(token_jobs(in), slots_.data());
     combine_slots(in.T, in.H, in.K, in.weights, slots_.data(), y);
   }
 

@@ -22,15 +22,7 @@ class CudaLocalBackend final : public A2ABackend {
     const bool bf = in.act == DType::BF16;
     const size_t elt = bf ? 2 : 4;
     slots_.reserve(size_t(in.T) * size_t(in.K) * size_t(in.H) * elt);
-    ExpertJobs j;
-    j.x = in.x;
-    j.x_stride = in.H;
-    j.phys = in.physical;
-    j.phys_stride = in.K;
-    j.rows = in.T;
-    j.K = in.K;
-    j.compact = false;
-    experts.run(j, slots_.data());
+    experts.run(token_jobs(in), slots_.data());
     if (bf)
       cuda::combine_slots(reinterpret_cast<const bf16*>(slots_.data()), nullptr, in.weights, in.T, in.H, in.K, 1.0f, y,
                           cuda::stream());
