@@ -91,8 +91,11 @@ std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Grou
         // The new token's absolute position: the sequence's length after this step's tokens.
         const float* row = logits[a].data();
         t = sample_token(row, V, p.sampling, mine[i].seed, active[a]->len);
-        if (p.logprobs) g.logprobs.push_back(token_logprob(row, V, p.sampling.temperature, t));
-        if (p.top_logprobs > 0) g.top.push_back(top_logprobs(row, V, p.sampling.temperature, p.top_logprobs));
+        if (p.logprobs || p.top_logprobs > 0) {
+          const RowLogprobs lp(row, V, p.sampling.temperature);
+          if (p.logprobs) g.logprobs.push_back(lp.at(t));
+          if (p.top_logprobs > 0) g.top.push_back(lp.top(p.top_logprobs));
+        }
       }
       g.tokens.push_back(t);
       if (on_token) on_token(i, t);
@@ -157,25 +160,6 @@ float float_of(int32_t b) {
 }
 
 }  // namespace
-
-std::vector<std::vector<int32_t>> gather_results(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
-                                                 const std::vector<std::vector<int32_t>>& outs) {
-  // Packed as [id, n, tokens...] records.
-  std::vector<int32_t> packed;
-  for (size_t i = 0; i < mine.size(); i++) {
-    packed.push_back(int32_t(mine[i].id));
-    packed.push_back(int32_t(outs[i].size()));
-    packed.insert(packed.end(), outs[i].begin(), outs[i].end());
-  }
-  const std::vector<int32_t> recv = allgather_words(group, packed);
-  std::vector<std::vector<int32_t>> res(total);
-  for (size_t i = 0; i < recv.size();) {
-    const size_t id = size_t(recv[i]), n = size_t(recv[i + 1]);
-    res[id].assign(recv.begin() + long(i) + 2, recv.begin() + long(i + 2 + n));
-    i += 2 + n;
-  }
-  return res;
-}
 
 std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
                                            const std::vector<Generation>& outs) {

@@ -70,9 +70,6 @@ std::vector<std::vector<float>> score_sequences(LanguageModel& model, A2ABackend
                                                 const std::vector<std::vector<int32_t>>& seqs,
                                                 const ForwardOptions& fo = {});
 
-// Every rank's token lists, indexed by request id, on every rank (collective).
-std::vector<std::vector<int32_t>> gather_results(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
-                                                 const std::vector<std::vector<int32_t>>& outs);
 // Every rank's generations, indexed by request id, on every rank (collective); log-probs keep
 // their bits.
 std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<GenerateRequest>& mine,

@@ -14,13 +14,22 @@ namespace {
 
 float effective_temperature(float t) { return t > 0.0f ? t : 1.0f; }
 
-// The ids in the stable order: logit descending, id ascending (a pure function of the row).
-std::vector<int32_t> stable_order(const float* logits, int64_t V) {
+// The stable order: logit descending, id ascending -- a strict total order, so a partial sort
+// gives the same first ids as a full one.
+struct StableOrder {
+  const float* logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  }
+};
+
+// The first n ids of the stable order (all of them sorted when n >= V).
+std::vector<int32_t> first_in_order(const float* logits, int64_t V, int64_t n) {
   std::vector<int32_t> ids(static_cast<size_t>(V));
   std::iota(ids.begin(), ids.end(), 0);
-  std::sort(ids.begin(), ids.end(), [logits](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  n = std::min(n, V);
+  std::partial_sort(ids.begin(), ids.begin() + long(n), ids.end(), StableOrder{logits});
+  ids.resize(size_t(n));
   return ids;
 }
 
@@ -54,59 +63,74 @@ double gumbel_noise(uint64_t seed, int64_t position, int32_t id) {
   return -std::log(-std::log(sampling_uniform(seed, position, id)));
 }
 
-std::vector<float> logprobs_row(const float* logits, int64_t V, float temperature) {
-  const float T = effective_temperature(temperature);
-  std::vector<float> out(static_cast<size_t>(V));
+RowLogprobs::RowLogprobs(const float* logits, int64_t V, float temperature)
+    : logits_(logits), V_(V), T_(effective_temperature(temperature)) {
   float m = -INFINITY;
-  for (int64_t i = 0; i < V; i++) m = std::max(m, logits[i] / T);
+  for (int64_t i = 0; i < V; i++) m = std::max(m, logits[i] / T_);
   float s = 0.0f;  // fp32, ids in ascending order: one fixed order
-  for (int64_t i = 0; i < V; i++) s += std::exp(logits[i] / T - m);
-  const float lse = std::log(s);
-  for (int64_t i = 0; i < V; i++) out[size_t(i)] = (logits[i] / T - m) - lse;
+  for (int64_t i = 0; i < V; i++) s += std::exp(logits[i] / T_ - m);
+  max_ = m;
+  lse_ = std::log(s);
+}
+
+float RowLogprobs::at(int32_t id) const { return (logits_[id] / T_ - max_) - lse_; }
+
+std::vector<std::pair<int32_t, float>> RowLogprobs::top(int n) const {
+  std::vector<std::pair<int32_t, float>> out;
+  for (int32_t id : first_in_order(logits_, V_, std::max(n, 0))) out.push_back({id, at(id)});
+  return out;
+}
+
+std::vector<float> logprobs_row(const float* logits, int64_t V, float temperature) {
+  const RowLogprobs row(logits, V, temperature);
+  std::vector<float> out(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; i++) out[size_t(i)] = row.at(int32_t(i));
   return out;
 }
 
 float token_logprob(const float* logits, int64_t V, float temperature, int32_t token) {
   EPMOE_ASSERT(token >= 0 && token < V, "token_logprob: id " + std::to_string(token) + " outside the vocabulary");
-  return logprobs_row(logits, V, temperature)[size_t(token)];
+  return RowLogprobs(logits, V, temperature).at(token);
 }
 
 std::vector<std::pair<int32_t, float>> top_logprobs(const float* logits, int64_t V, float temperature, int n) {
-  const std::vector<float> lp = logprobs_row(logits, V, temperature);
-  const std::vector<int32_t> order = stable_order(logits, V);
-  std::vector<std::pair<int32_t, float>> out;
-  for (int i = 0; i < n && i < int(V); i++) out.push_back({order[size_t(i)], lp[size_t(order[size_t(i)])]});
-  return out;
+  return RowLogprobs(logits, V, temperature).top(n);
 }
 
 std::vector<int32_t> kept_ids(const float* logits, int64_t V, const SamplingParams& p) {
   if (p.temperature <= 0.0f) return {greedy(logits, V)};
-  const std::vector<int32_t> order = stable_order(logits, V);
-  size_t keep = order.size();
-  if (p.top_k > 0) keep = std::min(keep, size_t(p.top_k));
-  if (p.top_p < 1.0f || p.min_p > 0.0f) {
-    // Probabilities of the full row, in double: the masks are decisions, not reported numbers.
-    const double T = p.temperature, top = double(logits[order[0]]) / T;
-    std::vector<double> e(order.size());
-    double sum = 0;
-    for (size_t i = 0; i < order.size(); i++) sum += (e[i] = std::exp(double(logits[order[i]]) / T - top));
-    if (p.top_p < 1.0f) {
-      double cum = 0;
-      size_t i = 0;
-      while (i < keep) {
-        cum += e[i] / sum;
-        i++;
-        if (cum >= double(p.top_p)) break;
-      }
-      keep = i;
-    }
-    if (p.min_p > 0.0f) {
-      size_t i = 0;
-      while (i < keep && e[i] >= double(p.min_p)) i++;  // e[0] = 1 is p_max / p_max
-      keep = std::max<size_t>(i, 1);
-    }
+  const bool top_k = p.top_k > 0 && p.top_k < V, top_p = p.top_p < 1.0f, min_p = p.min_p > 0.0f;
+  // Relative probabilities e = p / p_max of the full row, in double: the masks are decisions, not
+  // reported numbers.
+  const double T = p.temperature, top = double(logits[greedy(logits, V)]) / T;
+  auto e = [&](int32_t id) { return std::exp(double(logits[id]) / T - top); };
+  if (!top_k && !top_p) {  // no order needed: every id, or those with p >= min_p * p_max
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < int32_t(V); i++)
+      if (!min_p || e(i) >= double(p.min_p)) ids.push_back(i);
+    return ids;
   }
-  std::vector<int32_t> ids(order.begin(), order.begin() + long(keep));
+  // A prefix of the stable order: the top_k first (a partial sort), or all of them for top-p.
+  std::vector<int32_t> ids = first_in_order(logits, V, top_k ? int64_t(p.top_k) : V);
+  size_t keep = ids.size();
+  if (top_p) {
+    double sum = 0;
+    for (int32_t i = 0; i < int32_t(V); i++) sum += e(i);
+    double cum = 0;
+    size_t i = 0;
+    while (i < keep) {
+      cum += e(ids[i]) / sum;
+      i++;
+      if (cum >= double(p.top_p)) break;
+    }
+    keep = i;
+  }
+  if (min_p) {
+    size_t i = 0;
+    while (i < keep && e(ids[i]) >= double(p.min_p)) i++;  // the first id is p_max: e = 1
+    keep = std::max<size_t>(i, 1);
+  }
+  ids.resize(keep);
   std::sort(ids.begin(), ids.end());
   return ids;
 }

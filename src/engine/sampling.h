@@ -37,7 +37,23 @@ void validate(const SamplingParams& p);
 // with `seed`.
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t seed, int64_t position);
 
-// log_softmax(logits / T)[token] in fp32 over the full row (T = 1 when temperature is 0).
+// log_softmax(logits / T) of one row (T = 1 when temperature is 0), its normaliser computed once
+// in fp32 over the full row in id order: at(id) is then one subtraction, so a step that reports a
+// token's log-prob and its top-N alternatives reads the row once.
+class RowLogprobs {
+ public:
+  RowLogprobs(const float* logits, int64_t V, float temperature);
+  float at(int32_t id) const;
+  // The n most likely ids with their log-probs, in the stable order (logit descending, id ascending).
+  std::vector<std::pair<int32_t, float>> top(int n) const;
+
+ private:
+  const float* logits_;
+  int64_t V_;
+  float T_, max_, lse_;
+};
+
+// log_softmax(logits / T)[token] (RowLogprobs(...).at(token)).
 float token_logprob(const float* logits, int64_t V, float temperature, int32_t token);
 // Every id's log-prob (the same numbers as token_logprob, all at once).
 std::vector<float> logprobs_row(const float* logits, int64_t V, float temperature);
