@@ -64,16 +64,19 @@ Placement make_placement(const EngineOptions& o, int E, int R) {
 }
 
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
-                                          const Placement& placement, int rank, const std::string& compute) {
+                                          const Placement& placement, int rank, const std::string& compute,
+                                          const KvOptions& kv) {
   switch (device) {
     case Device::Cpu:
       return std::make_unique<Model>(cfg, ckpt, placement, rank,
-                                     resolve_compute(device, compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32);
+                                     resolve_compute(device, compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32,
+                                     kv);
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
-      return make_gpu_model(cfg, ckpt, placement, rank, resolve_compute(device, compute) == "f32");
+      return make_gpu_model(cfg, ckpt, placement, rank, resolve_compute(device, compute) == "f32", kv);
 #else
       (void)compute;
+      (void)kv;
       no_cuda();
 #endif
   }
@@ -95,7 +98,7 @@ Runtime make_runtime(const EngineOptions& o) {
   // The backend before the weights: a bad name or an unsupported pair costs no loading.
   rt.backend = make_backend(o.backend, o.device, *rt.group, rt.placement, o.backend_options);
   if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(me));
-  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute);
+  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute, o.kv);
   return rt;
 }
 

@@ -30,6 +30,7 @@ struct EngineOptions {
   std::string compute;  // f32 | bf16 | "" (the device's default: cpu f32, cuda bf16)
   int threads = 0;      // CPU worker threads per rank (0: the cores available)
   ForwardOptions forward;
+  KvOptions kv;         // the paged KV cache's pool (--kv-cache-tokens)
 };
 
 // The compute mode a device runs with for `compute` ("" -> its default); InputError otherwise.
@@ -46,9 +47,10 @@ void apply_run_context(const EngineOptions& o);
 // The default placement (E experts, R ranks, N replicas) or the --placement file's.
 Placement make_placement(const EngineOptions& o, int num_experts, int ranks);
 
-// The model of `device` with the experts `placement` gives to `rank`.
+// The model of `device` with the experts `placement` gives to `rank`, and its KV pool.
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
-                                          const Placement& placement, int rank, const std::string& compute);
+                                          const Placement& placement, int rank, const std::string& compute,
+                                          const KvOptions& kv = {});
 
 struct Runtime {
   Device device = Device::Cpu;

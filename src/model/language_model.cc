@@ -1,6 +1,33 @@
 #include "model/language_model.h"
 
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
 namespace epmoe {
+
+int64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, int64_t bytes_per_token) {
+  const int64_t B = opt.block_tokens;
+  int64_t tokens = opt.tokens;
+  if (tokens <= 0) {
+    const double share = device == Device::Cuda ? 0.40 : 0.25;
+    tokens = std::min<int64_t>(int64_t(double(free_bytes) * share) / std::max<int64_t>(1, bytes_per_token), 1 << 20);
+    tokens = std::max<int64_t>(tokens, B);
+  }
+  return (tokens + B - 1) / B * B;
+}
 
 int32_t argmax(const float* logits, int64_t n) {
   int64_t best = 0;

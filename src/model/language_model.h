@@ -13,20 +13,31 @@
 
 #include "ep/backend.h"
 #include "io/hf_config.h"
+#include "model/kv_pool.h"
 #include "tensor/device.h"
 
 namespace epmoe {
 
-// A sequence's KV cache, in the model's own layout on its device.
-struct KvCache {
-  virtual ~KvCache() = default;
-};
-
 struct Sequence {
   uint64_t id = 0;               // index in the user's input: feeds the token global id
   int64_t len = 0;               // tokens already in the KV cache
-  std::shared_ptr<KvCache> kv;   // owned by the sequence (created by new_sequence)
+  std::shared_ptr<KvCache> kv;   // its blocks in the model's pool (released with the last holder)
 };
+
+// The paged KV cache of a model: how many token positions its pool holds (0: the device's
+// default, kv_pool_tokens) in blocks of how many.
+struct KvOptions {
+  int64_t tokens = 0;
+  int block_tokens = 16;
+};
+
+// The pool size for `opt` on a device with `free_bytes` of memory to spare, at `bytes_per_token`
+// (K and V of every layer): opt.tokens when given, else a quarter of the spare memory (CPU) or
+// 40% (GPU: nothing else grows there), at most 1M tokens, rounded up to whole blocks.
+int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, int64_t bytes_per_token);
+
+// The host memory available now (MemAvailable), for the CPU pool's default.
+int64_t available_memory_bytes();
 
 // What to check while running (all off by default).
 struct ForwardOptions {
@@ -39,7 +50,12 @@ class LanguageModel {
   virtual const ModelConfig& config() const = 0;
   virtual Device device() const = 0;
 
-  virtual Sequence new_sequence(uint64_t id) const = 0;
+  // The pool every sequence's KV blocks come from (engine/scheduler.h admits against it).
+  virtual KvPool& kv_pool() = 0;
+
+  // A new empty sequence whose KV writes take unpromised blocks of the pool (the scheduler admits
+  // through the pool instead, with the blocks a request needs promised).
+  Sequence new_sequence(uint64_t id) { return Sequence{id, 0, kv_pool().open()}; }
 
   // Appends tokens[i] to seqs[i] for every i and returns logits on the host: for each sequence,
   // all positions [n_i, V] when all_logits, else only the last [1, V] (empty when n_i = 0).

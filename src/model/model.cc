@@ -12,19 +12,30 @@
 namespace epmoe {
 
 Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
-             ComputeMode compute)
+             ComputeMode compute, const KvOptions& kv)
     : cfg_(cfg), placement_(placement), rank_(rank), compute_(compute),
       w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
-      rope_(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) {}
+      rope_(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) {
+  const int64_t kvd = int64_t(cfg.num_kv_heads) * cfg.head_dim;
+  const int64_t per_token = 2 * int64_t(cfg.num_layers) * kvd * int64_t(sizeof(float));
+  const int64_t tokens = kv_pool_tokens(kv, Device::Cpu, available_memory_bytes(), per_token);
+  const int64_t blocks = tokens / kv.block_tokens;
+  const size_t n = size_t(cfg.num_layers) * size_t(tokens) * size_t(kvd);
+  // new float[] leaves the memory untouched: a large pool costs address space, not pages.
+  k_.reset(new float[n]);
+  v_.reset(new float[n]);
+  pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this, kvd](int32_t src, int32_t dst) {
+    const size_t rows = size_t(pool_->block_tokens()) * size_t(kvd);
+    for (int l = 0; l < cfg_.num_layers; l++) {
+      std::memcpy(kv_row(k_.get(), l, dst, 0), kv_row(k_.get(), l, src, 0), rows * sizeof(float));
+      std::memcpy(kv_row(v_.get(), l, dst, 0), kv_row(v_.get(), l, src, 0), rows * sizeof(float));
+    }
+  });
+}
 
-Sequence Model::new_sequence(uint64_t id) const {
-  Sequence s;
-  s.id = id;
-  auto kv = std::make_shared<CpuKvCache>();
-  kv->k.resize(static_cast<size_t>(cfg_.num_layers));
-  kv->v.resize(static_cast<size_t>(cfg_.num_layers));
-  s.kv = std::move(kv);
-  return s;
+float* Model::kv_row(float* base, int layer, int32_t block, int64_t row) const {
+  const int64_t kvd = int64_t(cfg_.num_kv_heads) * cfg_.head_dim;
+  return base + ((int64_t(layer) * pool_->total_blocks() + block) * pool_->block_tokens() + row) * kvd;
 }
 
 namespace {
@@ -68,19 +79,20 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   for (size_t s = 0; s < seqs.size(); s++) {
     Sequence& seq = *seqs[s];
     const int64_t t0 = offsets[s], n = offsets[s + 1] - offsets[s];
-    CpuKvCache& cache = static_cast<CpuKvCache&>(*seq.kv);
-    auto& kc = cache.k[size_t(l)];
-    auto& vc = cache.v[size_t(l)];
+    const std::vector<int32_t>& table = seq.kv->blocks();  // forward() made room for the n tokens
+    const int64_t B = pool_->block_tokens();
     const int64_t base = seq.len;
-    kc.resize(static_cast<size_t>((base + n) * kvd));
-    vc.resize(static_cast<size_t>((base + n) * kvd));
+    // Position j's K (V) row of this layer, through the block table.
+    auto k_at = [&](int64_t j) { return kv_row(k_.get(), l, table[size_t(j / B)], j % B); };
+    auto v_at = [&](int64_t j) { return kv_row(v_.get(), l, table[size_t(j / B)], j % B); };
     for (int64_t i = 0; i < n; i++) {
       rope_.apply(&q[size_t((t0 + i) * qd)], Hq, base + i);
       rope_.apply(&k[size_t((t0 + i) * kvd)], Hkv, base + i);
-      std::memcpy(&kc[size_t((base + i) * kvd)], &k[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
-      std::memcpy(&vc[size_t((base + i) * kvd)], &v[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
+      std::memcpy(k_at(base + i), &k[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
+      std::memcpy(v_at(base + i), &v[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
     }
-    // Causal attention of each new token over the cache up to and including itself.
+    // Causal attention of each new token over the cache up to and including itself, summing the
+    // keys in position order whatever blocks hold them (the bits do not depend on the layout).
     parallel_for(n * Hq, 4, [&](int64_t b, int64_t e) {
       std::vector<float> p;
       for (int64_t job = b; job < e; job++) {
@@ -89,11 +101,11 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
         const int64_t ctx_len = base + i + 1;
         const float* qh = &q[size_t((t0 + i) * qd + h * D)];
         p.resize(static_cast<size_t>(ctx_len));
-        for (int64_t j = 0; j < ctx_len; j++) p[size_t(j)] = dot(qh, &kc[size_t(j * kvd + hk * D)], D) * scale;
+        for (int64_t j = 0; j < ctx_len; j++) p[size_t(j)] = dot(qh, k_at(j) + hk * D, D) * scale;
         softmax(p.data(), ctx_len);
         float* o = &ctx[size_t((t0 + i) * qd + h * D)];
         std::fill(o, o + D, 0.f);
-        for (int64_t j = 0; j < ctx_len; j++) axpy(p[size_t(j)], &vc[size_t(j * kvd + hk * D)], o, D);
+        for (int64_t j = 0; j < ctx_len; j++) axpy(p[size_t(j)], v_at(j) + hk * D, o, D);
       }
     });
   }
@@ -136,6 +148,16 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
       TensorView row = w_.embed.slice_rows(id, 1);
       for (int64_t h = 0; h < H; h++) x[size_t(t * H + h)] = row.at(h);
     }
+  // Room in the pool for every new token (copy on write of a shared partial block included).
+  for (size_t s = 0; s < seqs.size(); s++) {
+    Sequence& seq = *seqs[s];
+    EPMOE_ASSERT(seq.kv && &seq.kv->pool() == pool_.get(),
+                 "sequence " + std::to_string(seq.id) + ": its KV cache is not this model's");
+    EPMOE_ASSERT(seq.kv->tokens() == seq.len, "sequence " + std::to_string(seq.id) + ": KV cache holds " +
+                                                  std::to_string(seq.kv->tokens()) + " tokens, the sequence " +
+                                                  std::to_string(seq.len));
+    pool_->append(*seq.kv, tokens[s].data(), int64_t(tokens[s].size()));
+  }
 
   std::vector<float> hn(static_cast<size_t>(T * H)), tmp(static_cast<size_t>(T * H));
   for (int l = 0; l < cfg_.num_layers; l++) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,25 +21,20 @@
 
 namespace epmoe {
 
-// A sequence's KV cache on the CPU: per layer, [len, kv_heads * head_dim] keys and values.
-struct CpuKvCache final : KvCache {
-  std::vector<std::vector<float>> k, v;
-};
-
 class Model final : public LanguageModel {
  public:
   // Loads the non-expert weights and the experts `placement` gives to `rank`. `compute`: the
   // activation precision of its matmuls (the engine passes --compute; by default the kernels'
-  // current mode), installed for every pass.
+  // current mode), installed for every pass. `kv`: the KV pool (kv_pool_tokens).
   Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
-        ComputeMode compute = compute_mode());
+        ComputeMode compute = compute_mode(), const KvOptions& kv = {});
 
   const ModelConfig& config() const override { return cfg_; }
   Device device() const override { return Device::Cpu; }
   const Placement& placement() const { return placement_; }
   const ModelWeights& weights() const { return w_; }
 
-  Sequence new_sequence(uint64_t id) const override;
+  KvPool& kv_pool() override { return *pool_; }
 
   // LanguageModel::forward; check_numerics stops at the first layer that produces NaN/Inf.
   std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
@@ -58,6 +54,11 @@ class Model final : public LanguageModel {
   ComputeMode compute_;
   ModelWeights w_;
   Rope rope_;
+  // The paged KV cache: K and V of block b, layer l, row r at ((l * blocks + b) * B + r) * kvd.
+  // Allocated once, untouched until used (the pages come when a block is first written).
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<float[]> k_, v_;
+  float* kv_row(float* base, int layer, int32_t block, int64_t row) const;
 };
 
 }  // namespace epmoe

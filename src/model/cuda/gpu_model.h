@@ -28,11 +28,12 @@ namespace epmoe {
 // Non-expert weights and the experts `placement` gives to `rank`, from the checkpoint; f32:
 // --compute f32 (else bf16).
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
-                                              const Placement& placement, int rank, bool f32);
+                                              const Placement& placement, int rank, bool f32,
+                                              const KvOptions& kv = {});
 
 // The same shapes with pseudo-random weights generated on the device (benchmarks): uniform with
 // the variance of a unit-gain init, norms of one.
 std::unique_ptr<LanguageModel> make_synthetic_gpu_model(const ModelConfig& cfg, const Placement& placement, int rank,
-                                                        bool f32, uint64_t seed);
+                                                        bool f32, uint64_t seed, const KvOptions& kv = {});
 
 }  // namespace epmoe
