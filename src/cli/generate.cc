@@ -125,10 +125,20 @@ int run_generate(const GenerateOptions& o) {
   const bool sampling = o.sampling.temperature > 0.0f;
   uint64_t seed = o.seed;
   if (sampling && !o.seed_given) seed = uint64_t(rt.group->allgather_i64(int64_t(fresh_seed()))[0]);
-  const size_t total = prompts.size() * size_t(o.n);  // request r = prompt r / n, sample r % n
+  // Result r = prompt r / n, sample r % n. A prompt's samples stay on one rank: they share its KV
+  // blocks (computed once).
+  const size_t total = prompts.size() * size_t(o.n);
   std::vector<GenerateRequest> mine;
-  for (size_t r : my_share(total, *rt.group))
-    mine.push_back({uint64_t(r), prompts[r / size_t(o.n)].ids, seed + uint64_t(r % size_t(o.n))});
+  std::vector<uint64_t> result_ids;
+  for (size_t p : my_share(prompts.size(), *rt.group)) {
+    GenerateRequest q;
+    q.id = uint64_t(p) * uint64_t(o.n);
+    q.prompt = prompts[p].ids;
+    q.seed = seed;
+    q.n = o.n;
+    mine.push_back(std::move(q));
+    for (int j = 0; j < o.n; j++) result_ids.push_back(uint64_t(p) * uint64_t(o.n) + uint64_t(j));
+  }
 
   GenerateParams gp;
   gp.max_new_tokens = o.max_new_tokens;
@@ -151,7 +161,7 @@ int run_generate(const GenerateOptions& o) {
     };
   }
   auto outs = generate(*rt.model, *rt.backend, *rt.group, mine, gp, on_token);
-  auto all = gather_generations(*rt.group, total, mine, outs);
+  auto all = gather_generations(*rt.group, total, result_ids, outs);
   if (me == 0) {
     if (sampling && !o.json) std::fprintf(stderr, "epmoe generate: seed %llu\n", (unsigned long long)seed);
     for (size_t r = 0; r < total; r++) {

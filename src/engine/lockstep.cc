@@ -16,100 +16,52 @@ std::vector<size_t> my_share(size_t n, const Group& group) {
   return out;
 }
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-  }
-  return "?";
+RequestParams GenerateParams::request() const {
+  RequestParams r;
+  r.max_new_tokens = max_new_tokens;
+  r.stop_ids = stop_ids;
+  r.sampling = sampling;
+  r.logprobs = logprobs;
+  r.top_logprobs = top_logprobs;
+  return r;
+}
+
+SchedulerOptions GenerateParams::scheduler() const {
+  SchedulerOptions o;
+  o.forward = forward;
+  o.max_batch_tokens = max_batch_tokens;
+  o.max_running_requests = max_running_requests;
+  o.prefix_cache = prefix_cache;
+  return o;
 }
 
 std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Group& group,
                                  const std::vector<GenerateRequest>& mine, const GenerateParams& p,
                                  const std::function<void(size_t, int32_t)>& on_token) {
-  const int64_t V = model.config().vocab_size;
-  // Greedy without log-probs needs no logits on the host: the model may pick on its device.
-  const bool pick_on_device = p.sampling.temperature <= 0.0f && !p.logprobs && p.top_logprobs == 0;
-  const int64_t budget = p.max_batch_tokens > 0 ? p.max_batch_tokens : INT64_MAX;
-  const size_t max_running = p.max_running_requests > 0 ? size_t(p.max_running_requests) : SIZE_MAX;
-  enum class State { Queued, Running, Done };
-  std::vector<State> state(mine.size(), State::Queued);
-  std::vector<Sequence> seqs(mine.size());
-  std::vector<size_t> fed(mine.size(), 0);        // prompt tokens in the cache (or in this step)
-  std::vector<int32_t> pending(mine.size(), -1);  // the last chosen token, fed by the next step
-  std::vector<Generation> out(mine.size());
-  std::vector<size_t> running;  // in admission order: decode tokens first, then prefill chunks
-  size_t next_queued = 0;
-  for (auto& r : mine) EPMOE_ASSERT(!r.prompt.empty(), "generate: request " + std::to_string(r.id) + " has no prompt");
-  if (p.max_new_tokens <= 0) next_queued = mine.size();  // nothing to generate: nobody is admitted
-
-  for (;;) {
-    // One step of this rank's scheduler: every running sequence's decode token first, then prefill
-    // chunks (the running sequences' first, then newly admitted requests) up to the token budget.
-    std::vector<Sequence*> active;
-    std::vector<std::vector<int32_t>> tokens;
-    std::vector<size_t> index;
-    int64_t room = budget;
-    for (size_t i : running)
-      if (pending[i] >= 0 && room > 0) {
-        active.push_back(&seqs[i]);
-        tokens.push_back({pending[i]});
-        index.push_back(i);
-        room--;
-      }
-    auto prefill = [&](size_t i) {
-      const size_t n = std::min<size_t>(mine[i].prompt.size() - fed[i], size_t(room));
-      active.push_back(&seqs[i]);
-      tokens.emplace_back(mine[i].prompt.begin() + long(fed[i]), mine[i].prompt.begin() + long(fed[i] + n));
-      index.push_back(i);
-      fed[i] += n;
-      room -= int64_t(n);
-    };
-    for (size_t i : running)
-      if (pending[i] < 0 && fed[i] < mine[i].prompt.size() && room > 0) prefill(i);
-    while (room > 0 && next_queued < mine.size() && running.size() < max_running) {
-      const size_t i = next_queued++;
-      state[i] = State::Running;
-      seqs[i] = model.new_sequence(mine[i].id);
-      running.push_back(i);
-      prefill(i);
+  Scheduler sched(model, backend, group, p.scheduler());
+  std::vector<size_t> first;  // index of each request's first result
+  size_t results = 0;
+  std::string refused;
+  for (const GenerateRequest& r : mine) {
+    GenerateRequest q = r;
+    q.params = p.request();
+    first.push_back(results);
+    results += size_t(q.n);
+    try {
+      sched.submit(std::move(q));
+    } catch (const InputError& e) {
+      if (refused.empty()) refused = e.what();
     }
-    // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
-    if (!group.any(!active.empty())) break;
-    std::vector<int32_t> next;
-    std::vector<std::vector<float>> logits;
-    if (pick_on_device) next = model.forward_greedy(active, tokens, backend, p.forward);
-    else logits = model.forward(active, tokens, backend, /*all_logits=*/false, p.forward);
-    for (size_t a = 0; a < active.size(); a++) {
-      const size_t i = index[a];
-      if (fed[i] < mine[i].prompt.size()) continue;  // a prefill chunk that does not end the prompt
-      Generation& g = out[i];
-      int32_t t;
-      if (pick_on_device) {
-        t = next[a];
-      } else {
-        // The new token's absolute position: the sequence's length after this step's tokens.
-        const float* row = logits[a].data();
-        t = sample_token(row, V, p.sampling, mine[i].seed, active[a]->len);
-        if (p.logprobs || p.top_logprobs > 0) {
-          const RowLogprobs lp(row, V, p.sampling.temperature);
-          if (p.logprobs) g.logprobs.push_back(lp.at(t));
-          if (p.top_logprobs > 0) g.top.push_back(lp.top(p.top_logprobs));
-        }
-      }
-      g.tokens.push_back(t);
-      if (on_token) on_token(i, t);
-      pending[i] = t;
-      const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
-      if (stop) g.finish = FinishReason::Stop;
-      if (stop || int(g.tokens.size()) >= p.max_new_tokens) {
-        state[i] = State::Done;
-        seqs[i] = Sequence{};  // its KV cache goes back now, not at the end
-      }
-    }
-    running.erase(std::remove_if(running.begin(), running.end(), [&](size_t i) { return state[i] == State::Done; }),
-                  running.end());
   }
+  // Every rank stops, not only the one holding the request (the others would wait for it).
+  if (group.any(!refused.empty()))
+    throw InputError(refused.empty() ? "another rank refused a request (it says why)" : refused);
+  if (on_token)
+    sched.on_token = [&](size_t h, int j, int32_t t) { on_token(first[h] + size_t(j), t); };
+  sched.run();
+  std::vector<Generation> out;
+  for (size_t h = 0; h < mine.size(); h++)
+    for (const Generation& g : sched.results(h)) out.push_back(g);
   return out;
 }
 
@@ -161,16 +113,17 @@ float float_of(int32_t b) {
 
 }  // namespace
 
-std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
+std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<uint64_t>& ids,
                                            const std::vector<Generation>& outs) {
-  // Packed as [id, n, finish, has_logprobs, top_n, tokens[n], logprob bits[n]?, (id, bits)[n * top_n]]:
+  // Packed as [id, n, finish, has_logprobs, top_n, cached_tokens, tokens[n], logprob bits[n]?, (id, bits)[n * top_n]]:
   // log-probs travel as their bits, so every rank prints what the sampling rank computed.
   std::vector<int32_t> packed;
-  for (size_t i = 0; i < mine.size(); i++) {
+  EPMOE_ASSERT(ids.size() == outs.size(), "gather_generations: one id per generation");
+  for (size_t i = 0; i < outs.size(); i++) {
     const Generation& g = outs[i];
     const int32_t top_n = g.top.empty() ? 0 : int32_t(g.top[0].size());
-    packed.insert(packed.end(), {int32_t(mine[i].id), int32_t(g.tokens.size()), int32_t(g.finish),
-                                 int32_t(!g.logprobs.empty()), top_n});
+    packed.insert(packed.end(), {int32_t(ids[i]), int32_t(g.tokens.size()), int32_t(g.finish),
+                                 int32_t(!g.logprobs.empty()), top_n, int32_t(g.cached_tokens)});
     packed.insert(packed.end(), g.tokens.begin(), g.tokens.end());
     for (float v : g.logprobs) packed.push_back(bits_of(v));
     for (auto& step : g.top)
@@ -184,7 +137,8 @@ std::vector<Generation> gather_generations(Group& group, size_t total, const std
     const size_t top_n = size_t(recv[i + 4]);
     Generation& g = res[id];
     g.finish = FinishReason(recv[i + 2]);
-    i += 5;
+    g.cached_tokens = recv[i + 5];
+    i += 6;
     g.tokens.assign(recv.begin() + long(i), recv.begin() + long(i + n));
     i += n;
     if (has_lp) {

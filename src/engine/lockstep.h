@@ -10,50 +10,38 @@
 
 #include "comm/group.h"
 #include "engine/sampling.h"
+#include "engine/scheduler.h"
 #include "ep/backend.h"
 #include "model/language_model.h"
 
 namespace epmoe {
 
-struct GenerateRequest {
-  uint64_t id = 0;  // index of the sequence in the user's input (feeds the token global ids)
-  std::vector<int32_t> prompt;
-  uint64_t seed = 0;  // the sampling seed of this sequence (unused when greedy)
-};
-
+// The settings of generate(): the request-level ones apply to every request.
 struct GenerateParams {
   int max_new_tokens = 16;
-  std::vector<int> stop_ids;  // generation of a sequence ends after one of these (it is kept)
+  std::vector<int> stop_ids;
   ForwardOptions forward;
-  SamplingParams sampling;    // temperature 0: greedy
-  bool logprobs = false;      // report each generated token's log-prob (engine/sampling.h)
-  int top_logprobs = 0;       // and the N most likely ids at each step with theirs
-  // The scheduler, per rank: tokens fed in one step (decode tokens first, then prefill chunks;
-  // 0: unlimited) and sequences in flight at once (0: unlimited; the others wait in the queue).
+  SamplingParams sampling;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  // The scheduler, per rank (engine/scheduler.h): tokens fed in one step (0: unlimited),
+  // sequences in flight at once (0: unlimited), reuse of cached prompt blocks.
   int64_t max_batch_tokens = 0;
   int max_running_requests = 0;
-};
-
-enum class FinishReason { Stop, Length };
-const char* finish_reason_name(FinishReason r);
-
-// What one sequence generated.
-struct Generation {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;                                 // [tokens] when asked
-  std::vector<std::vector<std::pair<int32_t, float>>> top;     // [tokens][N] when asked
-  FinishReason finish = FinishReason::Length;
+  bool prefix_cache = true;
+  RequestParams request() const;
+  SchedulerOptions scheduler() const;
 };
 
 // Which of n inputs this rank serves: input i on rank i mod R (data-parallel attention).
 std::vector<size_t> my_share(size_t n, const Group& group);
 
 // Generation of this rank's requests (greedy or sampled, engine/sampling.h), in lockstep with
-// the group, through a scheduler: requests are admitted in order while fewer than
-// max_running_requests run; each step feeds the running sequences' decode tokens, then prefill
-// chunks, up to max_batch_tokens (chunked prefill). The kernels are batch-invariant, so a
-// request's tokens and log-probs do not depend on either limit or on the other requests. Returns one Generation per request, in the order of `mine`. on_token(i, id) is
-// called as each token of request i is chosen (for streaming).
+// the group, through the scheduler (engine/scheduler.h), with p's request-level settings for
+// every request. The kernels are batch-invariant, so a request's tokens and log-probs do not
+// depend on the scheduler's limits, the KV pool or the other requests. Returns one Generation per
+// (request, sample), requests in the order of `mine`. on_token(i, id) is called as each token of
+// result i is chosen (for streaming). A request no pool could hold is refused on every rank.
 std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Group& group,
                                  const std::vector<GenerateRequest>& mine, const GenerateParams& p,
                                  const std::function<void(size_t, int32_t)>& on_token = {});
@@ -70,9 +58,9 @@ std::vector<std::vector<float>> score_sequences(LanguageModel& model, A2ABackend
                                                 const std::vector<std::vector<int32_t>>& seqs,
                                                 const ForwardOptions& fo = {});
 
-// Every rank's generations, indexed by request id, on every rank (collective); log-probs keep
-// their bits.
-std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<GenerateRequest>& mine,
+// Every rank's generations on every rank (collective): outs[i] lands at index ids[i] of the
+// result (of `total`); log-probs keep their bits.
+std::vector<Generation> gather_generations(Group& group, size_t total, const std::vector<uint64_t>& ids,
                                            const std::vector<Generation>& outs);
 
 }  // namespace epmoe

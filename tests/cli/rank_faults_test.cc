@@ -134,10 +134,10 @@ TEST(RankFaults, ShardMissingOnlyForOneRanksExperts) {
 
 TEST(RankFaults, ThrowInForwardPassAbortsTheGroup) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("throw:1:12", 3) + generate_args(s.dir(), kLongTimeout));
+  const Timed t = timed(with_fault("throw:1:13", 3) + generate_args(s.dir(), kLongTimeout));
   EXPECT_EQ(t.r.exit_code, 1);
   EXPECT_NE(t.r.output.find("epmoe: rank 1: error: EPMOE_TEST_FAULT: injected failure on entering all-to-all "
-                            "(operation 12)"),
+                            "(operation 13)"),
             std::string::npos);
   EXPECT_LT(t.seconds, kLongTimeout) << "the failing rank aborts the group at once";
   expect_no_orphans(s);
@@ -145,7 +145,7 @@ TEST(RankFaults, ThrowInForwardPassAbortsTheGroup) {
 
 TEST(RankFaults, SigkilledRankEndsTheJob) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("kill:1:12", 3) + generate_args(s.dir(), kLongTimeout));
+  const Timed t = timed(with_fault("kill:1:13", 3) + generate_args(s.dir(), kLongTimeout));
   EXPECT_NE(t.r.exit_code, 0);
   EXPECT_NE(t.r.output.find("rank 1 kills itself (SIGKILL) on entering all-to-all"), std::string::npos);
   // mpirun sees the signal, names the rank and ends the others.
@@ -160,8 +160,8 @@ TEST(RankFaults, SigkilledRankEndsTheJob) {
 // no other rank can abort it first.
 TEST(RankFaults, SigkilledRankIsNamedBySurvivorsAfterTheTimeout) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("kill:1:12", 2, "--enable-recovery ") + generate_args(s.dir(), kCommTimeout));
-  EXPECT_NE(t.r.output.find("epmoe: rank 0: all-to-all (operation 12): no answer from the group for " +
+  const Timed t = timed(with_fault("kill:1:13", 2, "--enable-recovery ") + generate_args(s.dir(), kCommTimeout));
+  EXPECT_NE(t.r.output.find("epmoe: rank 0: all-to-all (operation 13): no answer from the group for " +
                             std::to_string(kCommTimeout) +
                             " s (--comm-timeout): rank 1 does not answer (dead, hung, or stuck outside communication)"),
             std::string::npos);
@@ -174,12 +174,12 @@ TEST(RankFaults, SigkilledRankIsNamedBySurvivorsAfterTheTimeout) {
 // and tell it apart from a peer that waits with them.
 TEST(RankFaults, HungRankIsNamedAfterTheTimeout) {
   Scratch s("qwen3moe-tiny");
-  const Timed t = timed(with_fault("hang:1:12", 3) + generate_args(s.dir(), kCommTimeout));
+  const Timed t = timed(with_fault("hang:1:13", 3) + generate_args(s.dir(), kCommTimeout));
   EXPECT_EQ(t.r.exit_code, 1);
-  EXPECT_NE(t.r.output.find("rank 1 hangs on entering all-to-all (operation 12)"), std::string::npos);
+  EXPECT_NE(t.r.output.find("rank 1 hangs on entering all-to-all (operation 13)"), std::string::npos);
   // Ranks 0 and 2 time out together; the first to abort may end the other before it prints.
   EXPECT_TRUE(std::regex_search(
-      t.r.output, std::regex("epmoe: rank [02]: all-to-all \\(operation 12\\): no answer from the group for " +
+      t.r.output, std::regex("epmoe: rank [02]: all-to-all \\(operation 13\\): no answer from the group for " +
                              std::to_string(kCommTimeout) +
                              " s \\(--comm-timeout\\): rank 1 does not answer \\(dead, hung, or stuck outside "
                              "communication\\); rank [02] waits in the same operation")))

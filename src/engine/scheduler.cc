@@ -1,0 +1,253 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+
+#include "util/error.h"
+
+namespace epmoe {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(LanguageModel& model, A2ABackend& backend, Group& group, const SchedulerOptions& opt)
+    : model_(model), backend_(backend), group_(group), opt_(opt) {}
+
+size_t Scheduler::submit(GenerateRequest r) {
+  const std::string what = "request " + std::to_string(r.id);
+  if (r.prompt.empty()) throw InputError(what + ": empty prompt");
+  if (r.n < 1) throw InputError(what + ": n = " + std::to_string(r.n) + " (at least one sample)");
+  if (r.params.max_new_tokens < 0) throw InputError(what + ": max_new_tokens < 0");
+  validate(r.params.sampling);
+  // The blocks the request may need in an empty pool (admit's promise without a cached prefix).
+  KvPool& pool = model_.kv_pool();
+  const int64_t P = int64_t(r.prompt.size()), M = r.params.max_new_tokens, B = pool.block_tokens();
+  const int64_t worst = P + std::max<int64_t>(M, 1) - 1;  // the last token chosen is never fed
+  Entry e;
+  e.fork_blocks = pool.blocks_for(worst) - P / B;
+  const int64_t cow = r.n > 1 && P % B != 0 ? 1 : 0;  // sample 0 copies the shared partial block
+  const int64_t total = pool.blocks_for(worst) + cow + int64_t(r.n - 1) * e.fork_blocks;
+  if (total > pool.total_blocks())
+    throw InputError(what + ": " + std::to_string(P) + " prompt tokens + " + std::to_string(M) + " new tokens x " +
+                     std::to_string(r.n) + " samples need " + std::to_string(total) + " KV blocks of " +
+                     std::to_string(B) + " tokens; the pool has " + std::to_string(pool.total_blocks()) +
+                     " (raise --kv-cache-tokens to at least " + std::to_string(total * B) + ")");
+  e.req = std::move(r);
+  e.out.resize(size_t(e.req.n));
+  if (e.req.params.max_new_tokens == 0) e.state = State::Done;  // nothing to generate
+  entries_.push_back(std::move(e));
+  return entries_.size() - 1;
+}
+
+void Scheduler::abort(size_t h) {
+  EPMOE_ASSERT(h < entries_.size(), "scheduler: no request " + std::to_string(h));
+  if (in_step_) {  // from on_token: the step still reads this request's samples
+    aborted_.push_back(h);
+    return;
+  }
+  Entry& e = entries_[h];
+  if (e.state == State::Done) return;
+  for (size_t j = 0; j < e.out.size(); j++) {
+    const bool open = j >= e.samples.size() || !e.samples[j].done;
+    if (open) e.out[j].finish = FinishReason::Abort;
+  }
+  e.samples.clear();  // the blocks and promises go back now
+  e.state = State::Done;
+  running_.erase(std::remove(running_.begin(), running_.end(), h), running_.end());
+}
+
+bool Scheduler::has_work() const {
+  if (!running_.empty()) return true;
+  for (size_t h = next_queued_; h < entries_.size(); h++)
+    if (entries_[h].state == State::Queued) return true;
+  return false;
+}
+
+bool Scheduler::finished(size_t h) const { return entries_[h].state == State::Done; }
+
+const std::vector<Generation>& Scheduler::results(size_t h) const { return entries_[h].out; }
+
+size_t Scheduler::queued() const {
+  size_t n = 0;
+  for (size_t h = next_queued_; h < entries_.size(); h++) n += entries_[h].state == State::Queued;
+  return n;
+}
+
+size_t Scheduler::running_sequences() const {
+  size_t n = 0;
+  for (size_t h : running_) n += size_t(entries_[h].req.n);
+  return n;
+}
+
+bool Scheduler::admit(size_t h) {
+  Entry& e = entries_[h];
+  KvPool& pool = model_.kv_pool();
+  const int64_t P = int64_t(e.req.prompt.size()), B = pool.block_tokens();
+  const int64_t worst = P + std::max(e.req.params.max_new_tokens, 1) - 1;
+  const int64_t cow = e.req.n > 1 && P % B != 0 ? 1 : 0;
+  // At least the prompt's last token is computed: its logits choose the first token.
+  const int64_t match = opt_.prefix_cache ? P - 1 : 0;
+  auto kv = pool.admit(e.req.prompt, match, worst, cow + int64_t(e.req.n - 1) * e.fork_blocks);
+  if (!kv) return false;
+  Sample s;
+  s.seq = Sequence{e.req.id, kv->tokens(), kv};
+  e.fed = size_t(kv->tokens());
+  for (auto& g : e.out) g.cached_tokens = kv->tokens();
+  e.samples.push_back(std::move(s));
+  e.state = State::Running;
+  running_.push_back(h);
+  return true;
+}
+
+void Scheduler::finish_if_done(Entry& e) {
+  for (auto& s : e.samples)
+    if (!s.done) return;
+  if (int(e.samples.size()) < e.req.n) return;
+  e.samples.clear();  // the KV blocks go back now, not when the scheduler ends
+  e.state = State::Done;
+}
+
+void Scheduler::choose(size_t h, int j, const float* row, int32_t device_pick) {
+  Entry& e = entries_[h];
+  Sample& s = e.samples[size_t(j)];
+  Generation& g = e.out[size_t(j)];
+  const RequestParams& p = e.req.params;
+  int32_t t = device_pick;
+  if (row) {
+    // The new token's absolute position: the sequence's length after this step's tokens.
+    t = sample_token(row, model_.config().vocab_size, p.sampling, e.req.seed + uint64_t(j), s.seq.len);
+    if (p.logprobs || p.top_logprobs > 0) {
+      const RowLogprobs lp(row, model_.config().vocab_size, p.sampling.temperature);
+      if (p.logprobs) g.logprobs.push_back(lp.at(t));
+      if (p.top_logprobs > 0) g.top.push_back(lp.top(p.top_logprobs));
+    }
+  }
+  g.tokens.push_back(t);
+  if (on_token) on_token(h, j, t);
+  s.pending = t;
+  const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
+  if (stop) g.finish = FinishReason::Stop;
+  if (stop || int(g.tokens.size()) >= p.max_new_tokens) {
+    s.done = true;
+    s.seq = Sequence{};  // its own blocks go back at once
+  }
+}
+
+bool Scheduler::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t budget = opt_.max_batch_tokens > 0 ? opt_.max_batch_tokens : INT64_MAX;
+  const size_t max_running = opt_.max_running_requests > 0 ? size_t(opt_.max_running_requests) : SIZE_MAX;
+  std::vector<Sequence*> active;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::pair<size_t, int>> who;  // (handle, sample) of each active sequence
+  int64_t room = budget;
+  int64_t decode = 0, prefill_fed = 0;
+  // 1. decode tokens
+  for (size_t h : running_)
+    for (size_t j = 0; j < entries_[h].samples.size() && room > 0; j++) {
+      Sample& s = entries_[h].samples[j];
+      if (s.done || s.pending < 0) continue;
+      active.push_back(&s.seq);
+      tokens.push_back({s.pending});
+      who.push_back({h, int(j)});
+      s.pending = -1;
+      room--;
+      decode++;
+    }
+  // 2. and 3. prefill chunks
+  auto prefill = [&](size_t h) {
+    Entry& e = entries_[h];
+    const size_t n = std::min<size_t>(e.req.prompt.size() - e.fed, size_t(room));
+    active.push_back(&e.samples[0].seq);
+    tokens.emplace_back(e.req.prompt.begin() + long(e.fed), e.req.prompt.begin() + long(e.fed + n));
+    who.push_back({h, 0});
+    e.fed += n;
+    room -= int64_t(n);
+    prefill_fed += int64_t(n);
+  };
+  for (size_t h : running_)
+    if (room > 0 && entries_[h].fed < entries_[h].req.prompt.size()) prefill(h);
+  size_t in_flight = running_sequences();
+  while (room > 0 && next_queued_ < entries_.size()) {
+    Entry& e = entries_[next_queued_];
+    if (e.state != State::Queued) {  // aborted while queued, or nothing to generate
+      next_queued_++;
+      continue;
+    }
+    if (in_flight + size_t(e.req.n) > max_running && in_flight > 0) break;
+    if (!admit(next_queued_)) break;  // waits for blocks, in arrival order
+    in_flight += size_t(e.req.n);
+    prefill(next_queued_++);
+  }
+  // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
+  if (!group_.any(!active.empty())) return false;
+
+  bool host_logits = false;
+  for (auto& [h, j] : who) {
+    const RequestParams& p = entries_[h].req.params;
+    host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0;
+  }
+  const auto f0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> picks;
+  std::vector<std::vector<float>> logits;
+  // Greedy without log-probs needs no logits on the host: the model may pick on its device.
+  if (host_logits) logits = model_.forward(active, tokens, backend_, /*all_logits=*/false, opt_.forward);
+  else picks = model_.forward_greedy(active, tokens, backend_, opt_.forward);
+  stats_.forward_seconds += seconds_since(f0);
+  in_step_ = true;
+
+  for (size_t a = 0; a < active.size(); a++) {
+    const auto [h, j] = who[a];
+    Entry& e = entries_[h];
+    if (e.fed < e.req.prompt.size()) continue;  // a prefill chunk that does not end the prompt
+    const float* row = host_logits ? logits[a].data() : nullptr;
+    const int32_t pick = host_logits ? -1 : picks[a];
+    if (int(e.samples.size()) < e.req.n) {
+      // The prompt is in: every sample draws its first token from this row; samples 1.. fork
+      // sample 0's cache before it writes anything of its own.
+      for (int k = 1; k < e.req.n; k++) {
+        Sample s;
+        s.seq = Sequence{e.req.id + uint64_t(k), e.samples[0].seq.len,
+                         model_.kv_pool().fork(*e.samples[0].seq.kv, e.fork_blocks)};
+        e.samples.push_back(std::move(s));
+      }
+      for (int k = 0; k < e.req.n; k++) choose(h, k, row, pick);
+    } else {
+      choose(h, j, row, pick);
+    }
+    finish_if_done(e);
+  }
+  in_step_ = false;
+  for (size_t h : aborted_) abort(h);  // asked for by on_token during the step
+  aborted_.clear();
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [&](size_t h) { return entries_[h].state == State::Done; }),
+                 running_.end());
+  stats_.steps++;
+  stats_.decode_tokens += decode;
+  stats_.prefill_tokens += prefill_fed;
+  stats_.step_seconds += seconds_since(t0);
+  return true;
+}
+
+void Scheduler::run() {
+  while (step()) {
+  }
+}
+
+}  // namespace epmoe

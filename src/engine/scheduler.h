@@ -1,0 +1,133 @@
+// The scheduler of one rank: continuous batching over the model's paged KV pool.
+//
+// Requests join (submit) and leave (finish, abort) at any step. Each step feeds, in this order:
+//   1. one decode token of every running sample (the token chosen at the previous step);
+//   2. prefill chunks of the requests admitted earlier whose prompt is not in yet;
+//   3. newly admitted requests' prompts, in arrival order,
+// up to max_batch_tokens (chunked prefill) and with at most max_running_requests sequences.
+//
+// Admission is by promise: a request enters when the pool can promise every block it may need
+// (prompt + max_new_tokens, for each of its n samples), less the blocks of its longest cached
+// prefix. Admitted requests therefore never run out of blocks and are never preempted; the ones
+// behind wait in arrival order (never dropped), and one that could not fit in an empty pool is
+// refused at submit with an InputError. The n samples of a request share the prompt's blocks: the
+// prompt is computed once, each sample draws its first token from the same logits row, and the
+// samples fork the prompt's cache (copy on write at the first block they write differently).
+//
+// Lockstep: the MoE layers of a step are collective over the group, so step() runs the model on
+// every rank while any rank has work, with no tokens on a rank that has none.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "comm/group.h"
+#include "engine/sampling.h"
+#include "ep/backend.h"
+#include "model/language_model.h"
+
+namespace epmoe {
+
+// What a request asks of generation.
+struct RequestParams {
+  int max_new_tokens = 16;
+  std::vector<int> stop_ids;  // generation of a sample ends after one of these (it is kept)
+  SamplingParams sampling;    // temperature 0: greedy
+  bool logprobs = false;      // report each generated token's log-prob (engine/sampling.h)
+  int top_logprobs = 0;       // and the N most likely ids at each step with theirs
+};
+
+struct GenerateRequest {
+  uint64_t id = 0;  // sample j's sequence id is id + j (feeds the token global ids)
+  std::vector<int32_t> prompt;
+  uint64_t seed = 0;  // sample j samples with seed + j (unused when greedy)
+  int n = 1;          // samples of this prompt
+  RequestParams params;
+};
+
+enum class FinishReason { Stop, Length, Abort };
+const char* finish_reason_name(FinishReason r);
+
+// What one sample generated.
+struct Generation {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;                                 // [tokens] when asked
+  std::vector<std::vector<std::pair<int32_t, float>>> top;     // [tokens][N] when asked
+  FinishReason finish = FinishReason::Length;
+  int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache instead of computed
+};
+
+struct SchedulerOptions {
+  ForwardOptions forward;
+  int64_t max_batch_tokens = 0;  // tokens fed in one step (0: unlimited)
+  int max_running_requests = 0;  // sequences in flight (0: unlimited)
+  bool prefix_cache = true;      // reuse cached prompt blocks across requests
+};
+
+// Counters of the steps run (for benchmarks and /metrics).
+struct SchedulerStats {
+  int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
+  double step_seconds = 0;     // whole steps: scheduling, paging, the forward, sampling
+  double forward_seconds = 0;  // the model's forward alone
+};
+
+class Scheduler {
+ public:
+  Scheduler(LanguageModel& model, A2ABackend& backend, Group& group, const SchedulerOptions& opt);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; returns its handle. InputError if it could never fit in the KV pool.
+  size_t submit(GenerateRequest r);
+  // Ends a request now (queued or running): its samples finish with Abort, its blocks go back
+  // (from on_token: at the end of the step). Samples already finished keep their reason.
+  void abort(size_t handle);
+
+  // One lockstep step (collective). False when no rank had work, and nothing ran.
+  bool step();
+  // Steps until no rank has work.
+  void run();
+
+  bool has_work() const;                       // this rank's: queued or running requests
+  bool finished(size_t handle) const;
+  const std::vector<Generation>& results(size_t handle) const;  // one per sample
+  const SchedulerStats& stats() const { return stats_; }
+  size_t queued() const;
+  size_t running_sequences() const;
+
+  // Called as each token is chosen: (handle, sample, token).
+  std::function<void(size_t, int, int32_t)> on_token;
+
+ private:
+  enum class State { Queued, Running, Done };
+  struct Sample {
+    Sequence seq;
+    int32_t pending = -1;  // the token chosen last, fed by the next step
+    bool done = false;
+  };
+  struct Entry {
+    GenerateRequest req;
+    State state = State::Queued;
+    size_t fed = 0;            // prompt tokens in the cache (or in this step)
+    std::vector<Sample> samples;  // sample 0 only until the prompt is in
+    std::vector<Generation> out;
+    int64_t fork_blocks = 0;   // blocks promised to each fork
+  };
+  bool admit(size_t h);
+  void choose(size_t h, int sample, const float* logits_row, int32_t device_pick);
+  void finish_if_done(Entry& e);
+
+  LanguageModel& model_;
+  A2ABackend& backend_;
+  Group& group_;
+  SchedulerOptions opt_;
+  std::vector<Entry> entries_;
+  std::vector<size_t> running_;  // handles in admission order
+  size_t next_queued_ = 0;       // entries_ before it were admitted (or aborted)
+  bool in_step_ = false;         // choosing tokens: aborts wait for the end of the step
+  std::vector<size_t> aborted_;
+  SchedulerStats stats_;
+};
+
+}  // namespace epmoe
