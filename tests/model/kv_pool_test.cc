@@ -1,0 +1,158 @@
+// The KV pool's bookkeeping alone (model/kv_pool.h): promises, copy on write, the prefix cache,
+// eviction and the return of every block. The K/V values are the models' (tests/engine/ and
+// tests/model/golden_test.cc hold those to bits); here a fake copier records the copies.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "model/kv_pool.h"
+
+namespace epmoe {
+namespace {
+
+std::vector<int32_t> iota(int n, int from = 0) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+TEST(KvPool, AppendTakesBlocksAndReleaseReturnsThem) {
+  KvPool pool(8, 4);
+  {
+    auto c = pool.open();
+    const auto t = iota(10);
+    pool.append(*c, t.data(), 10);
+    EXPECT_EQ(c->blocks().size(), 3u);
+    EXPECT_EQ(c->tokens(), 10);
+    EXPECT_EQ(pool.used_blocks(), 3);
+    EXPECT_EQ(pool.cached_blocks(), 0);
+  }
+  // The two full blocks stay findable; the partial one is free again.
+  EXPECT_EQ(pool.used_blocks(), 0);
+  EXPECT_EQ(pool.cached_blocks(), 2);
+  EXPECT_EQ(pool.available(), 8);
+}
+
+TEST(KvPool, AnUnpromisedWriteBeyondThePoolThrows) {
+  KvPool pool(2, 4);
+  auto c = pool.open();
+  const auto t = iota(9);
+  EXPECT_THROW(pool.append(*c, t.data(), 9), KvPoolFull);
+}
+
+TEST(KvPool, PromisesAreKeptAndOthersAreRefused) {
+  KvPool pool(6, 4);
+  auto a = pool.admit(iota(5), 4, 12);  // 3 blocks promised
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->reserved(), 3);
+  EXPECT_EQ(pool.available(), 3);
+  EXPECT_FALSE(pool.admit(iota(5, 100), 4, 16));  // 4 blocks: does not fit now
+  auto b = pool.admit(iota(5, 100), 4, 12);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(pool.available(), 0);
+  // An unpromised sequence cannot take what is promised.
+  auto c = pool.open();
+  const int32_t one = 1;
+  EXPECT_THROW(pool.append(*c, &one, 1), KvPoolFull);
+  // The promised ones write all they were promised.
+  const auto t = iota(12);
+  pool.append(*a, t.data(), 12);
+  EXPECT_EQ(a->reserved(), 0);
+  EXPECT_EQ(pool.used_blocks(), 3);
+  b.reset();  // its promise goes back with it
+  EXPECT_EQ(pool.available(), 3);
+}
+
+TEST(KvPool, PrefixCacheFindsFullBlocksOfTheSamePrefixOnly) {
+  KvPool pool(16, 4);
+  const auto prompt = iota(10);
+  {
+    auto a = pool.admit(prompt, 9, 10);
+    ASSERT_TRUE(a);
+    EXPECT_EQ(a->tokens(), 0);  // nothing cached yet
+    pool.append(*a, prompt.data(), 10);
+  }
+  auto b = pool.admit(prompt, 9, 10);  // the same prompt: both full blocks
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->tokens(), 8);
+  EXPECT_EQ(pool.prefix_hits(), 2);
+  auto limited = pool.admit(prompt, 7, 10);  // at most 7 tokens: one block
+  ASSERT_TRUE(limited);
+  EXPECT_EQ(limited->tokens(), 4);
+  std::vector<int32_t> other = prompt;
+  other[5] = 99;  // differs in the second block: only the first is shared
+  auto c = pool.admit(other, 9, 10);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->tokens(), 4);
+  std::vector<int32_t> shifted = iota(10, 1);  // nothing in common
+  auto d = pool.admit(shifted, 9, 10);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->tokens(), 0);
+  // Shared blocks are the same blocks.
+  EXPECT_EQ(b->blocks()[0], c->blocks()[0]);
+  EXPECT_EQ(b->blocks()[0], limited->blocks()[0]);
+}
+
+TEST(KvPool, ForkSharesBlocksAndCopiesThePartialOneOnWrite) {
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  KvPool pool(16, 4, [&](int32_t s, int32_t d) { copies.push_back({s, d}); });
+  const auto prompt = iota(6);
+  auto a = pool.admit(prompt, 0, 8, /*extra=*/1 + 2);  // parent + one copy, and one fork of 2 blocks
+  ASSERT_TRUE(a);
+  pool.append(*a, prompt.data(), 6);
+  auto f = pool.fork(*a, 2);
+  EXPECT_EQ(f->blocks(), a->blocks());
+  EXPECT_EQ(pool.used_blocks(), 2);
+  const int32_t x = 50, y = 60;
+  pool.append(*a, &x, 1);  // the partial block is shared: the parent writes into a copy
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].first, f->blocks()[1]);
+  EXPECT_EQ(copies[0].second, a->blocks()[1]);
+  EXPECT_EQ(a->blocks()[0], f->blocks()[0]);  // the full block stays shared
+  pool.append(*f, &y, 1);  // now the fork holds the old partial block alone: no copy
+  EXPECT_EQ(copies.size(), 1u);
+  EXPECT_EQ(pool.used_blocks(), 3);
+  a.reset();
+  f.reset();
+  EXPECT_EQ(pool.used_blocks(), 0);
+  EXPECT_EQ(pool.reserved_blocks(), 0);
+}
+
+TEST(KvPool, CachedBlocksAreEvictedLeastRecentlyUsedFirst) {
+  KvPool pool(4, 2);
+  for (int r = 0; r < 2; r++) {  // two prompts of 2 full blocks each fill the pool with cached blocks
+    auto c = pool.open();
+    const auto t = iota(4, 10 * r);
+    pool.append(*c, t.data(), 4);
+  }
+  EXPECT_EQ(pool.cached_blocks(), 4);
+  {
+    auto again = pool.admit(iota(4, 0), 4, 4);  // touches prompt 0: prompt 1 is now the older
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->tokens(), 4);
+  }
+  {
+    auto fresh = pool.open();  // two new blocks evict prompt 1's
+    const auto t = iota(4, 100);
+    pool.append(*fresh, t.data(), 3);
+  }
+  EXPECT_EQ(pool.admit(iota(4, 0), 4, 4)->tokens(), 4);
+  EXPECT_EQ(pool.admit(iota(4, 10), 4, 4)->tokens(), 0);
+}
+
+TEST(KvPool, FlushForgetsEveryPrefix) {
+  KvPool pool(8, 2);
+  {
+    auto c = pool.open();
+    const auto t = iota(6);
+    pool.append(*c, t.data(), 6);
+  }
+  EXPECT_EQ(pool.cached_blocks(), 3);
+  pool.flush_prefix_cache();
+  EXPECT_EQ(pool.cached_blocks(), 0);
+  EXPECT_EQ(pool.admit(iota(6), 6, 6)->tokens(), 0);
+  EXPECT_EQ(pool.available(), 8);
+}
+
+}  // namespace
+}  // namespace epmoe
