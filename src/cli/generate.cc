@@ -1,6 +1,6 @@
 // `epmoe generate`: greedy decoding or seeded sampling (engine/sampling.h). Prompts come as ids
-// (--prompt-ids, or --prompts-file with one comma-separated list per line) or as text (--prompt,
-// with --chat for the ChatML template). Each prompt gives --n samples (sample j uses seed + j);
+// (--prompt-ids), as text (--prompt, with --chat for the ChatML template), or one per line of
+// --prompts-file (comma-separated ids, or text: a JSON string for text with newlines). Each prompt gives --n samples (sample j uses seed + j);
 // sequences are spread over the ranks (sequence i on rank i mod R); results print in input order,
 // as ids / text, or with --json one object per (prompt, sample) per line.
 #include <cstdio>
@@ -40,6 +40,7 @@ struct GenerateOptions {
   bool json = false;
   int64_t max_batch_tokens = 0;
   int max_running_requests = 0;
+  bool no_prefix_cache = false;
 };
 
 // One line of --json: everything needed to replay and to check the sample.
@@ -66,6 +67,7 @@ nlohmann::json json_line(size_t index, int sample, std::optional<uint64_t> seed,
     j["top_logprobs"] = steps;
   }
   j["finish_reason"] = finish_reason_name(g.finish);
+  j["cached_tokens"] = g.cached_tokens;  // prompt tokens reused from the prefix cache
   if (tok) j["text"] = tok->decode(g.tokens);
   return j;
 }
@@ -74,9 +76,17 @@ nlohmann::json json_line(size_t index, int sample, std::optional<uint64_t> seed,
 struct Prompt {
   std::string source;
   std::vector<int32_t> ids;
+  bool text = false;  // given as text: the output is decoded too
 };
 
-std::vector<Prompt> read_prompts_file(const std::string& path) {
+// A line of --prompts-file: ids when it holds only digits, commas, signs and blanks; else text,
+// taken as a JSON string when it starts with a quote (for newlines and escapes), else as is.
+bool is_id_line(const std::string& line) {
+  return line.find_first_not_of("0123456789,-+ \t") == std::string::npos;
+}
+
+std::vector<Prompt> read_prompts_file(const std::string& path, const std::string& model_dir,
+                                      std::unique_ptr<Tokenizer>& tok) {
   std::ifstream f(path);
   if (!f) throw InputError(path + ": cannot open prompts file");
   std::vector<Prompt> out;
@@ -84,10 +94,31 @@ std::vector<Prompt> read_prompts_file(const std::string& path) {
   int n = 0;
   while (std::getline(f, line)) {
     n++;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(n);
-    out.push_back({where, parse_ids(line, where)});
+    if (is_id_line(line)) {
+      out.push_back({where, parse_ids(line, where)});
+      continue;
+    }
+    std::string text = line;
+    if (line.front() == '"') {
+      try {
+        text = nlohmann::json::parse(line).get<std::string>();
+      } catch (const std::exception& e) {
+        throw InputError(where + ": a line starting with a quote must be one JSON string (" + e.what() + ")");
+      }
+    }
+    if (!tok) {
+      try {
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(model_dir));
+      } catch (const InputError& e) {
+        throw InputError(where + ": a text prompt needs the model's tokenizer files: " + e.what());
+      }
+    }
+    Prompt p{where, tok->encode(text), true};
+    if (p.ids.empty()) throw InputError(where + ": the prompt encodes to no tokens");
+    out.push_back(std::move(p));
   }
   if (out.empty()) throw InputError(path + ": no prompts");
   return out;
@@ -104,12 +135,12 @@ int run_generate(const GenerateOptions& o) {
     if (o.prompt.empty() && !o.chat) throw InputError("--prompt: empty prompt");
     tok = std::make_unique<Tokenizer>(Tokenizer::load(o.run.model_dir));
     std::string text = o.chat ? tok->chat_prompt(o.prompt, o.system) : o.prompt;
-    prompts.push_back({"--prompt", tok->encode(text)});
+    prompts.push_back({"--prompt", tok->encode(text), true});
     if (prompts.back().ids.empty()) throw InputError("--prompt: the prompt encodes to no tokens");
   } else if (o.prompt_ids_given) {
     prompts.push_back({"--prompt-ids", parse_ids(o.prompt_ids, "--prompt-ids")});
   } else {
-    prompts = read_prompts_file(o.prompts_file);
+    prompts = read_prompts_file(o.prompts_file, o.run.model_dir, tok);
   }
   // Every prompt is checked against the model before any rank loads a weight.
   const ModelConfig cfg = load_model_config(o.run.model_dir);
@@ -149,6 +180,7 @@ int run_generate(const GenerateOptions& o) {
   gp.top_logprobs = o.top_logprobs;
   gp.max_batch_tokens = o.max_batch_tokens;
   gp.max_running_requests = o.max_running_requests;
+  gp.prefix_cache = !o.no_prefix_cache;
 
   // Text mode streams tokens as they come (one prompt, one sample, served by rank 0).
   std::unique_ptr<StreamDecoder> stream;
@@ -170,15 +202,16 @@ int run_generate(const GenerateOptions& o) {
       if (o.json) {
         const std::optional<uint64_t> used =
             sampling || o.seed_given ? std::optional<uint64_t>(seed + uint64_t(sample)) : std::nullopt;
-        std::printf("%s\n", json_line(index, sample, used, prompts[index].ids, all[r], tok.get(),
+        const Tokenizer* text_of = prompts[index].text ? tok.get() : nullptr;
+        std::printf("%s\n", json_line(index, sample, used, prompts[index].ids, all[r], text_of,
                                       o.logprobs, o.top_logprobs)
                                .dump()
                                .c_str());
       } else if (stream) {
         std::fputs(stream->flush().c_str(), stdout);
         std::fputs("\n", stdout);
-      } else if (tok) {
-        if (total > 1) std::printf("--- sample %d\n", sample);
+      } else if (prompts[index].text) {
+        if (total > 1) std::printf("--- prompt %zu sample %d\n", index, sample);
         std::printf("%s\n", tok->decode(all[r].tokens).c_str());
       } else {
         std::printf("%s\n", join_ids(all[r].tokens).c_str());
@@ -199,8 +232,9 @@ Command register_generate(CLI::App& app) {
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids")
       ->each([o](const std::string&) { o->prompt_ids_given = true; });
   cmd->add_option("--prompts-file", o->prompts_file,
-                  "File with one comma-separated id list per line; sequences are spread over the ranks, "
-                  "results print one line per prompt in input order");
+                  "File with one prompt per line: comma-separated ids, or text (needs tokenizer files; a line "
+                  "starting with a quote is a JSON string, for newlines). Prompts are spread over the ranks, results "
+                  "print in input order");
   cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer files in the model folder); prints text")
       ->each([o](const std::string&) { o->prompt_given = true; });
   cmd->add_flag("--chat", o->chat, "Wrap --prompt in the ChatML template");
@@ -237,6 +271,9 @@ Command register_generate(CLI::App& app) {
                   "Sequences in flight per rank; the others wait in the queue and join as sequences end (0: unlimited)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                  "Compute every prompt in full instead of reusing KV blocks cached from earlier prompts with the "
+                  "same prefix (the bits are the same either way)");
   cmd->add_flag("--json", o->json,
                 "One JSON object per (prompt, sample) per line: index, sample, seed, prompt_ids, output_ids, "
                 "output_logprobs (with --logprobs), top_logprobs (--logprobs N), finish_reason, text (text prompts)");

@@ -59,6 +59,16 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
                  "else f32 is used). cuda: bf16 (default: bf16 tensor cores, fp32-grade products outside the routed "
                  "experts) or f32")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd.add_option("--kv-cache-tokens", o.kv_cache_tokens,
+                 "Token positions of the paged KV cache per rank, allocated at start (0: a quarter of the available "
+                 "memory on the CPU, 40% of the free GPU memory; at most 1M). Requests wait until their blocks fit; "
+                 "one that could never fit is refused")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--kv-block-size", o.kv_block_tokens,
+                 "Tokens per KV block: the unit of paging and of prefix reuse (the bits never depend on it)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd.add_flag("--audit", o.audit, "Run the reduction audit of the backend once before the work");
   cmd.add_flag("--batch-invariant", o.batch_invariant,
                "A row's bits never depend on the batch: always so on both devices (no split-K, fixed-order "
@@ -80,6 +90,8 @@ EngineOptions engine_options(const RunOptions& o) {
   e.compute = o.compute;
   e.threads = o.threads;
   e.forward.check_numerics = o.check_numerics;
+  e.kv.tokens = o.kv_cache_tokens;
+  e.kv.block_tokens = o.kv_block_tokens;
   return e;
 }
 

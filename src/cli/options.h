@@ -29,6 +29,8 @@ struct RunOptions {
   int threads = 0;
   bool audit = false;
   bool batch_invariant = false;  // accepted everywhere: every kernel of both devices already is
+  int64_t kv_cache_tokens = 0;   // 0: the device's default (model/language_model.h kv_pool_tokens)
+  int kv_block_tokens = 16;
 };
 
 void add_model_option(CLI::App& cmd, RunOptions& o);

@@ -1,8 +1,8 @@
-// The on-policy guarantee, as far as it is built (issue 15: sampling and log-probs; continuous
-// batching and the paged KV cache are not yet): a sampled token's log-prob, as `generate --json
+// The on-policy guarantee through the command: a sampled token's log-prob, as `generate --json
 // --logprobs` reports it, is the same fp32 bits as `score --temperature` computes for the same
-// sequence teacher-forced; the same request alone or among others, on 1, 2 or 3 ranks and with
-// every backend, gives the same tokens and the same log-prob bits; a seed replays a rollout.
+// sequence teacher-forced; the same request alone or among others, on 1, 2, 3 or 4 ranks with
+// every backend, under any scheduler limit, KV pool, block size or prefix reuse, gives the same
+// tokens and the same log-prob bits; a seed replays a rollout.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -110,9 +110,8 @@ TEST(Rollout, SameRequestAloneAmongOthersOnEveryLayoutAndBackend) {
   }
   // Several ranks, every backend: the same lines.
   const std::string prompts = prompts_file(kPrompts);
-  for (int ranks : {2, 3})
+  for (int ranks : {2, 3, 4})
     for (const std::string backend : {"none", "alltoall", "lowlatency", "onesided", "fused"}) {
-      if (ranks == 3 && backend != "alltoall") continue;  // one backend at 3 ranks keeps the suite short
       const auto got = json_lines(generate(test::mpirun(ranks), fx, prompts,
                                            "--moe-a2a-backend " + backend + " --max-dispatch-tokens-per-rank 3"));
       ASSERT_EQ(got.size(), all.size()) << ranks << " ranks " << backend;
@@ -145,7 +144,9 @@ TEST(Rollout, SchedulerLimitsChangeNoBit) {
   const std::string want = run("", prompts, sampled);
   ASSERT_EQ(json_lines(want).size(), 32u);
   for (const std::string limits : {"--max-batch-tokens 7", "--max-batch-tokens 64", "--max-batch-tokens 1",
-                                   "--max-running-requests 3 --max-batch-tokens 5", "--max-running-requests 1"})
+                                   "--max-running-requests 3 --max-batch-tokens 5", "--max-running-requests 1",
+                                   // a pool of 96 positions for a workload of ~1000: requests wait for blocks
+                                   "--kv-cache-tokens 96 --kv-block-size 4", "--kv-block-size 1 --no-prefix-cache"})
     EXPECT_EQ(run("", prompts, sampled + limits), want) << limits;
   EXPECT_EQ(run(test::mpirun(2), prompts, sampled + "--max-batch-tokens 7 --moe-a2a-backend alltoall"), want);
   // Request 20 alone (index 0 there) is line 20 among the others.
@@ -160,6 +161,41 @@ TEST(Rollout, SchedulerLimitsChangeNoBit) {
   // Greedy, picked on the device path.
   const std::string greedy = run("", prompts, "");
   EXPECT_EQ(run("", prompts, "--max-batch-tokens 7 --max-running-requests 4"), greedy);
+}
+
+// Prompts that share prefixes, one at a time so that each finds the blocks of the ones before:
+// the lines are those of computing every prompt in full.
+TEST(Rollout, PrefixReuseChangesNoBit) {
+  const std::string fx = "qwen3moe-tiny";
+  std::string head = "9,8,7,6,5,4,3,2,1,11,12,13,14,15,16,17,18,19,20,21";
+  const std::string p = prompts_file(head + "\n" + head + ",30,31\n" + head + "\n" + "9,8,7,6,5,4,3,2,1,11,99\n");
+  auto run = [&](const std::string& flags) {
+    auto r = run_command(test::epmoe() + " generate --model " + test::fixture(fx) + " --prompts-file " + p +
+                         " --max-new-tokens 6 --ignore-eos --temperature 0.7 --seed 5 --n 2 --json --logprobs 1 " +
+                         "--max-running-requests 2 --kv-block-size 4 " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  auto reused = json_lines(run("")), full = json_lines(run("--no-prefix-cache"));
+  ASSERT_EQ(reused.size(), 8u);
+  ASSERT_EQ(full.size(), 8u);
+  // Blocks of 4: prompt 1 finds the 5 blocks of prompt 0; prompt 2 (= prompt 0) 4 of them (one
+  // token at least is computed); prompt 3 the first 2.
+  const int cached[] = {0, 20, 16, 8};
+  for (size_t i = 0; i < 8; i++) {
+    EXPECT_EQ(reused[i]["cached_tokens"], cached[i / 2]) << "line " << i;
+    EXPECT_EQ(full[i]["cached_tokens"], 0);
+    reused[i].erase("cached_tokens");
+    full[i].erase("cached_tokens");
+    EXPECT_EQ(reused[i], full[i]) << "line " << i;
+  }
+}
+
+TEST(Rollout, ARequestNoPoolCanHoldIsRefusedOnEveryRank) {
+  auto r = run_command(test::mpirun(2) + test::epmoe() + " generate --model " + test::fixture("qwen3moe-tiny") +
+                       " --prompts-file " + prompts_file(kPrompts) + " --max-new-tokens 30 --kv-cache-tokens 32");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("raise --kv-cache-tokens"), std::string::npos) << r.output;
 }
 
 TEST(Rollout, ASeedReplaysAndAFreshOneIsReported) {

@@ -99,5 +99,42 @@ TEST(GenerateCli, ChatWrapsThePromptInChatML) {
   EXPECT_NE(no_tok.output.find("qwen3moe-tiny"), std::string::npos) << no_tok.output;
 }
 
+TEST(GenerateCli, PromptsFileMixesTextAndIdLinesAndJsonAddsText) {
+  const std::string m = text_model();
+  auto ids = test::run_command(test::epmoe() + " tokenize --model " + m + " --text 'Hello, world!'");
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  const std::string id_list = ids.output.substr(0, ids.output.find('\n'));
+  const std::string file = ::testing::TempDir() + "/text_prompts.txt";
+  std::ofstream(file) << "Hello, world!\n" << id_list << "\n\"Hello, world!\"\n\"two\\nlines\"\n";
+  auto r = test::run_command(test::epmoe() + " generate --ignore-eos --max-new-tokens 5 --json --model " + m +
+                             " --prompts-file " + file);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(r.output);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty() && l[0] == '{') lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 4u);
+  // The text line, the same prompt as ids, and as a JSON string: one prompt, one output.
+  EXPECT_EQ(lines[0]["prompt_ids"], lines[1]["prompt_ids"]);
+  EXPECT_EQ(lines[0]["output_ids"], lines[1]["output_ids"]);
+  EXPECT_EQ(lines[0]["output_ids"], lines[2]["output_ids"]);
+  EXPECT_TRUE(lines[0].contains("text"));
+  EXPECT_FALSE(lines[1].contains("text")) << "an ids prompt prints ids";
+  auto decoded = test::run_command(test::epmoe() + " tokenize --decode --model " + m + " --text " +
+                                   test::join(lines[0]["output_ids"].get<std::vector<int32_t>>()));
+  EXPECT_EQ(lines[0]["text"].get<std::string>() + "\n", decoded.output);
+  const std::string jsonl = ::testing::TempDir() + "/text_prompts.jsonl";
+  std::ofstream(jsonl) << "\"two\\nlines\"\n";
+  auto nl = test::run_command(test::epmoe() + " tokenize --model " + m + " --jsonl " + jsonl);
+  EXPECT_EQ(nlohmann::json::parse(nl.output), lines[3]["prompt_ids"])
+      << "a JSON-string line is decoded (its \\n is a newline)";
+  // Text lines without tokenizer files: a clear input error naming the line.
+  std::ofstream(file) << "1,2,3\nsome text\n";
+  auto no_tok = test::run_command(test::epmoe() + " generate --model " + test::fixture("qwen3moe-tiny") +
+                                  " --prompts-file " + file);
+  EXPECT_EQ(no_tok.exit_code, 2) << no_tok.output;
+  EXPECT_NE(no_tok.output.find(file + ":2"), std::string::npos) << no_tok.output;
+}
+
 }  // namespace
 }  // namespace epmoe
