@@ -1,0 +1,205 @@
+// The scheduler's cost against the fixed-batch forward it drives, and tokens/s at 1, 8, 64 and
+// 256 concurrent sequences (issue 15). For each batch B, in one run:
+//   fixed:     B sequences, one forward with all prompts, then decode steps of model.forward()
+//              alone (the same host logits the scheduler asks for; the next token an argmax
+//              outside the timing);
+//   scheduler: the same B prompts as requests through engine/scheduler.h (admission against the
+//              KV pool, block tables, sampling at temperature 0.8 with each token's log-prob),
+//              each step timed whole.
+// The overhead is median(scheduler decode step) / median(fixed decode step) - 1, and, from the
+// scheduler's own clock, the share of its decode steps spent outside the forward (scheduling and
+// sampling; paging runs inside the forward on both sides). Figures are printed, never asserted.
+//
+//   scheduler_bench --model DIR [--compute f32|bf16]                 CPU, a checkpoint
+//                                                                    (epmoe synth --like qwen3-30b-a3b --layers 4)
+//   scheduler_bench --device cuda [--layers 4]                       one GPU, the synthesized model on the device
+//   common: [--batches 1,8,64,256] [--prompt 32] [--steps 8]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_group.h"
+#include "engine/scheduler.h"
+#include "ep/backend.h"
+#include "io/checkpoint.h"
+#include "io/hf_config.h"
+#include "io/model_presets.h"
+#include "kernels/matmul.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/threads.h"
+#ifdef EPMOE_HAVE_CUDA
+#include "comm/nccl_group.h"
+#include "model/cuda/gpu_model.h"
+#endif
+
+using namespace epmoe;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  for (size_t p = 0; p < s.size();) {
+    const size_t q = s.find(',', p);
+    out.push_back(std::stoi(s.substr(p, q - p)));
+    p = q == std::string::npos ? s.size() : q + 1;
+  }
+  return out;
+}
+
+struct Row {
+  int batch = 0;
+  double fixed_prefill_s = 0, sched_prefill_s = 0;
+  double fixed_step_ms = 0, sched_step_ms = 0, outside_forward = 0;
+};
+
+Row measure(LanguageModel& m, A2ABackend& be, Group& g, int B, int P, int steps, uint64_t seed) {
+  const int64_t V = m.config().vocab_size;
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+  for (auto& p : prompts) {
+    p.resize(size_t(P));
+    for (auto& t : p) t = int32_t(rng() % uint64_t(V));
+  }
+  Row r;
+  r.batch = B;
+  {  // fixed batch
+    std::vector<Sequence> seqs;
+    for (int b = 0; b < B; b++) seqs.push_back(m.new_sequence(uint64_t(b)));
+    std::vector<Sequence*> ptrs;
+    for (auto& s : seqs) ptrs.push_back(&s);
+    double t0 = now();
+    auto logits = m.forward(ptrs, prompts, be, false);
+    r.fixed_prefill_s = now() - t0;
+    std::vector<double> t;
+    for (int i = 0; i < steps; i++) {
+      std::vector<std::vector<int32_t>> next;
+      for (auto& l : logits) next.push_back({argmax(l.data(), V)});
+      t0 = now();
+      logits = m.forward(ptrs, next, be, false);
+      t.push_back(now() - t0);
+    }
+    r.fixed_step_ms = median(t) * 1e3;
+  }
+  {  // through the scheduler
+    Scheduler s(m, be, g, {});
+    for (int b = 0; b < B; b++) {
+      GenerateRequest q;
+      q.id = uint64_t(b);
+      q.prompt = prompts[size_t(b)];
+      q.seed = seed + uint64_t(b);
+      q.params.max_new_tokens = steps + 1;
+      q.params.sampling.temperature = 0.8f;
+      q.params.logprobs = true;
+      s.submit(std::move(q));
+    }
+    std::vector<double> t;
+    double outside = 0, whole = 0;
+    for (;;) {
+      const SchedulerStats before = s.stats();
+      const double t0 = now();
+      if (!s.step()) break;
+      const double dt = now() - t0;
+      const SchedulerStats& after = s.stats();
+      if (after.prefill_tokens > before.prefill_tokens) {
+        r.sched_prefill_s += dt;
+        continue;
+      }
+      t.push_back(dt);
+      whole += after.step_seconds - before.step_seconds;
+      outside += (after.step_seconds - before.step_seconds) - (after.forward_seconds - before.forward_seconds);
+    }
+    r.sched_step_ms = median(t) * 1e3;
+    r.outside_forward = whole > 0 ? outside / whole : 0;
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string model_dir, device = "cpu", compute;
+    std::vector<int> batches = {1, 8, 64, 256};
+    int prompt = 32, steps = 8, layers = 4;
+    (void)layers;  // read by the GPU branch
+    for (int i = 1; i < argc; i++) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) throw InputError(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--model") model_dir = next();
+      else if (a == "--device") device = next();
+      else if (a == "--compute") compute = next();
+      else if (a == "--batches") batches = parse_list(next());
+      else if (a == "--prompt") prompt = std::stoi(next());
+      else if (a == "--steps") steps = std::stoi(next());
+      else if (a == "--layers") layers = std::stoi(next());
+      else throw InputError("unknown argument " + a + " (see the comment at the top of bench/scheduler_bench.cc)");
+    }
+    std::unique_ptr<LanguageModel> model;
+    std::unique_ptr<A2ABackend> backend;
+    std::unique_ptr<Checkpoint> ckpt;
+    Group* group = nullptr;
+    std::string what;
+    if (device == "cpu") {
+      if (model_dir.empty()) throw InputError("--model DIR (epmoe synth --like qwen3-30b-a3b --layers 4 --out DIR)");
+      group = &MpiGroup::world();
+      const ModelConfig cfg = load_model_config(model_dir);
+      ckpt = std::make_unique<Checkpoint>(model_dir);
+      const Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
+      const ComputeMode mode = compute == "bf16" ? ComputeMode::BF16 : ComputeMode::F32;
+      model = std::make_unique<Model>(cfg, *ckpt, pl, 0, mode);
+      backend = make_local_backend(Device::Cpu, pl);
+      what = "cpu, " + std::to_string(num_threads()) + " threads, compute " + (compute.empty() ? "f32" : compute) +
+             ", " + model_dir;
+    } else if (device == "cuda") {
+#ifdef EPMOE_HAVE_CUDA
+      group = &NcclGroup::world();
+      nlohmann::json j = *model_preset("qwen3-30b-a3b");
+      j["num_hidden_layers"] = layers;
+      const ModelConfig cfg = parse_model_config(j, "synthesized Qwen3-30B-A3B (" + std::to_string(layers) + " layers)");
+      const Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
+      model = make_synthetic_gpu_model(cfg, pl, 0, compute == "f32", 42);
+      backend = make_local_backend(Device::Cuda, pl);
+      what = "one GPU, compute " + (compute.empty() ? std::string("bf16") : compute) + ", synthesized Qwen3-30B-A3B " +
+             std::to_string(layers) + " layers";
+#else
+      throw InputError("--device cuda: this build has no CUDA (configure with -DEPMOE_CUDA=ON)");
+#endif
+    } else {
+      throw InputError("--device " + device + ": cpu or cuda");
+    }
+    std::printf("scheduler_bench: %s; prompts of %d tokens, %d decode steps; sampling T=0.8 with log-probs\n",
+                what.c_str(), prompt, steps);
+    // Warm-up: page the weights in (CPU) and let the GPU allocate its workspaces.
+    measure(*model, *backend, *group, 8, 8, 2, 1);
+    std::printf("| sequences | prefill tok/s fixed | prefill tok/s sched | decode tok/s fixed | decode tok/s sched | "
+                "decode step ms fixed | sched | overhead | outside forward |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (int B : batches) {
+      const Row r = measure(*model, *backend, *group, B, prompt, steps, 7);
+      std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %+.1f%% | %.1f%% |\n", B,
+                  double(B) * prompt / r.fixed_prefill_s, double(B) * prompt / r.sched_prefill_s,
+                  B / (r.fixed_step_ms * 1e-3), B / (r.sched_step_ms * 1e-3), r.fixed_step_ms, r.sched_step_ms,
+                  (r.sched_step_ms / r.fixed_step_ms - 1) * 100, r.outside_forward * 100);
+      std::fflush(stdout);
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "scheduler_bench: %s\n", e.what());
+    return e.exit_code();
+  }
+}
