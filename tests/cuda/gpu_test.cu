@@ -9,6 +9,9 @@
 //             block output, log-probabilities of every position, greedy ids where the golden
 //             top-2 margin exceeds 0.1, incremental decoding == full recompute (bits), a batch of
 //             two sequences == each alone (bits), two runs == same bits
+//   kv pool   the paged KV cache: the same logits bits for blocks of 16, 1 and 5 tokens (one pass,
+//             and incremental next to another sequence); a fork decoding other tokens == fresh
+//             sequences (copy on write), every block back at the end; beyond the pool: KvPoolFull
 //
 // Every check prints one line ([ ok ] / [FAIL]) and is a GoogleTest expectation; the goldens end
 // with a summary table.
@@ -552,6 +555,137 @@ Row test_fixture(const std::string& name, bool f32) {
   return row;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The paged KV cache (model/kv_pool.h) on the GPU.
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A fixture's model with the given pool (the checkpoint stays open while the model lives).
+struct KvModel {
+  ModelConfig cfg;
+  Checkpoint ckpt;
+  Placement pl;
+  std::unique_ptr<LanguageModel> model;
+  std::unique_ptr<A2ABackend> be;
+  KvModel(const std::string& name, bool f32, const KvOptions& kv)
+      : cfg(load_model_config(test::fixture(name))), ckpt(test::fixture(name)),
+        pl(Placement::make_default(cfg.routing.num_experts, 1, 0)),
+        model(make_gpu_model(cfg, ckpt, pl, 0, f32, kv)), be(make_local_backend(Device::Cuda, pl)) {}
+};
+
+// The longest golden sequence of a fixture.
+std::vector<int32_t> longest_ids(const std::string& name) {
+  test::Golden g(name);
+  std::vector<int32_t> best;
+  for (int s = 0; s < g.sequences(); s++) {
+    auto ids = g.ids("seq" + std::to_string(s) + ".all_ids");
+    if (ids.size() > best.size()) best = ids;
+  }
+  return best;
+}
+
+// The logits of a prompt do not depend on the block size nor on which blocks hold it: one pass,
+// and a prefix then one token at a time next to another sequence decoding in lockstep (their
+// blocks interleave in the pool), are the bits of the 16-token-block pass.
+void test_block_layout(const std::string& name, bool f32) {
+  const std::string tag = name + " --compute " + (f32 ? "f32" : "bf16");
+  const std::vector<int32_t> ids = longest_ids(name);
+  std::vector<float> ref;
+  for (int B : {16, 1, 5}) {
+    KvModel km(name, f32, KvOptions{4096, B});
+    LanguageModel& m = *km.model;
+    Sequence seq = m.new_sequence(0);
+    auto full = m.forward({&seq}, {ids}, *km.be, true)[0];
+    if (ref.empty()) ref = full;
+    else check(same_bits(full, ref), tag + ": logits with blocks of " + std::to_string(B) + " tokens == blocks of 16 (bits)");
+    // Incremental, interleaved with another sequence.
+    Sequence inc = m.new_sequence(0), other = m.new_sequence(1);
+    const size_t prefix = 7;
+    auto got = m.forward({&inc, &other}, {{ids.begin(), ids.begin() + long(prefix)}, {ids[1], ids[0], ids[2]}},
+                         *km.be, true)[0];
+    for (size_t i = prefix; i < ids.size(); i++) {
+      auto l = m.forward({&other, &inc}, {{ids[i % 3]}, {ids[i]}}, *km.be, true)[1];
+      got.insert(got.end(), l.begin(), l.end());
+    }
+    check(same_bits(got, ref), tag + ": blocks of " + std::to_string(B) +
+                                   ", prefix then one token at a time next to another sequence == one pass (bits)");
+  }
+}
+
+// Copy on write: a sequence forked after a prompt that ends inside a block, then both decoding
+// different tokens, each give the bits of a fresh sequence fed the prompt and its tokens; every
+// block comes back when the sequences end.
+void test_fork(const std::string& name, bool f32) {
+  const std::string tag = name + " --compute " + (f32 ? "f32" : "bf16");
+  KvModel km(name, f32, KvOptions{4096, 16});
+  LanguageModel& m = *km.model;
+  KvPool& pool = m.kv_pool();
+  const int64_t V = km.cfg.vocab_size;
+  const std::vector<int32_t> ids = longest_ids(name);
+  const size_t P = std::min<size_t>(21, ids.size() - 1);  // 21 = 16 + 5: the second block is partial
+  ASSERT_NE(P % 16, 0u);
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + long(P));
+  const int32_t xa = ids[P], xb = int32_t((int64_t(ids[P]) + 1) % V);
+  const int32_t ya = int32_t((int64_t(ids[P]) + 7) % V), yb = int32_t((int64_t(ids[P]) + 11) % V);
+  {
+    Sequence a = m.new_sequence(0);
+    m.forward({&a}, {prompt}, *km.be, false);
+    Sequence b{a.id, a.len, pool.fork(*a.kv, 0)};
+    const int64_t shared = pool.used_blocks();
+    check(shared == pool.blocks_for(int64_t(P)), tag + ": the fork shares the parent's " + std::to_string(shared) + " blocks");
+    auto step1 = m.forward({&a, &b}, {{xa}, {xb}}, *km.be, false);
+    check(pool.used_blocks() == shared + 1, tag + ": the first different token copies the shared partial block (" +
+                                                std::to_string(pool.used_blocks()) + " blocks in use)");
+    auto step2 = m.forward({&b, &a}, {{yb}, {ya}}, *km.be, false);
+    auto fresh = [&](std::vector<int32_t> feed) {
+      Sequence f = m.new_sequence(0);
+      return m.forward({&f}, {feed}, *km.be, false)[0];
+    };
+    std::vector<int32_t> pa = prompt, pb = prompt;
+    pa.push_back(xa);
+    pb.push_back(xb);
+    const bool a1 = same_bits(step1[0], fresh(pa)), b1 = same_bits(step1[1], fresh(pb));
+    pa.push_back(ya);
+    pb.push_back(yb);
+    const bool a2 = same_bits(step2[1], fresh(pa)), b2 = same_bits(step2[0], fresh(pb));
+    check(a1 && a2, tag + ": the parent after the fork == a fresh sequence fed the prompt and its tokens (bits)");
+    check(b1 && b2, tag + ": the forked sequence == a fresh sequence fed the prompt and its tokens (bits)");
+  }
+  check(pool.used_blocks() == 0, tag + ": every block back in the pool once the sequences end (" +
+                                     std::to_string(pool.used_blocks()) + " in use)");
+}
+
+// A direct forward beyond the pool throws KvPoolFull (and leaves the pool usable).
+void test_pool_full(const std::string& name) {
+  KvModel km(name, /*f32=*/true, KvOptions{32, 16});
+  LanguageModel& m = *km.model;
+  const int64_t V = km.cfg.vocab_size;
+  std::vector<int32_t> ids(40);
+  for (size_t i = 0; i < ids.size(); i++) ids[i] = int32_t((int64_t(i) * 7 + 3) % V);
+  bool threw = false;
+  {
+    Sequence s = m.new_sequence(0);
+    try {
+      m.forward({&s}, {ids}, *km.be, false);
+    } catch (const KvPoolFull&) {
+      threw = true;
+    }
+  }
+  check(threw, name + ": a 40-token prompt in a pool of 32 tokens throws KvPoolFull");
+  check(m.kv_pool().used_blocks() == 0, name + ": the refused sequence's blocks came back");
+  Sequence ok = m.new_sequence(0);
+  const std::vector<int32_t> fits(ids.begin(), ids.begin() + 32);
+  bool ran = false;
+  try {
+    ran = m.forward({&ok}, {fits}, *km.be, false)[0].size() == size_t(V);
+  } catch (const std::exception& e) {
+    std::printf("%s\n", e.what());
+  }
+  check(ran, name + ": a 32-token prompt fills the 32-token pool");
+}
+
 // The golden rows of the run, for the summary table.
 std::vector<Row> g_rows;
 
@@ -658,6 +792,24 @@ TEST(GpuExperts, RunnerMultiBlockPlan) {
   REQUIRE_GPU();
   test_runner<bf16>(3000, 4);
   test_runner<float>(2100, 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The paged KV cache.
+
+TEST(GpuKvPool, BlockLayoutKeepsBits) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) test_block_layout("qwen3moe-tiny", f32);
+}
+
+TEST(GpuKvPool, ForkCopiesOnWrite) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) test_fork("qwen3moe-tiny", f32);
+}
+
+TEST(GpuKvPool, DirectForwardBeyondThePoolThrows) {
+  REQUIRE_GPU();
+  test_pool_full("qwen3moe-tiny");
 }
 
 // ---------------------------------------------------------------------------------------------

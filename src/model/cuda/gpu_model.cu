@@ -25,12 +25,6 @@ namespace epmoe::cuda {
 
 namespace {
 
-// A sequence's K/V rows of every layer, on the device.
-struct GpuKvCache final : KvCache {
-  DeviceArray<float> k, v;  // [layers][cap][kv_heads * head_dim]
-  int cap = 0;
-};
-
 // --check-numerics on the GPU: the logits, on the host.
 void check_finite(const std::vector<float>& v, const char* what) {
   for (size_t i = 0; i < v.size(); i++)
@@ -127,6 +121,12 @@ struct GpuModel final : LanguageModel {
   DeviceArray<int32_t> ids, phys, sel, best_ids;
   DeviceArray<uint64_t> gids;
   DeviceArray<TokenSlot> slots;
+  // The paged KV cache: one pool allocated once the weights are on the device,
+  // [layer][block][row][kv_heads * head_dim] fp32 for K and for V (model/kv_pool.h keeps the books),
+  // and the block tables of the step's sequences, concatenated (TokenSlot::table).
+  DeviceArray<float> k_pool, v_pool;
+  std::unique_ptr<KvPool> pool_;
+  DeviceArray<int32_t> tables;
 
   void init_shapes(const ModelConfig& c, const Placement& p, int r) {
     cfg = c;
@@ -174,8 +174,36 @@ struct GpuModel final : LanguageModel {
     L.runner = std::make_unique<ExpertRunnerGpu<T>>(L.experts);
   }
 
+  // The KV pool, sized from the memory left once the weights are on the device.
+  void init_kv(const KvOptions& kv) {
+    EPMOE_ASSERT(kv.block_tokens > 0, "kv pool: block of " + std::to_string(kv.block_tokens) + " tokens");
+    size_t free_b = 0, total_b = 0;
+    EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const int64_t per_token = 2 * int64_t(cfg.num_layers) * int64_t(kvd) * int64_t(sizeof(float));
+    const int64_t tokens = kv_pool_tokens(kv, Device::Cuda, int64_t(free_b), per_token);
+    const int64_t blocks = tokens / kv.block_tokens;
+    const size_t n = size_t(cfg.num_layers) * size_t(tokens) * size_t(kvd);
+    k_pool.reserve(n);
+    v_pool.reserve(n);
+    pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this](int32_t src, int32_t dst) {
+      // Stream-ordered before the kernels of the step whose append asked for it.
+      copy_kv_block(pages(), cfg.num_layers, kvd, src, dst, stream());
+    });
+  }
+
+  // The pool as the kernels see it, with this step's block tables.
+  KvPages pages() {
+    KvPages kp;
+    kp.k = k_pool.data();
+    kp.v = v_pool.data();
+    kp.tables = tables.data();
+    kp.blocks = pool_->total_blocks();
+    kp.block_tokens = pool_->block_tokens();
+    return kp;
+  }
+
   // From the checkpoint.
-  GpuModel(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r) {
+  GpuModel(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r, const KvOptions& kv) {
     init_shapes(c, p, r);
     ModelWeights w = load_weights(c, ckpt, p.logical_owned_by(r));
     if constexpr (kBf16) {
@@ -265,10 +293,11 @@ struct GpuModel final : LanguageModel {
       lm_w = lm_w_own.data();
     }
     final_norm.upload(w.final_norm);
+    init_kv(kv);
   }
 
   // Synthesized: uniform weights with the variance of a unit-gain init, norms of one.
-  GpuModel(const ModelConfig& c, const Placement& p, int r, uint64_t seed) {
+  GpuModel(const ModelConfig& c, const Placement& p, int r, uint64_t seed, const KvOptions& kv) {
     init_shapes(c, p, r);
     cudaStream_t s = stream();
     auto rnd = [&](auto& arr, size_t n, int fan_in) {
@@ -330,6 +359,7 @@ struct GpuModel final : LanguageModel {
     }
     ones(final_norm, size_t(H));
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+    init_kv(kv);
   }
 
   T* act(DeviceArray<T>& a_bf, DeviceArray<float>& a_f) {
@@ -455,7 +485,7 @@ struct GpuModel final : LanguageModel {
     moe_output(routed.data(), sh, gl, T_, H, out, accumulate, s);
   }
 
-  // q/k norm + RoPE + KV-cache append on qkv, then attention into ctx (TA: the o projection's input).
+  // q/k norm + RoPE + KV-cache write on qkv, then attention into ctx (TA: the o projection's input).
   template <class TA>
   void rope_and_attend(Layer<T>& L, int l, int64_t T_, int max_ctx, TA* ctx_out) {
     cudaStream_t s = stream();
@@ -471,10 +501,11 @@ struct GpuModel final : LanguageModel {
     ra.eps = cfg.rms_norm_eps;
     ra.inv_freq = inv_freq.data();
     ra.slots = slots.data();
+    ra.kv = pages();
     ra.layer = l;
     ra.q_out = q.data();
     qk_norm_rope_cache(ra, s);
-    attention<TA>(q.data(), slots.data(), l, T_, Hq, Hkv, D, max_ctx, ctx_out, s);
+    attention<TA>(q.data(), slots.data(), ra.kv, l, T_, Hq, Hkv, D, max_ctx, ctx_out, s);
   }
 
   void attention_block(int l, int64_t T_, int max_ctx) {
@@ -520,40 +551,9 @@ struct GpuModel final : LanguageModel {
     else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
   }
 
-  static GpuKvCache& cache_of(Sequence& seq) {
-    if (!seq.kv) seq.kv = std::make_shared<GpuKvCache>();
-    auto* c = dynamic_cast<GpuKvCache*>(seq.kv.get());
-    EPMOE_ASSERT(c, "sequence " + std::to_string(seq.id) + ": its KV cache is not the GPU model's");
-    return *c;
-  }
-
-  void ensure_cache(Sequence& seq, int64_t need) {
-    GpuKvCache& c = cache_of(seq);
-    if (need <= c.cap) return;
-    int cap = std::max(64, c.cap);
-    while (cap < need) cap *= 2;
-    const size_t L = size_t(cfg.num_layers), row = size_t(kvd) * sizeof(float);
-    DeviceArray<float> nk(L * size_t(cap) * size_t(kvd)), nv(L * size_t(cap) * size_t(kvd));
-    if (seq.len > 0) {
-      EPMOE_CUDA_CHECK(cudaMemcpy2D(nk.data(), size_t(cap) * row, c.k.data(), size_t(c.cap) * row, size_t(seq.len) * row,
-                                    L, cudaMemcpyDeviceToDevice));
-      EPMOE_CUDA_CHECK(cudaMemcpy2D(nv.data(), size_t(cap) * row, c.v.data(), size_t(c.cap) * row, size_t(seq.len) * row,
-                                    L, cudaMemcpyDeviceToDevice));
-    }
-    c.k = std::move(nk);
-    c.v = std::move(nv);
-    c.cap = cap;
-  }
-
   const ModelConfig& config() const override { return cfg; }
   Device device() const override { return Device::Cuda; }
-
-  Sequence new_sequence(uint64_t id) const override {
-    Sequence s;
-    s.id = id;
-    s.kv = std::make_shared<GpuKvCache>();  // empty: grown by the first forward
-    return s;
-  }
+  KvPool& kv_pool() override { return *pool_; }
 
   std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
@@ -588,31 +588,52 @@ struct GpuModel final : LanguageModel {
     std::vector<int32_t> ids_h(static_cast<size_t>(T_));
     std::vector<uint64_t> gids_h(static_cast<size_t>(T_));
     std::vector<TokenSlot> slots_h(static_cast<size_t>(T_));
+    std::vector<int32_t> tables_h;
     int max_ctx = 1;
     for (size_t s = 0; s < seqs.size(); s++) {
-      Sequence& seq = *seqs[s];
-      const int64_t n = int64_t(tokens[s].size());
-      if (n == 0) continue;
-      ensure_cache(seq, seq.len + n);
-      for (int64_t i = 0; i < n; i++) {
-        const int32_t id = tokens[s][size_t(i)];
+      const Sequence& seq = *seqs[s];
+      for (size_t i = 0; i < tokens[s].size(); i++) {
+        const int32_t id = tokens[s][i];
         if (id < 0 || id >= V)
           throw InputError("token id " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
-        const int64_t pos = seq.len + i;
+        const int64_t pos = seq.len + int64_t(i);
         if (pos >= cfg.max_position_embeddings)
           throw InputError("sequence " + std::to_string(seq.id) + " reaches position " + std::to_string(pos) +
                            ", beyond max_position_embeddings (" + std::to_string(cfg.max_position_embeddings) + ")");
+      }
+    }
+    // Room in the pool for every new token (copy on write of a shared partial block included: the
+    // copy is queued on the stream, before this step's kernels).
+    for (size_t s = 0; s < seqs.size(); s++) {
+      Sequence& seq = *seqs[s];
+      EPMOE_ASSERT(seq.kv && &seq.kv->pool() == pool_.get(),
+                   "sequence " + std::to_string(seq.id) + ": its KV cache is not this model's");
+      EPMOE_ASSERT(seq.kv->tokens() == seq.len, "sequence " + std::to_string(seq.id) + ": KV cache holds " +
+                                                    std::to_string(seq.kv->tokens()) + " tokens, the sequence " +
+                                                    std::to_string(seq.len));
+      pool_->append(*seq.kv, tokens[s].data(), int64_t(tokens[s].size()));
+    }
+    // Each token's position and its sequence's block table (the active sequences' tables, concatenated).
+    for (size_t s = 0; s < seqs.size(); s++) {
+      const Sequence& seq = *seqs[s];
+      const int64_t n = int64_t(tokens[s].size());
+      if (n == 0) continue;
+      const std::vector<int32_t>& bt = seq.kv->blocks();
+      const int table = int(tables_h.size());
+      tables_h.insert(tables_h.end(), bt.begin(), bt.end());
+      for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = seq.len + i;
         const size_t t = size_t(off[s] + i);
-        ids_h[t] = id;
+        ids_h[t] = tokens[s][size_t(i)];
         gids_h[t] = token_gid(seq.id, uint64_t(pos));
-        GpuKvCache& kv = cache_of(seq);
-        slots_h[t] = {kv.k.data(), kv.v.data(), int(pos), kv.cap, int(off[s])};
+        slots_h[t] = {int(pos), table};
         max_ctx = std::max<int>(max_ctx, int(pos + 1));
       }
     }
     // The rows whose logits are wanted. Every host-to-device copy of the step happens here, while
     // the stream is idle: a synchronous copy behind the layers would wait on their collectives
     // outside the group's deadline (a stopped peer would hang this rank instead of being named).
+    // (Only the copies on write of append above may be queued before them: local, no collective.)
     std::vector<int32_t> sel_h;
     std::vector<std::pair<int64_t, int64_t>> span(seqs.size(), {0, 0});
     for (size_t q = 0; q < seqs.size(); q++) {
@@ -626,6 +647,7 @@ struct GpuModel final : LanguageModel {
     ids.upload(ids_h);
     gids.upload(gids_h);
     slots.upload(slots_h);
+    tables.upload(tables_h);
     if (!sel_h.empty()) sel.upload(sel_h);
     if (T_ > 0) {
       if (embed_f32) embed<float>(ids.data(), embed_f.data(), T_, H, x.data(), s);
@@ -704,15 +726,15 @@ struct GpuModel final : LanguageModel {
 namespace epmoe {
 
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
-                                              const Placement& placement, int rank, bool f32) {
-  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank);
-  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank);
+                                              const Placement& placement, int rank, bool f32, const KvOptions& kv) {
+  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, kv);
+  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, kv);
 }
 
 std::unique_ptr<LanguageModel> make_synthetic_gpu_model(const ModelConfig& cfg, const Placement& placement, int rank,
-                                                        bool f32, uint64_t seed) {
-  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, placement, rank, seed);
-  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, placement, rank, seed);
+                                                        bool f32, uint64_t seed, const KvOptions& kv) {
+  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, placement, rank, seed, kv);
+  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, placement, rank, seed, kv);
 }
 
 }  // namespace epmoe

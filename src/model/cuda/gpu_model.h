@@ -1,5 +1,5 @@
 // The decoder on one GPU, behind model/language_model.h: embedding -> layers (RMSNorm, attention
-// with a KV cache, RMSNorm, dense MLP or the MoE layer behind an A2ABackend) -> final norm ->
+// over the paged KV cache, RMSNorm, dense MLP or the MoE layer behind an A2ABackend) -> final norm ->
 // lm_head. The same data flow and numerics as src/model/model.cc (the CPU reference), with
 //   --compute bf16 (default): bf16 tensor cores, fp32 accumulation, fp32 residual stream, norms,
 //                             softmax, RoPE and KV cache; the routed experts of a bf16 checkpoint
@@ -9,6 +9,9 @@
 //   --compute f32:            everything in fp32
 // Every kernel is batch-invariant (no split-K, per-row reductions in a fixed order), so a row's
 // logits do not depend on the other rows of the batch.
+//
+// The KV cache is one pool on the device (model/kv_pool.h), allocated when the model is made, after
+// its weights: kv.tokens positions, or kv_pool_tokens' share of the memory then free.
 //
 // The model runs on the process's GPU and stream: call kernels/cuda/device.h init_device(rank) (or
 // NcclGroup::world(), which does) before making one. Its backends must be of Device::Cuda.
