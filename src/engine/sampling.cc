@@ -137,15 +137,29 @@ std::vector<int32_t> kept_ids(const float* logits, int64_t V, const SamplingPara
 
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t seed, int64_t position) {
   if (p.temperature <= 0.0f) return greedy(logits, V);
-  const std::vector<int32_t> ids = kept_ids(logits, V, p);
+  // argmax(l/T + g) with g = -log(E), E = -log(u), is argmin(E * exp(m - l/T)) (m: the largest
+  // l/T): an exponential race, one log fewer per id. And since E = -log(u) >= 1 - u, an id whose
+  // (1 - u) * w already reaches the best key cannot win: most ids are decided by a hash and an
+  // exp, without a log.
+  const double T = p.temperature;
+  const double m = double(logits[greedy(logits, V)]) / T;
   int32_t best = -1;
-  double best_score = -INFINITY;
-  for (int32_t id : ids) {  // ascending: a tie (of measure zero) goes to the lower id
-    const double score = double(logits[id]) / double(p.temperature) + gumbel_noise(seed, position, id);
-    if (best < 0 || score > best_score) {
+  double best_key = INFINITY;
+  auto race = [&](int32_t id) {
+    const double u = sampling_uniform(seed, position, id);
+    const double w = std::exp(m - double(logits[id]) / T);
+    if ((1.0 - u) * w >= best_key) return;
+    const double key = -std::log(u) * w;
+    if (key < best_key) {  // ids ascending: a tie (of measure zero) goes to the lower id
       best = id;
-      best_score = score;
+      best_key = key;
     }
+  };
+  const bool masked = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
+  if (masked) {
+    for (int32_t id : kept_ids(logits, V, p)) race(id);
+  } else {
+    for (int32_t id = 0; id < int32_t(V); id++) race(id);
   }
   return best;
 }

@@ -8,7 +8,8 @@
 //      (p = softmax(logits / T) over the full vocabulary).
 //   2. Draw: argmax over the kept ids of logits / T + Gumbel noise, the noise of (seed, position,
 //      vocabulary id) from a counter-based hash -- keyed on the id, never on the sorted rank, so
-//      masking does not move any id's noise. argmax(log p + g) samples softmax exactly.
+//      masking does not move any id's noise. argmax(log p + g) samples softmax exactly. It is
+//      computed as the equivalent exponential race (sampling.cc), which skips most ids' logs.
 //   temperature 0: greedy (the largest logit, ties to the lower id), no noise, no masks.
 //
 // The reported log-prob of a token is log_softmax(logits / T)[token] over the full vocabulary, in

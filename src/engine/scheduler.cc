@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "util/error.h"
+#include "util/threads.h"
 
 namespace epmoe {
 
@@ -122,22 +123,14 @@ void Scheduler::finish_if_done(Entry& e) {
   e.state = State::Done;
 }
 
-void Scheduler::choose(size_t h, int j, const float* row, int32_t device_pick) {
+void Scheduler::choose(size_t h, int j, int32_t t, float logprob, std::vector<std::pair<int32_t, float>> top) {
   Entry& e = entries_[h];
   Sample& s = e.samples[size_t(j)];
   Generation& g = e.out[size_t(j)];
   const RequestParams& p = e.req.params;
-  int32_t t = device_pick;
-  if (row) {
-    // The new token's absolute position: the sequence's length after this step's tokens.
-    t = sample_token(row, model_.config().vocab_size, p.sampling, e.req.seed + uint64_t(j), s.seq.len);
-    if (p.logprobs || p.top_logprobs > 0) {
-      const RowLogprobs lp(row, model_.config().vocab_size, p.sampling.temperature);
-      if (p.logprobs) g.logprobs.push_back(lp.at(t));
-      if (p.top_logprobs > 0) g.top.push_back(lp.top(p.top_logprobs));
-    }
-  }
   g.tokens.push_back(t);
+  if (p.logprobs) g.logprobs.push_back(logprob);
+  if (p.top_logprobs > 0) g.top.push_back(std::move(top));
   if (on_token) on_token(h, j, t);
   s.pending = t;
   const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
@@ -211,12 +204,22 @@ bool Scheduler::step() {
   stats_.forward_seconds += seconds_since(f0);
   in_step_ = true;
 
+  // The choices of this step: forks first (the n samples of a prompt that is now in), then every
+  // sample's token drawn from its row -- in parallel over the rows (each a pure function of its
+  // row, seed and position) -- then applied in order (streaming callbacks, stops).
+  struct Pick {
+    size_t h;
+    int j;
+    size_t row;
+    int32_t token = -1;
+    float logprob = 0;
+    std::vector<std::pair<int32_t, float>> top;
+  };
+  std::vector<Pick> picks_todo;
   for (size_t a = 0; a < active.size(); a++) {
     const auto [h, j] = who[a];
     Entry& e = entries_[h];
     if (e.fed < e.req.prompt.size()) continue;  // a prefill chunk that does not end the prompt
-    const float* row = host_logits ? logits[a].data() : nullptr;
-    const int32_t pick = host_logits ? -1 : picks[a];
     if (int(e.samples.size()) < e.req.n) {
       // The prompt is in: every sample draws its first token from this row; samples 1.. fork
       // sample 0's cache before it writes anything of its own.
@@ -226,11 +229,35 @@ bool Scheduler::step() {
                          model_.kv_pool().fork(*e.samples[0].seq.kv, e.fork_blocks)};
         e.samples.push_back(std::move(s));
       }
-      for (int k = 0; k < e.req.n; k++) choose(h, k, row, pick);
+      for (int k = 0; k < e.req.n; k++) picks_todo.push_back({h, k, a});
     } else {
-      choose(h, j, row, pick);
+      picks_todo.push_back({h, j, a});
     }
-    finish_if_done(e);
+  }
+  const int64_t V = model_.config().vocab_size;
+  parallel_for(int64_t(picks_todo.size()), 1, [&](int64_t b, int64_t e_) {
+    for (int64_t i = b; i < e_; i++) {
+      Pick& pk = picks_todo[size_t(i)];
+      const Entry& e = entries_[pk.h];
+      const RequestParams& p = e.req.params;
+      if (!host_logits) {
+        pk.token = picks[pk.row];
+        continue;
+      }
+      const float* row = logits[pk.row].data();
+      // The new token's absolute position: the sequence's length after this step's tokens.
+      const int64_t pos = e.samples[size_t(pk.j)].seq.len;
+      pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pos);
+      if (p.logprobs || p.top_logprobs > 0) {
+        const RowLogprobs lp(row, V, p.sampling.temperature);
+        pk.logprob = lp.at(pk.token);
+        if (p.top_logprobs > 0) pk.top = lp.top(p.top_logprobs);
+      }
+    }
+  });
+  for (Pick& pk : picks_todo) {
+    choose(pk.h, pk.j, pk.token, pk.logprob, std::move(pk.top));
+    finish_if_done(entries_[pk.h]);
   }
   in_step_ = false;
   for (size_t h : aborted_) abort(h);  // asked for by on_token during the step

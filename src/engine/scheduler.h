@@ -115,7 +115,7 @@ class Scheduler {
     int64_t fork_blocks = 0;   // blocks promised to each fork
   };
   bool admit(size_t h);
-  void choose(size_t h, int sample, const float* logits_row, int32_t device_pick);
+  void choose(size_t h, int sample, int32_t token, float logprob, std::vector<std::pair<int32_t, float>> top);
   void finish_if_done(Entry& e);
 
   LanguageModel& model_;
