@@ -53,6 +53,17 @@ done
 if cmp -s "$out/rollout_1gpu_chunked.jsonl" "$out/rollout_1gpu_bf16.jsonl" && [[ -s $out/rollout_1gpu_bf16.jsonl ]]; then
   echo "=== rollout 1 GPU chunked (7 tokens a step, 2 in flight) == unlimited: ok"
 else echo "=== rollout 1 GPU chunked differs from unlimited: FAIL"; status=1; fi
+# The paged KV cache: a pool of 96 positions (requests wait for blocks; the 2 samples of a prompt
+# fork its blocks), blocks of 1 token, no prefix reuse: the same lines.
+for kv in "--kv-cache-tokens 96 --kv-block-size 4" "--kv-block-size 1 --no-prefix-cache"; do
+  "$GPU_BIN/epmoe" generate --device cuda $rollout_args $kv --max-running-requests 2 \
+    > "$out/rollout_1gpu_kv.jsonl" 2> "$out/rollout_1gpu_kv.log"
+  if [[ -s $out/rollout_1gpu_bf16.jsonl ]] &&
+     cmp -s <(sed 's/"cached_tokens":[0-9]*,//' "$out/rollout_1gpu_kv.jsonl") \
+            <(sed 's/"cached_tokens":[0-9]*,//' "$out/rollout_1gpu_bf16.jsonl"); then
+    echo "=== rollout 1 GPU $kv == default pool: ok"
+  else echo "=== rollout 1 GPU $kv differs from the default pool: FAIL"; tail -3 "$out/rollout_1gpu_kv.log"; status=1; fi
+done
 if ((ngpu >= 2)); then
   # The same rollout on 2 GPUs with every backend: the same lines, bit for bit.
   for b in none alltoall lowlatency; do

@@ -208,6 +208,7 @@ bool Scheduler::step() {
   // sample's token drawn from its row -- in parallel over the rows (each a pure function of its
   // row, seed and position) -- then applied in order (streaming callbacks, stops).
   struct Pick {
+    Pick(size_t h_, int j_, size_t row_) : h(h_), j(j_), row(row_) {}
     size_t h;
     int j;
     size_t row;
@@ -229,9 +230,9 @@ bool Scheduler::step() {
                          model_.kv_pool().fork(*e.samples[0].seq.kv, e.fork_blocks)};
         e.samples.push_back(std::move(s));
       }
-      for (int k = 0; k < e.req.n; k++) picks_todo.push_back({h, k, a});
+      for (int k = 0; k < e.req.n; k++) picks_todo.emplace_back(h, k, a);
     } else {
-      picks_todo.push_back({h, j, a});
+      picks_todo.emplace_back(h, j, a);
     }
   }
   const int64_t V = model_.config().vocab_size;
