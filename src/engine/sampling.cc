@@ -6,6 +6,7 @@
 #include <random>
 
 #include "util/error.h"
+#include "kernels/sampling_math.h"
 #include "util/hash.h"
 
 namespace epmoe {
@@ -53,24 +54,53 @@ void validate(const SamplingParams& p) {
 }
 
 double sampling_uniform(uint64_t seed, int64_t position, int32_t id) {
-  // Three chained rounds of splitmix64, one per key, so that neighbouring seeds, positions and ids
-  // give unrelated streams; 53 bits, shifted off 0 and 1.
-  const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ uint64_t(position)) ^ uint64_t(uint32_t(id)));
-  return (double(h >> 11) + 0.5) * 0x1.0p-53;
+  return sampling_uniform_of(seed, position, id);
 }
 
 double gumbel_noise(uint64_t seed, int64_t position, int32_t id) {
-  return -std::log(-std::log(sampling_uniform(seed, position, id)));
+  return -det_log(-det_log(sampling_uniform(seed, position, id)));
 }
+
+namespace {
+
+// max and log-sum-exp of logits / T, in the fixed order of kernels/sampling_math.h (the GPU's
+// draw kernel sums the same way).
+EPMOE_FMA_CLONES void row_normaliser(const float* logits, int64_t V, float T, float* max_out, float* lse_out) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < V; i++) m = std::max(m, logits[i] / T);
+  float lane[kLogprobLanes] = {};
+  for (int64_t i = 0; i < V; i++) lane[i % kLogprobLanes] += det_expf(logits[i] / T - m);
+  for (int w = kLogprobLanes / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+  *max_out = m;
+  *lse_out = det_logf(lane[0]);
+}
+
+// The exponential race over ids (all V when ids is null): argmin of race_key, ties to the lower id.
+EPMOE_FMA_CLONES int32_t race(const float* logits, int64_t V, const int32_t* ids, int64_t n, double T,
+                              uint64_t seed, int64_t position) {
+  const double m = double(logits[greedy(logits, V)]) / T;
+  int32_t best = -1;
+  double best_key = INFINITY;
+  for (int64_t k = 0; k < n; k++) {
+    const int32_t id = ids ? ids[k] : int32_t(k);
+    const double u = sampling_uniform_of(seed, position, id);
+    // -ln u >= 1 - u; the margin covers det_log's rounding, so a skipped id could not have won.
+    if ((1.0 - u) * det_exp(m - double(logits[id]) / T) * (1.0 - 1e-12) >= best_key) continue;
+    const double key = race_key(u, logits[id], T, m);
+    if (key < best_key) {  // ids ascending: a tie (of measure zero) goes to the lower id
+      best = id;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+}  // namespace
 
 RowLogprobs::RowLogprobs(const float* logits, int64_t V, float temperature)
     : logits_(logits), V_(V), T_(effective_temperature(temperature)) {
-  float m = -INFINITY;
-  for (int64_t i = 0; i < V; i++) m = std::max(m, logits[i] / T_);
-  float s = 0.0f;  // fp32, ids in ascending order: one fixed order
-  for (int64_t i = 0; i < V; i++) s += std::exp(logits[i] / T_ - m);
-  max_ = m;
-  lse_ = std::log(s);
+  row_normaliser(logits, V, T_, &max_, &lse_);
 }
 
 float RowLogprobs::at(int32_t id) const { return (logits_[id] / T_ - max_) - lse_; }
@@ -141,27 +171,10 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, ui
   // l/T): an exponential race, one log fewer per id. And since E = -log(u) >= 1 - u, an id whose
   // (1 - u) * w already reaches the best key cannot win: most ids are decided by a hash and an
   // exp, without a log.
-  const double T = p.temperature;
-  const double m = double(logits[greedy(logits, V)]) / T;
-  int32_t best = -1;
-  double best_key = INFINITY;
-  auto race = [&](int32_t id) {
-    const double u = sampling_uniform(seed, position, id);
-    const double w = std::exp(m - double(logits[id]) / T);
-    if ((1.0 - u) * w >= best_key) return;
-    const double key = -std::log(u) * w;
-    if (key < best_key) {  // ids ascending: a tie (of measure zero) goes to the lower id
-      best = id;
-      best_key = key;
-    }
-  };
   const bool masked = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
-  if (masked) {
-    for (int32_t id : kept_ids(logits, V, p)) race(id);
-  } else {
-    for (int32_t id = 0; id < int32_t(V); id++) race(id);
-  }
-  return best;
+  if (!masked) return race(logits, V, nullptr, V, p.temperature, seed, position);
+  const std::vector<int32_t> ids = kept_ids(logits, V, p);
+  return race(logits, V, ids.data(), int64_t(ids.size()), p.temperature, seed, position);
 }
 
 uint64_t fresh_seed() {
