@@ -47,6 +47,22 @@ for c in bf16 f32; do
     > $out/rollout_1gpu_$c.jsonl && python3 scripts/rollout-check.py $out/rollout_1gpu_$c.jsonl 0.9 \
     $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
 done
+# Without masks or top-N the tokens are drawn on the device (model/cuda/sampling.cu): the log-probs
+# are still the teacher-forced score bits, on 1 GPU and on 2.
+draw_args="--model $fx --prompts-file $out/rollout_prompts.txt --max-new-tokens 10 --ignore-eos --temperature 0.9 \
+  --n 2 --seed 3 --json --logprobs"
+for c in bf16 f32; do
+  step "rollout_device_draw_$c" 120 bash -c "$GPU_BIN/epmoe generate --device cuda --compute $c $draw_args \
+    > $out/rollout_draw_$c.jsonl && python3 scripts/rollout-check.py $out/rollout_draw_$c.jsonl 0.9 \
+    $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
+done
+if ((ngpu >= 2)); then
+  scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $draw_args --moe-a2a-backend alltoall \
+    --max-batch-tokens 5 > "$out/rollout_draw_2gpu.jsonl" 2> "$out/rollout_draw_2gpu.log"
+  if [[ -s $out/rollout_draw_bf16.jsonl ]] && cmp -s "$out/rollout_draw_2gpu.jsonl" "$out/rollout_draw_bf16.jsonl"; then
+    echo "=== rollout device draws 2 GPUs (alltoall, 5 tokens a step) == 1 GPU: ok"
+  else echo "=== rollout device draws 2 GPUs differ from 1 GPU: FAIL"; status=1; fi
+fi
 # The scheduler's limits (chunked prefill of 7 tokens a step, 2 sequences in flight) change no bit.
 "$GPU_BIN/epmoe" generate --device cuda $rollout_args --max-batch-tokens 7 --max-running-requests 2 \
   > "$out/rollout_1gpu_chunked.jsonl" 2> "$out/rollout_1gpu_chunked.log"

@@ -62,7 +62,7 @@ ReferenceRun run_reference(LanguageModel& model, A2ABackend& backend, Group& gro
   r.ids = ids;
   r.prompts = prompts;
   std::vector<GenerateRequest> req;
-  for (size_t i = 0; i < ids.size(); i++) req.push_back({ids[i], prompts[i]});
+  for (size_t i = 0; i < ids.size(); i++) req.push_back(GenerateRequest{ids[i], prompts[i], 0, 1, {}});
   GenerateParams gp;
   gp.max_new_tokens = gen_tokens;
   r.generated = generate_greedy(model, backend, group, req, gp);
@@ -126,7 +126,7 @@ BackendStats compare_backend(LanguageModel& model, A2ABackend& backend, Group& g
   std::vector<std::vector<int32_t>> gen;
   if (gen_tokens > 0) {
     std::vector<GenerateRequest> req;
-    for (size_t i = 0; i < ref.ids.size(); i++) req.push_back({ref.ids[i], ref.prompts[i]});
+    for (size_t i = 0; i < ref.ids.size(); i++) req.push_back(GenerateRequest{ref.ids[i], ref.prompts[i], 0, 1, {}});
     GenerateParams gp;
     gp.max_new_tokens = gen_tokens;
     gen = generate_greedy(model, backend, group, req, gp);

@@ -190,49 +190,70 @@ bool Scheduler::step() {
   // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
   if (!group_.any(!active.empty())) return false;
 
-  bool host_logits = false;
-  for (auto& [h, j] : who) {
-    const RequestParams& p = entries_[h].req.params;
-    host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0;
-  }
-  const auto f0 = std::chrono::steady_clock::now();
-  std::vector<int32_t> picks;
-  std::vector<std::vector<float>> logits;
-  // Greedy without log-probs needs no logits on the host: the model may pick on its device.
-  if (host_logits) logits = model_.forward(active, tokens, backend_, /*all_logits=*/false, opt_.forward);
-  else picks = model_.forward_greedy(active, tokens, backend_, opt_.forward);
-  stats_.forward_seconds += seconds_since(f0);
-  in_step_ = true;
-
-  // The choices of this step: forks first (the n samples of a prompt that is now in), then every
-  // sample's token drawn from its row -- in parallel over the rows (each a pure function of its
-  // row, seed and position) -- then applied in order (streaming callbacks, stops).
+  // The choices this step will make: every sample's token from its row (for a prompt that is in
+  // now, each of its n samples from the same row).
   struct Pick {
-    Pick(size_t h_, int j_, size_t row_) : h(h_), j(j_), row(row_) {}
+    Pick(size_t h_, int j_, size_t row_, int64_t pos_) : h(h_), j(j_), row(row_), position(pos_) {}
     size_t h;
     int j;
     size_t row;
+    int64_t position;  // of the drawn token: the sequence's length after this step's tokens
     int32_t token = -1;
     float logprob = 0;
     std::vector<std::pair<int32_t, float>> top;
   };
   std::vector<Pick> picks_todo;
+  bool host_logits = false, device_draws = model_.draws_on_device() && !opt_.forward.check_numerics;
   for (size_t a = 0; a < active.size(); a++) {
     const auto [h, j] = who[a];
-    Entry& e = entries_[h];
+    const Entry& e = entries_[h];
     if (e.fed < e.req.prompt.size()) continue;  // a prefill chunk that does not end the prompt
+    const int64_t pos = active[a]->len + int64_t(tokens[a].size());
     if (int(e.samples.size()) < e.req.n) {
-      // The prompt is in: every sample draws its first token from this row; samples 1.. fork
-      // sample 0's cache before it writes anything of its own.
-      for (int k = 1; k < e.req.n; k++) {
-        Sample s;
-        s.seq = Sequence{e.req.id + uint64_t(k), e.samples[0].seq.len,
-                         model_.kv_pool().fork(*e.samples[0].seq.kv, e.fork_blocks)};
-        e.samples.push_back(std::move(s));
-      }
-      for (int k = 0; k < e.req.n; k++) picks_todo.emplace_back(h, k, a);
+      for (int k = 0; k < e.req.n; k++) picks_todo.emplace_back(h, k, a, pos);
     } else {
-      picks_todo.emplace_back(h, j, a);
+      picks_todo.emplace_back(h, j, a, pos);
+    }
+    const RequestParams& p = e.req.params;
+    host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0;
+    // The device draws what needs no sorted order: no masks, no top-N.
+    const SamplingParams& sp = p.sampling;
+    device_draws &= sp.top_k <= 0 && sp.top_p >= 1.0f && sp.min_p <= 0.0f && p.top_logprobs == 0;
+  }
+  device_draws &= host_logits;
+  const auto f0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> picks;
+  std::vector<std::vector<float>> logits;
+  if (device_draws) {
+    std::vector<DrawRequest> draws;
+    for (const Pick& pk : picks_todo) {
+      const Entry& e = entries_[pk.h];
+      draws.push_back({int(pk.row), e.req.params.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position});
+    }
+    const std::vector<Drawn> drawn = model_.forward_draw(active, tokens, backend_, draws, opt_.forward);
+    for (size_t i = 0; i < picks_todo.size(); i++) {
+      picks_todo[i].token = drawn[i].token;
+      picks_todo[i].logprob = drawn[i].logprob;
+    }
+  } else if (host_logits) {
+    logits = model_.forward(active, tokens, backend_, /*all_logits=*/false, opt_.forward);
+  } else {
+    // Greedy without log-probs needs no logits on the host: the model may pick on its device.
+    picks = model_.forward_greedy(active, tokens, backend_, opt_.forward);
+  }
+  stats_.forward_seconds += seconds_since(f0);
+  in_step_ = true;
+
+  // Forks: the n samples of a prompt that is now in share its blocks (sample 0's cache, before
+  // any sample writes a token of its own).
+  for (const Pick& pk : picks_todo) {
+    Entry& e = entries_[pk.h];
+    if (pk.j != 0 || int(e.samples.size()) >= e.req.n) continue;
+    for (int k = 1; k < e.req.n; k++) {
+      Sample s;
+      s.seq = Sequence{e.req.id + uint64_t(k), e.samples[0].seq.len,
+                       model_.kv_pool().fork(*e.samples[0].seq.kv, e.fork_blocks)};
+      e.samples.push_back(std::move(s));
     }
   }
   const int64_t V = model_.config().vocab_size;
@@ -241,14 +262,13 @@ bool Scheduler::step() {
       Pick& pk = picks_todo[size_t(i)];
       const Entry& e = entries_[pk.h];
       const RequestParams& p = e.req.params;
+      if (device_draws) continue;  // drawn with the forward
       if (!host_logits) {
         pk.token = picks[pk.row];
         continue;
       }
       const float* row = logits[pk.row].data();
-      // The new token's absolute position: the sequence's length after this step's tokens.
-      const int64_t pos = e.samples[size_t(pk.j)].seq.len;
-      pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pos);
+      pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
       if (p.logprobs || p.top_logprobs > 0) {
         const RowLogprobs lp(row, V, p.sampling.temperature);
         pk.logprob = lp.at(pk.token);

@@ -46,4 +46,9 @@ std::vector<int32_t> LanguageModel::forward_greedy(const std::vector<Sequence*>&
   return next;
 }
 
+std::vector<Drawn> LanguageModel::forward_draw(const std::vector<Sequence*>&, const std::vector<std::vector<int32_t>>&,
+                                               A2ABackend&, const std::vector<DrawRequest>&, const ForwardOptions&) {
+  throw Error("forward_draw: the " + std::string(device_name(device())) + " model draws on the host");
+}
+
 }  // namespace epmoe

@@ -44,6 +44,18 @@ struct ForwardOptions {
   bool check_numerics = false;  // stop at the first layer (CPU) or the logits (GPU) with NaN/Inf
 };
 
+// One token to draw after a forward (LanguageModel::forward_draw).
+struct DrawRequest {
+  int row = 0;             // index in the forward's sequences
+  float temperature = 0;   // 0: greedy (the log-prob is then temperature 1's)
+  uint64_t seed = 0;
+  int64_t position = 0;    // the drawn token's absolute position
+};
+struct Drawn {
+  int32_t token = -1;
+  float logprob = 0;  // log_softmax(logits / T)[token]
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -70,6 +82,15 @@ class LanguageModel {
   virtual std::vector<int32_t> forward_greedy(const std::vector<Sequence*>& seqs,
                                               const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
                                               const ForwardOptions& opt = {});
+
+  // The same step with tokens drawn where the logits are (engine/sampling.h without masks): one
+  // draw per entry of `draws`, from the last logits of seqs[draw.row]; only the tokens and their
+  // log-probs come back, the same bits as sample_token and RowLogprobs on the host give for those
+  // logits. Called only when draws_on_device() (the GPU); the host draws otherwise.
+  virtual bool draws_on_device() const { return false; }
+  virtual std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs,
+                                          const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
+                                          const std::vector<DrawRequest>& draws, const ForwardOptions& opt = {});
 
   // The MoE (or dense MLP) block of layer l alone, host in/out: x [T, H] -> y [T, H]. For tests
   // against the goldens' per-layer input/output.

@@ -35,7 +35,9 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/split_linear.cuh"
+#include "engine/sampling.h"
 #include "model/cuda/gpu_model.h"
+#include "model/cuda/sampling.cuh"
 #include "model/language_model.h"
 #include "moe/cuda/experts.cuh"
 #include "moe/cuda/routing.cuh"
@@ -810,6 +812,79 @@ TEST(GpuKvPool, ForkCopiesOnWrite) {
 TEST(GpuKvPool, DirectForwardBeyondThePoolThrows) {
   REQUIRE_GPU();
   test_pool_full("qwen3moe-tiny");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Draws on the device (model/cuda/sampling.cuh) against engine/sampling.h on the host: the same
+// token and the same log-prob bits for the same row, temperature, seed and position.
+
+TEST(GpuDraw, DeviceDrawsAreTheHostBits) {
+  REQUIRE_GPU();
+  for (int V : {320, 1000, 151936}) {
+    const int rows = 6;
+    std::vector<float> l(size_t(rows) * size_t(V));
+    std::normal_distribution<float> nd(0.f, 3.f);
+    for (auto& x : l) x = nd(rng);
+    for (int i = 0; i < 50; i++) l[size_t(V) + size_t(i)] = 4.0f;  // row 1: ties at the top
+    DeviceArray<float> dl;
+    dl.upload(l);
+    std::vector<cuda::DrawSpec> specs;
+    for (int r = 0; r < rows; r++)
+      for (float T : {0.0f, 0.3f, 0.8f, 1.0f, 2.5f})
+        for (uint64_t seed : {1ull, 77ull, 0xdeadbeefull}) specs.push_back({r, T, seed, int64_t(r * 13 + 5)});
+    DeviceArray<cuda::DrawSpec> ds;
+    ds.upload(specs);
+    DeviceArray<int32_t> tok(specs.size());
+    DeviceArray<float> lp(specs.size());
+    cuda::draw_rows(dl.data(), V, ds.data(), int(specs.size()), tok.data(), lp.data(), cuda::stream());
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+    const auto t = tok.download(specs.size());
+    const auto p = lp.download(specs.size());
+    for (size_t d = 0; d < specs.size(); d++) {
+      const float* row = &l[size_t(specs[d].row) * size_t(V)];
+      SamplingParams sp;
+      sp.temperature = specs[d].temperature;
+      const int32_t want = sample_token(row, V, sp, specs[d].seed, specs[d].position);
+      const float want_lp = RowLogprobs(row, V, sp.temperature).at(want);
+      ASSERT_EQ(t[d], want) << "V " << V << " draw " << d << " T " << sp.temperature;
+      ASSERT_EQ(std::memcmp(&p[d], &want_lp, sizeof(float)), 0)
+          << "V " << V << " draw " << d << ": device " << p[d] << ", host " << want_lp;
+    }
+  }
+}
+
+// forward_draw of the model: the tokens and log-probs the host draws from forward()'s logits.
+TEST(GpuDraw, ForwardDrawIsForwardThenTheHostDraw) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) {
+    KvModel a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16});
+    const std::vector<std::vector<int32_t>> prompts = {{5, 17, 42, 99, 3}, {7, 7, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9}};
+    std::vector<Sequence> sa, sb;
+    for (uint64_t i = 0; i < prompts.size(); i++) {
+      sa.push_back(a.model->new_sequence(i));
+      sb.push_back(b.model->new_sequence(i));
+    }
+    std::vector<Sequence*> pa, pb;
+    for (auto& x : sa) pa.push_back(&x);
+    for (auto& x : sb) pb.push_back(&x);
+    std::vector<DrawRequest> draws;
+    for (int r = 0; r < 3; r++)
+      for (uint64_t k = 0; k < 2; k++)
+        draws.push_back({r, r == 2 ? 0.0f : 0.9f, 100 + k, int64_t(prompts[size_t(r)].size())});
+    const auto drawn = a.model->forward_draw(pa, prompts, *a.be, draws);
+    const auto logits = b.model->forward(pb, prompts, *b.be, false);
+    ASSERT_EQ(drawn.size(), draws.size());
+    for (size_t d = 0; d < draws.size(); d++) {
+      const float* row = logits[size_t(draws[d].row)].data();
+      SamplingParams sp;
+      sp.temperature = draws[d].temperature;
+      const int64_t V = a.cfg.vocab_size;
+      const int32_t want = sample_token(row, V, sp, draws[d].seed, draws[d].position);
+      const float want_lp = RowLogprobs(row, V, sp.temperature).at(want);
+      EXPECT_EQ(drawn[d].token, want) << "draw " << d;
+      EXPECT_EQ(std::memcmp(&drawn[d].logprob, &want_lp, sizeof(float)), 0) << "draw " << d;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ TEST_P(GoldenTest, GreedyIdsMatchWhereMarginIsClear) {
     auto margin = g.f32(p + "top2_margin");
     GenerateParams gp;
     gp.max_new_tokens = int(all.size() - prompt.size());
-    auto out = generate_greedy(m.model, *m.backend, MpiGroup::world(), {{0, prompt}}, gp)[0];
+    auto out = generate_greedy(m.model, *m.backend, MpiGroup::world(), {GenerateRequest{0, prompt, 0, 1, {}}}, gp)[0];
     ASSERT_EQ(out.size(), all.size() - prompt.size());
     int compared = 0;
     for (size_t j = 0; j < out.size(); j++) {

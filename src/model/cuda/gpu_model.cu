@@ -127,6 +127,8 @@ struct GpuModel final : LanguageModel {
   DeviceArray<float> k_pool, v_pool;
   std::unique_ptr<KvPool> pool_;
   DeviceArray<int32_t> tables;
+  DeviceArray<DrawSpec> specs;  // this step's draws (forward_draw)
+  DeviceArray<float> draw_lp;
 
   void init_shapes(const ModelConfig& c, const Placement& p, int r) {
     cfg = c;
@@ -575,10 +577,23 @@ struct GpuModel final : LanguageModel {
     return next;
   }
 
+  bool draws_on_device() const override { return true; }
+
+  std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                                  A2ABackend& backend, const std::vector<DrawRequest>& draws,
+                                  const ForwardOptions& opt) override {
+    EPMOE_ASSERT(!opt.check_numerics, "forward_draw: --check-numerics checks the logits on the host");
+    std::vector<Drawn> out;
+    run(seqs, tokens, backend, false, nullptr, &draws, &out);
+    return out;
+  }
+
   // greedy != nullptr: only the argmax of each sequence's last logits comes back (-1 for none).
+  // draws != nullptr: only the draws' tokens and log-probs (into drawn).
   std::vector<std::vector<float>> run(const std::vector<Sequence*>& seqs,
                                       const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                      bool all_logits, std::vector<int32_t>* greedy) {
+                                      bool all_logits, std::vector<int32_t>* greedy,
+                                      const std::vector<DrawRequest>* draws = nullptr, std::vector<Drawn>* drawn = nullptr) {
     EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
     EPMOE_ASSERT(backend.device() == Device::Cuda, "the GPU model runs a backend of the GPU, not " + backend.name());
     std::vector<int64_t> off{0};
@@ -643,12 +658,20 @@ struct GpuModel final : LanguageModel {
       span[q] = {int64_t(sel_h.size()), off[q + 1] - first};
       for (int64_t t = first; t < off[q + 1]; t++) sel_h.push_back(int32_t(t));
     }
+    std::vector<DrawSpec> specs_h;
+    if (draws)
+      for (const DrawRequest& d : *draws) {
+        EPMOE_ASSERT(d.row >= 0 && size_t(d.row) < seqs.size() && span[size_t(d.row)].second > 0,
+                     "forward_draw: row " + std::to_string(d.row) + " has no logits in this step");
+        specs_h.push_back({int32_t(span[size_t(d.row)].first), d.temperature, d.seed, d.position});
+      }
     cudaStream_t s = stream();
     ids.upload(ids_h);
     gids.upload(gids_h);
     slots.upload(slots_h);
     tables.upload(tables_h);
     if (!sel_h.empty()) sel.upload(sel_h);
+    if (!specs_h.empty()) specs.upload(specs_h);
     if (T_ > 0) {
       if (embed_f32) embed<float>(ids.data(), embed_f.data(), T_, H, x.data(), s);
       else embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
@@ -686,6 +709,18 @@ struct GpuModel final : LanguageModel {
       g.C = logits.data();
       g.ldc = V;
       gemm<T, float>(g, Epilogue::Store, s);
+    }
+    if (draws) {
+      const int n = int(specs_h.size());
+      best_ids.reserve(size_t(std::max(n, 1)));
+      draw_lp.reserve(size_t(std::max(n, 1)));
+      draw_rows(logits.data(), V, specs.data(), n, best_ids.data(), draw_lp.data(), s);
+      wait_stream("forward: drawn tokens");
+      const std::vector<int32_t> tok = best_ids.download(size_t(n));
+      const std::vector<float> lp = draw_lp.download(size_t(n));
+      drawn->resize(size_t(n));
+      for (int d = 0; d < n; d++) (*drawn)[size_t(d)] = {tok[size_t(d)], lp[size_t(d)]};
+      return out;
     }
     if (greedy) {
       best_ids.reserve(size_t(R));

@@ -1,5 +1,7 @@
 #include "model/cuda/sampling.cuh"
 
+#include "kernels/sampling_math.h"
+
 namespace epmoe::cuda {
 
 namespace {
@@ -24,7 +26,89 @@ __global__ void argmax_kernel(const float* logits, int V, int32_t* out) {
   }
 }
 
+// One block of kLogprobLanes threads per draw; thread j is lane j of the fixed summation order.
+__global__ void __launch_bounds__(kLogprobLanes) draw_kernel(const float* logits, int V, const DrawSpec* specs,
+                                                             int32_t* tokens, float* logprobs) {
+  __shared__ float lane[kLogprobLanes];
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  __shared__ double sk[32];
+  const DrawSpec d = specs[blockIdx.x];
+  const float* x = logits + int64_t(d.row) * V;
+  const int j = threadIdx.x, w32 = j & 31, warp = j >> 5, nw = kLogprobLanes / 32;
+  const float T = d.temperature > 0.0f ? d.temperature : 1.0f;
+  // The greedy id (ties to the lower id) and max(l / T): both independent of the order.
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int i = j; i < V; i += kLogprobLanes)
+    if (bi < 0 || x[i] > bv) bv = x[i], bi = i;
+  warp_argmax(bv, bi);
+  if (w32 == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    bv = w32 < nw ? sv[w32] : -INFINITY;
+    bi = w32 < nw ? si[w32] : -1;
+    warp_argmax(bv, bi);
+    if (w32 == 0) sv[0] = bv, si[0] = bi;
+  }
+  __syncthreads();
+  const int greedy = si[0];
+  const float m = __fdiv_rn(x[greedy], T);  // the largest l / T (division by T > 0 is monotone)
+  // Lane j: ids j, j + lanes, ... ascending; then the pairwise tree.
+  float acc = 0.0f;
+  for (int i = j; i < V; i += kLogprobLanes) acc = __fadd_rn(acc, det_expf(__fsub_rn(__fdiv_rn(x[i], T), m)));
+  lane[j] = acc;
+  __syncthreads();
+  for (int w = kLogprobLanes / 2; w > 0; w /= 2) {
+    if (j < w) lane[j] = __fadd_rn(lane[j], lane[j + w]);
+    __syncthreads();
+  }
+  const float lse = det_logf(lane[0]);
+  int token = greedy;
+  if (d.temperature > 0.0f) {
+    // The exponential race: argmin of race_key over every id, ties to the lower id.
+    const double Td = double(d.temperature), md = double(x[greedy]) / Td;
+    double bk = INFINITY;
+    int bid = -1;
+    for (int i = j; i < V; i += kLogprobLanes) {
+      const double k = race_key(sampling_uniform_of(d.seed, d.position, i), x[i], Td, md);
+      if (bid < 0 || k < bk) bk = k, bid = i;  // ascending within the lane: ties to the lower id
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const double ok = __shfl_down_sync(0xffffffffu, bk, o);
+      const int oi = __shfl_down_sync(0xffffffffu, bid, o);
+      if (oi >= 0 && (bid < 0 || ok < bk || (ok == bk && oi < bid))) bk = ok, bid = oi;
+    }
+    __syncthreads();
+    if (w32 == 0) sk[warp] = bk, si[warp] = bid;
+    __syncthreads();
+    if (warp == 0) {
+      bk = w32 < nw ? sk[w32] : INFINITY;
+      bid = w32 < nw ? si[w32] : -1;
+      for (int o = 16; o > 0; o >>= 1) {
+        const double ok = __shfl_down_sync(0xffffffffu, bk, o);
+        const int oi = __shfl_down_sync(0xffffffffu, bid, o);
+        if (oi >= 0 && (bid < 0 || ok < bk || (ok == bk && oi < bid))) bk = ok, bid = oi;
+      }
+      if (w32 == 0) si[0] = bid;
+    }
+    __syncthreads();
+    token = si[0];
+  }
+  if (j == 0) {
+    tokens[blockIdx.x] = token;
+    logprobs[blockIdx.x] = __fsub_rn(__fsub_rn(__fdiv_rn(x[token], T), m), lse);
+  }
+}
+
 }  // namespace
+
+void draw_rows(const float* logits, int V, const DrawSpec* specs, int n, int32_t* tokens, float* logprobs,
+               cudaStream_t s) {
+  if (n == 0) return;
+  draw_kernel<<<unsigned(n), kLogprobLanes, 0, s>>>(logits, V, specs, tokens, logprobs);
+  EPMOE_CUDA_LAUNCHED();
+}
 
 void argmax_rows(const float* logits, int64_t R, int V, int32_t* out, cudaStream_t s) {
   if (R == 0) return;
