@@ -83,11 +83,17 @@ Row measure(LanguageModel& m, A2ABackend& be, Group& g, int B, int P, int steps,
     std::vector<Sequence*> ptrs;
     for (auto& s : seqs) ptrs.push_back(&s);
     double t0 = now();
-    auto logits = m.forward(ptrs, prompts, be, false);
-    r.fixed_prefill_s = now() - t0;
-    std::vector<double> t;
+    std::vector<std::vector<float>> logits;
     std::vector<std::vector<int32_t>> next;
-    for (auto& l : logits) next.push_back({argmax(l.data(), V)});
+    if (m.draws_on_device()) {
+      for (int32_t id : m.forward_greedy(ptrs, prompts, be)) next.push_back({id});
+      r.fixed_prefill_s = now() - t0;
+    } else {
+      logits = m.forward(ptrs, prompts, be, false);
+      r.fixed_prefill_s = now() - t0;
+      for (auto& l : logits) next.push_back({argmax(l.data(), V)});
+    }
+    std::vector<double> t;
     for (int i = 0; i < steps; i++) {
       t0 = now();
       if (m.draws_on_device()) {

@@ -56,6 +56,15 @@ for c in bf16 f32; do
     > $out/rollout_draw_$c.jsonl && python3 scripts/rollout-check.py $out/rollout_draw_$c.jsonl 0.9 \
     $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
 done
+# Every fixture, both kinds of draw (device: no masks; host: top-p and top-N), bf16.
+for name in qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny; do
+  for kind in draw host; do
+    if [[ $kind == draw ]]; then a=${draw_args//$fx/tests\/data\/$name}; else a=${rollout_args//$fx/tests\/data\/$name}; fi
+    step "rollout_${name}_$kind" 120 bash -c "$GPU_BIN/epmoe generate --device cuda $a \
+      > $out/rollout_${name}_$kind.jsonl && python3 scripts/rollout-check.py $out/rollout_${name}_$kind.jsonl 0.9 \
+      $GPU_BIN/epmoe score --device cuda --model tests/data/$name"
+  done
+done
 if ((ngpu >= 2)); then
   scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $draw_args --moe-a2a-backend alltoall \
     --max-batch-tokens 5 > "$out/rollout_draw_2gpu.jsonl" 2> "$out/rollout_draw_2gpu.log"
