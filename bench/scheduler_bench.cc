@@ -109,7 +109,12 @@ Row measure(LanguageModel& m, A2ABackend& be, Group& g, int B, int P, int steps,
     r.fixed_step_ms = median(t) * 1e3;
   }
   {  // through the scheduler
-    Scheduler s(m, be, g, {});
+    // The same prompts ran in the fixed batch: without the prefix cache the scheduler computes
+    // them in full too.
+    m.kv_pool().flush_prefix_cache();
+    SchedulerOptions so;
+    so.prefix_cache = false;
+    Scheduler s(m, be, g, so);
     for (int b = 0; b < B; b++) {
       GenerateRequest q;
       q.id = uint64_t(b);
