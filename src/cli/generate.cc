@@ -276,7 +276,7 @@ Command register_generate(CLI::App& app) {
                   "same prefix (the bits are the same either way)");
   cmd->add_flag("--json", o->json,
                 "One JSON object per (prompt, sample) per line: index, sample, seed, prompt_ids, output_ids, "
-                "output_logprobs (with --logprobs), top_logprobs (--logprobs N), finish_reason, text (text prompts)");
+                "output_logprobs (with --logprobs), top_logprobs (--logprobs N), finish_reason, cached_tokens (prompt tokens reused from the prefix cache), text (text prompts)");
   return {cmd, [o] { return run_generate(*o); }};
 }
 
