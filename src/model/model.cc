@@ -21,14 +21,15 @@ Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& pl
   const int64_t tokens = kv_pool_tokens(kv, Device::Cpu, available_memory_bytes(), per_token);
   const int64_t blocks = tokens / kv.block_tokens;
   const size_t n = size_t(cfg.num_layers) * size_t(tokens) * size_t(kvd);
-  // new float[] leaves the memory untouched: a large pool costs address space, not pages.
-  k_.reset(new float[n]);
-  v_.reset(new float[n]);
+  k_mem_ = ReservedMemory(n * sizeof(float));
+  v_mem_ = ReservedMemory(n * sizeof(float));
+  k_ = static_cast<float*>(k_mem_.data());
+  v_ = static_cast<float*>(v_mem_.data());
   pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this, kvd](int32_t src, int32_t dst) {
     const size_t rows = size_t(pool_->block_tokens()) * size_t(kvd);
     for (int l = 0; l < cfg_.num_layers; l++) {
-      std::memcpy(kv_row(k_.get(), l, dst, 0), kv_row(k_.get(), l, src, 0), rows * sizeof(float));
-      std::memcpy(kv_row(v_.get(), l, dst, 0), kv_row(v_.get(), l, src, 0), rows * sizeof(float));
+      std::memcpy(kv_row(k_, l, dst, 0), kv_row(k_, l, src, 0), rows * sizeof(float));
+      std::memcpy(kv_row(v_, l, dst, 0), kv_row(v_, l, src, 0), rows * sizeof(float));
     }
   });
 }
@@ -83,8 +84,8 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
     const int64_t B = pool_->block_tokens();
     const int64_t base = seq.len;
     // Position j's K (V) row of this layer, through the block table.
-    auto k_at = [&](int64_t j) { return kv_row(k_.get(), l, table[size_t(j / B)], j % B); };
-    auto v_at = [&](int64_t j) { return kv_row(v_.get(), l, table[size_t(j / B)], j % B); };
+    auto k_at = [&](int64_t j) { return kv_row(k_, l, table[size_t(j / B)], j % B); };
+    auto v_at = [&](int64_t j) { return kv_row(v_, l, table[size_t(j / B)], j % B); };
     for (int64_t i = 0; i < n; i++) {
       rope_.apply(&q[size_t((t0 + i) * qd)], Hq, base + i);
       rope_.apply(&k[size_t((t0 + i) * kvd)], Hkv, base + i);

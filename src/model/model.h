@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "model/language_model.h"
 #include "model/weights.h"
+#include "util/reserved_memory.h"
 
 namespace epmoe {
 
@@ -55,9 +56,11 @@ class Model final : public LanguageModel {
   ModelWeights w_;
   Rope rope_;
   // The paged KV cache: K and V of block b, layer l, row r at ((l * blocks + b) * B + r) * kvd.
-  // Allocated once, untouched until used (the pages come when a block is first written).
+  // Reserved once, untouched until used (the pages come when a block is first written).
   std::unique_ptr<KvPool> pool_;
-  std::unique_ptr<float[]> k_, v_;
+  ReservedMemory k_mem_, v_mem_;
+  float* k_ = nullptr;
+  float* v_ = nullptr;
   float* kv_row(float* base, int layer, int32_t block, int64_t row) const;
 };
 
