@@ -16,7 +16,8 @@
 //   scheduler_bench --device cuda [--layers 4]                       one GPU, the synthesized model on the device
 //   common: [--batches 1,8,64,256] [--prompt 32] [--steps 8] [--repeat 2]: each figure the best of
 //           --repeat interleaved runs, the two sides taking turns to run first
-//   EPMOE_BENCH_ONLY=fixed|sched: one side alone (for a profiler)
+//   EPMOE_BENCH_ONLY=fixed|sched: one side alone (for a profiler); EPMOE_BENCH_GREEDY=1: the
+//   scheduler decodes greedily without log-probs (what sampling costs, by difference)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -125,8 +126,10 @@ Row measure(LanguageModel& m, A2ABackend& be, Group& g, int B, int P, int steps,
       q.prompt = prompts[size_t(b)];
       q.seed = seed + uint64_t(b);
       q.params.max_new_tokens = steps + 1;
-      q.params.sampling.temperature = 0.8f;
-      q.params.logprobs = true;
+      // EPMOE_BENCH_GREEDY=1: greedy without log-probs (no sampling work between the forwards).
+      const bool greedy = std::getenv("EPMOE_BENCH_GREEDY") != nullptr;
+      q.params.sampling.temperature = greedy ? 0.0f : 0.8f;
+      q.params.logprobs = !greedy;
       s.submit(std::move(q));
     }
     std::vector<double> t;
