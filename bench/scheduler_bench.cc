@@ -120,14 +120,14 @@ Row measure(LanguageModel& m, A2ABackend& be, Group& g, int B, int P, int steps,
     SchedulerOptions so;
     so.prefix_cache = false;
     Scheduler s(m, be, g, so);
+    // EPMOE_BENCH_GREEDY=1: greedy without log-probs (no sampling work between the forwards).
+    const bool greedy = std::getenv("EPMOE_BENCH_GREEDY") != nullptr;
     for (int b = 0; b < B; b++) {
       GenerateRequest q;
       q.id = uint64_t(b);
       q.prompt = prompts[size_t(b)];
       q.seed = seed + uint64_t(b);
       q.params.max_new_tokens = steps + 1;
-      // EPMOE_BENCH_GREEDY=1: greedy without log-probs (no sampling work between the forwards).
-      const bool greedy = std::getenv("EPMOE_BENCH_GREEDY") != nullptr;
       q.params.sampling.temperature = greedy ? 0.0f : 0.8f;
       q.params.logprobs = !greedy;
       s.submit(std::move(q));

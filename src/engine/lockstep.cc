@@ -16,35 +16,16 @@ std::vector<size_t> my_share(size_t n, const Group& group) {
   return out;
 }
 
-RequestParams GenerateParams::request() const {
-  RequestParams r;
-  r.max_new_tokens = max_new_tokens;
-  r.stop_ids = stop_ids;
-  r.sampling = sampling;
-  r.logprobs = logprobs;
-  r.top_logprobs = top_logprobs;
-  return r;
-}
-
-SchedulerOptions GenerateParams::scheduler() const {
-  SchedulerOptions o;
-  o.forward = forward;
-  o.max_batch_tokens = max_batch_tokens;
-  o.max_running_requests = max_running_requests;
-  o.prefix_cache = prefix_cache;
-  return o;
-}
-
 std::vector<Generation> generate(LanguageModel& model, A2ABackend& backend, Group& group,
                                  const std::vector<GenerateRequest>& mine, const GenerateParams& p,
                                  const std::function<void(size_t, int32_t)>& on_token) {
-  Scheduler sched(model, backend, group, p.scheduler());
+  Scheduler sched(model, backend, group, p);
   std::vector<size_t> first;  // index of each request's first result
   size_t results = 0;
   std::string refused;
   for (const GenerateRequest& r : mine) {
     GenerateRequest q = r;
-    q.params = p.request();
+    q.params = p;
     first.push_back(results);
     results += size_t(q.n);
     try {

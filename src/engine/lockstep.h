@@ -16,22 +16,9 @@
 
 namespace epmoe {
 
-// The settings of generate(): the request-level ones apply to every request.
-struct GenerateParams {
-  int max_new_tokens = 16;
-  std::vector<int> stop_ids;
-  ForwardOptions forward;
-  SamplingParams sampling;
-  bool logprobs = false;
-  int top_logprobs = 0;
-  // The scheduler, per rank (engine/scheduler.h): tokens fed in one step (0: unlimited),
-  // sequences in flight at once (0: unlimited), reuse of cached prompt blocks.
-  int64_t max_batch_tokens = 0;
-  int max_running_requests = 0;
-  bool prefix_cache = true;
-  RequestParams request() const;
-  SchedulerOptions scheduler() const;
-};
+// The settings of generate(): the request-level ones (engine/scheduler.h RequestParams) apply to
+// every request; the scheduler's (SchedulerOptions) to each rank's scheduler.
+struct GenerateParams : RequestParams, SchedulerOptions {};
 
 // Which of n inputs this rank serves: input i on rank i mod R (data-parallel attention).
 std::vector<size_t> my_share(size_t n, const Group& group);

@@ -54,6 +54,9 @@ namespace epmoe {
 
 constexpr int kLogprobLanes = 1024;
 
+// ln 2 split so that k * kLn2Hi is exact for |k| < 2^11 (Cody-Waite).
+constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
+
 // 2^k for -1022 <= k <= 1023, exactly, from its bits.
 EPMOE_MATH_FN double pow2_exact(int64_t k) {
   const uint64_t bits = uint64_t(k + 1023) << 52;
@@ -69,9 +72,8 @@ EPMOE_MATH_FN double det_exp(double x) {
   if (x < -708.0) return 0.0;  // below the normal range: 0 is close enough for sampling
   // k = round-to-nearest-even(x / ln2) by the 1.5 * 2^52 trick (no rint: one code on both sides).
   const double k = EPMOE_DSUB(EPMOE_DADD(EPMOE_DMUL(x, 1.4426950408889634), 0x1.8p52), 0x1.8p52);
-  const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-  double r = EPMOE_FMA(-k, ln2_hi, x);
-  r = EPMOE_FMA(-k, ln2_lo, r);
+  double r = EPMOE_FMA(-k, kLn2Hi, x);
+  r = EPMOE_FMA(-k, kLn2Lo, r);
   double p = 1.0 / 6227020800.0;  // 1/13!
   p = EPMOE_FMA(p, r, 1.0 / 479001600.0);
   p = EPMOE_FMA(p, r, 1.0 / 39916800.0);
@@ -120,9 +122,8 @@ EPMOE_MATH_FN double det_log(double x) {
   p = EPMOE_FMA(p, s, 2.0 / 5.0);
   p = EPMOE_FMA(p, s, 2.0 / 3.0);
   p = EPMOE_FMA(p, s, 2.0);
-  const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
   const double de = double(e);
-  return EPMOE_FMA(de, ln2_hi, EPMOE_FMA(de, ln2_lo, EPMOE_DMUL(f, p)));
+  return EPMOE_FMA(de, kLn2Hi, EPMOE_FMA(de, kLn2Lo, EPMOE_DMUL(f, p)));
 }
 
 EPMOE_MATH_FN float det_expf(float x) { return float(det_exp(double(x))); }

@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include "util/error.h"
+
 namespace epmoe {
 
 int64_t available_memory_bytes() {
@@ -27,6 +29,19 @@ int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, 
     tokens = std::max<int64_t>(tokens, B);
   }
   return (tokens + B - 1) / B * B;
+}
+
+void append_step_tokens(KvPool& pool, const std::vector<Sequence*>& seqs,
+                        const std::vector<std::vector<int32_t>>& tokens) {
+  for (size_t s = 0; s < seqs.size(); s++) {
+    Sequence& seq = *seqs[s];
+    EPMOE_ASSERT(seq.kv && &seq.kv->pool() == &pool,
+                 "sequence " + std::to_string(seq.id) + ": its KV cache is not this model's");
+    EPMOE_ASSERT(seq.kv->tokens() == seq.len, "sequence " + std::to_string(seq.id) + ": KV cache holds " +
+                                                  std::to_string(seq.kv->tokens()) + " tokens, the sequence " +
+                                                  std::to_string(seq.len));
+    pool.append(*seq.kv, tokens[s].data(), int64_t(tokens[s].size()));
+  }
 }
 
 int32_t argmax(const float* logits, int64_t n) {

@@ -98,6 +98,12 @@ class LanguageModel {
                          float* y) = 0;
 };
 
+// The first thing a forward does on every device: room in `pool` for each sequence's new tokens
+// (copy on write of a shared partial block included), after checking that the sequence's cache is
+// this pool's and holds its len tokens.
+void append_step_tokens(KvPool& pool, const std::vector<Sequence*>& seqs,
+                        const std::vector<std::vector<int32_t>>& tokens);
+
 // Index of the largest logit (ties to the lower id): greedy decoding.
 int32_t argmax(const float* logits, int64_t n);
 

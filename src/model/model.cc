@@ -86,6 +86,15 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
     // Position j's K (V) row of this layer, through the block table.
     auto k_at = [&](int64_t j) { return kv_row(k_, l, table[size_t(j / B)], j % B); };
     auto v_at = [&](int64_t j) { return kv_row(v_, l, table[size_t(j / B)], j % B); };
+    // fn(j, row of position j + head offset) for j = 0..len-1 in order, a block at a time (one
+    // table lookup per block, not per key).
+    auto each_row = [&](float* cache, int64_t len, int64_t offset, auto&& fn) {
+      for (int64_t j0 = 0; j0 < len; j0 += B) {
+        const float* rows = kv_row(cache, l, table[size_t(j0 / B)], 0) + offset;
+        const int64_t m = std::min(B, len - j0);
+        for (int64_t r = 0; r < m; r++) fn(j0 + r, rows + r * kvd);
+      }
+    };
     for (int64_t i = 0; i < n; i++) {
       rope_.apply(&q[size_t((t0 + i) * qd)], Hq, base + i);
       rope_.apply(&k[size_t((t0 + i) * kvd)], Hkv, base + i);
@@ -102,11 +111,11 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
         const int64_t ctx_len = base + i + 1;
         const float* qh = &q[size_t((t0 + i) * qd + h * D)];
         p.resize(static_cast<size_t>(ctx_len));
-        for (int64_t j = 0; j < ctx_len; j++) p[size_t(j)] = dot(qh, k_at(j) + hk * D, D) * scale;
+        each_row(k_, ctx_len, hk * D, [&](int64_t j, const float* kj) { p[size_t(j)] = dot(qh, kj, D) * scale; });
         softmax(p.data(), ctx_len);
         float* o = &ctx[size_t((t0 + i) * qd + h * D)];
         std::fill(o, o + D, 0.f);
-        for (int64_t j = 0; j < ctx_len; j++) axpy(p[size_t(j)], v_at(j) + hk * D, o, D);
+        each_row(v_, ctx_len, hk * D, [&](int64_t j, const float* vj) { axpy(p[size_t(j)], vj, o, D); });
       }
     });
   }
@@ -149,16 +158,7 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
       TensorView row = w_.embed.slice_rows(id, 1);
       for (int64_t h = 0; h < H; h++) x[size_t(t * H + h)] = row.at(h);
     }
-  // Room in the pool for every new token (copy on write of a shared partial block included).
-  for (size_t s = 0; s < seqs.size(); s++) {
-    Sequence& seq = *seqs[s];
-    EPMOE_ASSERT(seq.kv && &seq.kv->pool() == pool_.get(),
-                 "sequence " + std::to_string(seq.id) + ": its KV cache is not this model's");
-    EPMOE_ASSERT(seq.kv->tokens() == seq.len, "sequence " + std::to_string(seq.id) + ": KV cache holds " +
-                                                  std::to_string(seq.kv->tokens()) + " tokens, the sequence " +
-                                                  std::to_string(seq.len));
-    pool_->append(*seq.kv, tokens[s].data(), int64_t(tokens[s].size()));
-  }
+  append_step_tokens(*pool_, seqs, tokens);
 
   std::vector<float> hn(static_cast<size_t>(T * H)), tmp(static_cast<size_t>(T * H));
   for (int l = 0; l < cfg_.num_layers; l++) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/cpu_model.h"
 #include "common/golden.h"
 #include "comm/mpi_group.h"
 #include "engine/scheduler.h"
@@ -17,18 +18,9 @@
 namespace epmoe {
 namespace {
 
-struct Loaded {
-  ModelConfig cfg;
-  Checkpoint ckpt;
-  Placement placement;
-  Model model;
-  std::unique_ptr<A2ABackend> backend;
-  explicit Loaded(const KvOptions& kv, const std::string& name = "qwen3moe-tiny")
-      : cfg(load_model_config(test::fixture(name))),
-        ckpt(test::fixture(name)),
-        placement(Placement::make_default(cfg.routing.num_experts, 1, 0)),
-        model(cfg, ckpt, placement, 0, compute_mode(), kv),
-        backend(make_local_backend(Device::Cpu, placement)) {}
+// A fixture's model (qwen3moe-tiny) with the given KV pool.
+struct Loaded : test::CpuModel {
+  explicit Loaded(const KvOptions& kv) : test::CpuModel("qwen3moe-tiny", kv) {}
 };
 
 RequestParams sampled(int max_new) {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "common/cpu_model.h"
 #include "common/golden.h"
 #include "comm/mpi_group.h"
 #include "ep/backend.h"
@@ -19,19 +20,7 @@ namespace {
 
 using test::Golden;
 
-struct Loaded {
-  ModelConfig cfg;
-  Checkpoint ckpt;
-  Placement placement;
-  Model model;
-  std::unique_ptr<A2ABackend> backend;
-  explicit Loaded(const std::string& name)
-      : cfg(load_model_config(test::fixture(name))),
-        ckpt(test::fixture(name)),
-        placement(Placement::make_default(cfg.routing.num_experts, 1, 0)),
-        model(cfg, ckpt, placement, 0),
-        backend(make_local_backend(Device::Cpu, placement)) {}
-};
+using Loaded = test::CpuModel;
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 

@@ -617,17 +617,8 @@ struct GpuModel final : LanguageModel {
                            ", beyond max_position_embeddings (" + std::to_string(cfg.max_position_embeddings) + ")");
       }
     }
-    // Room in the pool for every new token (copy on write of a shared partial block included: the
-    // copy is queued on the stream, before this step's kernels).
-    for (size_t s = 0; s < seqs.size(); s++) {
-      Sequence& seq = *seqs[s];
-      EPMOE_ASSERT(seq.kv && &seq.kv->pool() == pool_.get(),
-                   "sequence " + std::to_string(seq.id) + ": its KV cache is not this model's");
-      EPMOE_ASSERT(seq.kv->tokens() == seq.len, "sequence " + std::to_string(seq.id) + ": KV cache holds " +
-                                                    std::to_string(seq.kv->tokens()) + " tokens, the sequence " +
-                                                    std::to_string(seq.len));
-      pool_->append(*seq.kv, tokens[s].data(), int64_t(tokens[s].size()));
-    }
+    // (A copy on write is queued on the stream, before this step's kernels.)
+    append_step_tokens(*pool_, seqs, tokens);
     // Each token's position and its sequence's block table (the active sequences' tables, concatenated).
     for (size_t s = 0; s < seqs.size(); s++) {
       const Sequence& seq = *seqs[s];
