@@ -19,5 +19,20 @@ cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=CompileCheck -DEPMOE_CUDA=ON -DEPMOE
   -DEPMOE_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
 cmake --build build-cuda -j"$(nproc)" --target epmoe_lib gpu_test gpu_ep_test
 echo "build-cuda: the CUDA sources and the GPU tests compiled for sm_90a"
-# Without a GPU every gpu-labelled test must say so (ctest: skipped), and none may fail.
-ctest --test-dir build-cuda -L gpu --output-on-failure
+# Without a GPU every gpu-labelled test must say so (ctest: skipped), and none may fail. ctest's own
+# summary ("100% tests passed" over entries that all skipped) would read as a test run; it is kept
+# in a log, shown only when an entry did not skip, and one line says what was checked.
+log=build-cuda/gpu-skip-check.log
+if ! ctest --test-dir build-cuda -L gpu --output-on-failure >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "build-cuda: a GPU test failed without a GPU (it must report skipped)" >&2
+  exit 1
+fi
+entries=$(grep -c 'Test *#' "$log" || true)
+skipped=$(grep -c '\*\*\*Skipped' "$log" || true)
+if [[ $entries -eq 0 || $skipped -ne $entries ]]; then
+  cat "$log" >&2
+  echo "build-cuda: $skipped of $entries GPU test entries skipped; without a GPU all must" >&2
+  exit 1
+fi
+echo "build-cuda: no GPU here; all $entries GPU test entries report skipped (they run on the GPU machine)"
