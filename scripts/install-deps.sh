@@ -2,6 +2,7 @@
 # The one place that lists epmoe's packages (Debian). Installs only what is missing, so it is
 # cheap to run before every build. Needs root (or sudo) only when something is missing.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake pkg-config
@@ -9,6 +10,9 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev
+  libcpp-httplib-dev               # epmoe serve: HTTP (cpp-httplib)
+  python3-httpx python3-aiohttp    # tests/serve: the Python clients of RL frameworks (slime, AReaL)
+  nodejs                           # tests/serve: the OpenAI client (npm `openai` v6, below)
   libopenblas-dev
   python3
   clang libclang-rt-14-dev llvm   # scripts/fuzz.sh: libFuzzer with ASan + UBSan, llvm-symbolizer
@@ -18,12 +22,27 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ((${#missing[@]} == 0)); then
-  exit 0
+# npm comes with NodeSource's nodejs; Debian's nodejs needs its npm package.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if ((${#missing[@]} > 0)); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "install-deps: installing ${missing[*]}" >&2
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# The test clients from npm, at the versions package-lock.json pins (tests/serve/clients): the
+# OpenAI SDK that tests `epmoe serve` as an application would. Installed once into that folder.
+clients=tests/serve/clients
+installed_as_locked() {
+  (cd "$clients" && node -e '
+    const lock = require("./package-lock.json").packages;
+    for (const [path, p] of Object.entries(lock))
+      if (path && require("./" + path + "/package.json").version !== p.version) process.exit(1);' 2>/dev/null)
+}
+if ! installed_as_locked; then
+  echo "install-deps: npm ci in $clients" >&2
+  (cd "$clients" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi

@@ -21,11 +21,12 @@ src=${src%/}
 # ---- the rules, as data ----
 
 # What each layer may include besides itself: every layer below it in the order
-#   cli, check, engine, model, moe, ep, comm, kernels, tokenizer, io, tensor, util
+#   cli, check | serve, engine, model, moe, ep, comm, kernels, tokenizer, io, tensor, util
 # less the edges that WHY explains. A folder of src/ missing here is not a layer, and is an offence.
 read -r -d '' ALLOWED <<'EOF'
-cli        check engine model moe ep comm kernels tokenizer io tensor util
+cli        serve check engine model moe ep comm kernels tokenizer io tensor util
 check      engine model moe ep comm kernels tokenizer io tensor util
+serve      engine model moe ep comm kernels tokenizer io tensor util
 engine     model moe ep comm kernels tokenizer io tensor util
 model      moe ep kernels tokenizer io tensor util
 moe        ep kernels tokenizer io tensor util

@@ -19,5 +19,6 @@ Command register_generate(CLI::App& app);
 Command register_tokenize(CLI::App& app);
 Command register_check(CLI::App& app);
 Command register_synth(CLI::App& app);
+Command register_serve(CLI::App& app);
 
 }  // namespace epmoe

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<Command> commands = {register_info(app), register_score(app), register_generate(app),
                                          register_tokenize(app), register_check(app),
-                                         register_synth(app)};
+                                         register_synth(app), register_serve(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -50,7 +50,8 @@ size_t Scheduler::submit(GenerateRequest r) {
                      " (raise --kv-cache-tokens to at least " + std::to_string(total * B) + ")");
   e.req = std::move(r);
   e.out.resize(size_t(e.req.n));
-  if (e.req.params.max_new_tokens == 0) e.state = State::Done;  // nothing to generate
+  // Nothing to generate and nothing to score: done without a step.
+  if (e.req.params.max_new_tokens == 0 && e.req.params.input_logprobs_from < 0) e.state = State::Done;
   entries_.push_back(std::move(e));
   return entries_.size() - 1;
 }
@@ -70,6 +71,23 @@ void Scheduler::abort(size_t h) {
   e.samples.clear();  // the blocks and promises go back now
   e.state = State::Done;
   running_.erase(std::remove(running_.begin(), running_.end(), h), running_.end());
+}
+
+void Scheduler::stop_sample(size_t h, int j) {
+  EPMOE_ASSERT(in_step_ && h < entries_.size() && j >= 0 && size_t(j) < entries_[h].samples.size(),
+               "scheduler: stop_sample outside on_token, or no sample " + std::to_string(j) + " of request " +
+                   std::to_string(h));
+  entries_[h].samples[size_t(j)].stop_now = true;
+}
+
+void Scheduler::forget(size_t h) {
+  EPMOE_ASSERT(h < entries_.size() && entries_[h].state == State::Done,
+               "scheduler: forget of request " + std::to_string(h) + ", which is not finished");
+  Entry& e = entries_[h];
+  e.req.prompt = {};
+  e.req.params.stop_ids = {};
+  e.out = {};
+  e.samples = {};
 }
 
 bool Scheduler::has_work() const {
@@ -101,8 +119,11 @@ bool Scheduler::admit(size_t h) {
   const int64_t P = int64_t(e.req.prompt.size()), B = pool.block_tokens();
   const int64_t worst = P + std::max(e.req.params.max_new_tokens, 1) - 1;
   const int64_t cow = e.req.n > 1 && P % B != 0 ? 1 : 0;
-  // At least the prompt's last token is computed: its logits choose the first token.
-  const int64_t match = opt_.prefix_cache ? P - 1 : 0;
+  // At least the prompt's last token is computed: its logits choose the first token; and every
+  // position whose logits give a prompt log-prob asked for.
+  int64_t match = opt_.prefix_cache ? P - 1 : 0;
+  if (e.req.params.input_logprobs_from >= 0)
+    match = std::min<int64_t>(match, std::max(e.req.params.input_logprobs_from, 1) - 1);
   auto kv = pool.admit(e.req.prompt, match, worst, cow + int64_t(e.req.n - 1) * e.fork_blocks);
   if (!kv) return false;
   Sample s;
@@ -133,7 +154,7 @@ void Scheduler::choose(size_t h, int j, int32_t t, float logprob, std::vector<st
   if (p.top_logprobs > 0) g.top.push_back(std::move(top));
   if (on_token) on_token(h, j, t);
   s.pending = t;
-  const bool stop = std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
+  const bool stop = s.stop_now || std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
   if (stop) g.finish = FinishReason::Stop;
   if (stop || int(g.tokens.size()) >= p.max_new_tokens) {
     s.done = true;
@@ -148,6 +169,7 @@ bool Scheduler::step() {
   std::vector<Sequence*> active;
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::pair<size_t, int>> who;  // (handle, sample) of each active sequence
+  std::vector<int64_t> chunk_start;         // position of each active sequence's first new token
   int64_t room = budget;
   int64_t decode = 0, prefill_fed = 0;
   // 1. decode tokens
@@ -158,6 +180,7 @@ bool Scheduler::step() {
       active.push_back(&s.seq);
       tokens.push_back({s.pending});
       who.push_back({h, int(j)});
+      chunk_start.push_back(s.seq.len);
       s.pending = -1;
       room--;
       decode++;
@@ -169,6 +192,7 @@ bool Scheduler::step() {
     active.push_back(&e.samples[0].seq);
     tokens.emplace_back(e.req.prompt.begin() + long(e.fed), e.req.prompt.begin() + long(e.fed + n));
     who.push_back({h, 0});
+    chunk_start.push_back(int64_t(e.fed));
     e.fed += n;
     room -= int64_t(n);
     prefill_fed += int64_t(n);
@@ -203,11 +227,23 @@ bool Scheduler::step() {
     std::vector<std::pair<int32_t, float>> top;
   };
   std::vector<Pick> picks_todo;
+  std::vector<size_t> scored_only;  // requests with max_new_tokens 0 whose prompt is in now
   bool host_logits = false, device_draws = model_.draws_on_device() && !opt_.forward.check_numerics;
+  // Prompt log-probs need the logits of every position of their chunks.
+  bool all_logits = false;
+  for (size_t a = 0; a < active.size(); a++) {
+    const Entry& e = entries_[who[a].first];
+    all_logits |= e.req.params.input_logprobs_from >= 0 && chunk_start[a] < int64_t(e.req.prompt.size());
+  }
+  host_logits |= all_logits;
   for (size_t a = 0; a < active.size(); a++) {
     const auto [h, j] = who[a];
     const Entry& e = entries_[h];
     if (e.fed < e.req.prompt.size()) continue;  // a prefill chunk that does not end the prompt
+    if (e.req.params.max_new_tokens == 0) {     // scored, nothing to draw
+      if (chunk_start[a] < int64_t(e.req.prompt.size())) scored_only.push_back(h);
+      continue;
+    }
     const int64_t pos = active[a]->len + int64_t(tokens[a].size());
     if (int(e.samples.size()) < e.req.n) {
       for (int k = 0; k < e.req.n; k++) picks_todo.emplace_back(h, k, a, pos);
@@ -220,7 +256,7 @@ bool Scheduler::step() {
     const SamplingParams& sp = p.sampling;
     device_draws &= sp.top_k <= 0 && sp.top_p >= 1.0f && sp.min_p <= 0.0f && p.top_logprobs == 0;
   }
-  device_draws &= host_logits;
+  device_draws &= host_logits && !all_logits;
   const auto f0 = std::chrono::steady_clock::now();
   std::vector<int32_t> picks;
   std::vector<std::vector<float>> logits;
@@ -236,7 +272,7 @@ bool Scheduler::step() {
       picks_todo[i].logprob = drawn[i].logprob;
     }
   } else if (host_logits) {
-    logits = model_.forward(active, tokens, backend_, /*all_logits=*/false, opt_.forward);
+    logits = model_.forward(active, tokens, backend_, all_logits, opt_.forward);
   } else {
     // Greedy without log-probs needs no logits on the host: the model may pick on its device.
     picks = model_.forward_greedy(active, tokens, backend_, opt_.forward);
@@ -257,6 +293,34 @@ bool Scheduler::step() {
     }
   }
   const int64_t V = model_.config().vocab_size;
+  // The logits row a sequence's last new token left (all_logits: one row per new token).
+  auto last_row = [&](size_t a) {
+    return logits[a].data() + (all_logits ? int64_t(tokens[a].size() - 1) * V : 0);
+  };
+  if (all_logits) {
+    // Prompt log-probs: row i of a prefill chunk (its token at position q) gives prompt[q + 1].
+    std::vector<std::pair<size_t, size_t>> jobs;  // (active index, chunk row)
+    for (size_t a = 0; a < active.size(); a++) {
+      Entry& e = entries_[who[a].first];
+      const int64_t from = e.req.params.input_logprobs_from, P = int64_t(e.req.prompt.size());
+      if (from < 0 || chunk_start[a] >= P) continue;
+      for (size_t i = 0; i < tokens[a].size(); i++) {
+        const int64_t next = chunk_start[a] + int64_t(i) + 1;
+        if (next < P && next >= std::max<int64_t>(from, 1)) jobs.push_back({a, i});
+      }
+    }
+    std::vector<float> lp(jobs.size());
+    parallel_for(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e_) {
+      for (int64_t k = b; k < e_; k++) {
+        const auto [a, i] = jobs[size_t(k)];
+        const Entry& e = entries_[who[a].first];
+        const int32_t next = e.req.prompt[size_t(chunk_start[a] + int64_t(i) + 1)];
+        lp[size_t(k)] = token_logprob(logits[a].data() + int64_t(i) * V, V, e.req.params.sampling.temperature, next);
+      }
+    });
+    for (size_t k = 0; k < jobs.size(); k++)  // in chunk order, and chunks come in prompt order
+      for (Generation& g : entries_[who[jobs[k].first].first].out) g.input_logprobs.push_back(lp[k]);
+  }
   parallel_for(int64_t(picks_todo.size()), 1, [&](int64_t b, int64_t e_) {
     for (int64_t i = b; i < e_; i++) {
       Pick& pk = picks_todo[size_t(i)];
@@ -267,7 +331,7 @@ bool Scheduler::step() {
         pk.token = picks[pk.row];
         continue;
       }
-      const float* row = logits[pk.row].data();
+      const float* row = last_row(pk.row);
       pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
       if (p.logprobs || p.top_logprobs > 0) {
         const RowLogprobs lp(row, V, p.sampling.temperature);
@@ -279,6 +343,11 @@ bool Scheduler::step() {
   for (Pick& pk : picks_todo) {
     choose(pk.h, pk.j, pk.token, pk.logprob, std::move(pk.top));
     finish_if_done(entries_[pk.h]);
+  }
+  for (size_t h : scored_only) {
+    Entry& e = entries_[h];
+    e.samples.clear();
+    e.state = State::Done;  // finish stays Length: max_new_tokens (0) reached
   }
   in_step_ = false;
   for (size_t h : aborted_) abort(h);  // asked for by on_token during the step

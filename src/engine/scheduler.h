@@ -36,6 +36,11 @@ struct RequestParams {
   SamplingParams sampling;    // temperature 0: greedy
   bool logprobs = false;      // report each generated token's log-prob (engine/sampling.h)
   int top_logprobs = 0;       // and the N most likely ids at each step with theirs
+  // Prompt log-probs (sglang's logprob_start_len): -1 none; k >= 0: the log-prob of every prompt
+  // token at position >= max(k, 1) given the tokens before it, at the request's temperature (the
+  // numbers `logprobs` reports for generated tokens, so a re-scored rollout gives its own bits).
+  // The positions they need are computed even when their blocks are in the prefix cache.
+  int input_logprobs_from = -1;
 };
 
 struct GenerateRequest {
@@ -56,6 +61,8 @@ struct Generation {
   std::vector<std::vector<std::pair<int32_t, float>>> top;     // [tokens][N] when asked
   FinishReason finish = FinishReason::Length;
   int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache instead of computed
+  // With input_logprobs_from = k >= 0: the prompt tokens' log-probs from position max(k, 1) on.
+  std::vector<float> input_logprobs;
 };
 
 struct SchedulerOptions {
@@ -83,6 +90,12 @@ class Scheduler {
   // Ends a request now (queued or running): its samples finish with Abort, its blocks go back
   // (from on_token: at the end of the step). Samples already finished keep their reason.
   void abort(size_t handle);
+  // From on_token only: sample `sample` of `handle` ends with Stop after the token just chosen
+  // (a stop string the caller matched in its text).
+  void stop_sample(size_t handle, int sample);
+  // Drops what a finished request holds (prompt, results); its handle must not be used again.
+  // A long-running caller (serve) calls it once it has read the results.
+  void forget(size_t handle);
 
   // One lockstep step (collective). False when no rank had work, and nothing ran.
   bool step();
@@ -105,6 +118,7 @@ class Scheduler {
     Sequence seq;
     int32_t pending = -1;  // the token chosen last, fed by the next step
     bool done = false;
+    bool stop_now = false;  // stop_sample() during on_token
   };
   struct Entry {
     GenerateRequest req;

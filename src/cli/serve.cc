@@ -1,0 +1,142 @@
+// `epmoe serve`: the model behind HTTP -- sglang's native /generate and control endpoints and the
+// OpenAI API (serve/). Under mpirun (CPU) or scripts/gpu-launch.sh (GPU) every rank loads its
+// experts and steps with the others; rank 0 also runs HTTP, the tokenizer and the scheduler.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "serve/http_server.h"
+#include "serve/serve_engine.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+namespace {
+
+struct ServeCliOptions {
+  RunOptions run;
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string api_key;
+  std::string served_model_name;
+  std::string weight_version = "default";
+  int64_t max_batch_tokens = 2048;
+  int max_running_requests = 256;
+  bool no_prefix_cache = false;
+  int http_threads = 0;
+  int64_t max_body_mb = 64;
+  double heartbeat = 1.0;
+};
+
+ServeEngine* g_engine = nullptr;
+
+extern "C" void on_stop_signal(int) {
+  if (g_engine) g_engine->request_shutdown();
+}
+
+int run_serve(const ServeCliOptions& o) {
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
+  if (o.port < 0 || o.port > 65535) throw InputError("--port " + std::to_string(o.port) + ": not a TCP port");
+  if (o.heartbeat <= 0 || o.heartbeat * 4 > o.run.comm_timeout)
+    throw InputError("--heartbeat must be > 0 and at most a quarter of --comm-timeout");
+  // The tokenizer is optional: without its files the server takes token ids only.
+  std::unique_ptr<Tokenizer> tok;
+  if (Tokenizer::available(o.run.model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::load(o.run.model_dir));
+  Runtime rt = start_runtime(o.run);
+  const bool root = rt.group->rank() == 0;
+
+  ServeEngineOptions eo;
+  eo.scheduler.forward = rt.options.forward;
+  eo.scheduler.max_batch_tokens = o.max_batch_tokens;
+  eo.scheduler.max_running_requests = o.max_running_requests;
+  eo.scheduler.prefix_cache = !o.no_prefix_cache;
+  eo.heartbeat = o.heartbeat;
+  eo.weight_version = o.weight_version;
+  ServeEngine engine(rt, tok.get(), eo);
+  g_engine = &engine;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+
+  std::unique_ptr<HttpServer> http;
+  if (root) {
+    ServedModel m;
+    std::string dir = std::filesystem::path(o.run.model_dir).lexically_normal().string();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    m.path = o.run.model_dir;
+    m.name = o.served_model_name.empty() ? std::filesystem::path(dir).filename().string() : o.served_model_name;
+    m.vocab_size = rt.cfg.vocab_size;
+    m.max_positions = rt.cfg.max_position_embeddings;
+    m.eos_ids = rt.cfg.eos_token_ids;
+    m.tokenizer = tok.get();
+    HttpOptions ho;
+    ho.host = o.host;
+    ho.port = o.port;
+    ho.api_key = o.api_key;
+    ho.max_body_bytes = size_t(o.max_body_mb) << 20;
+    ho.threads = o.http_threads > 0 ? o.http_threads : std::max(64, o.max_running_requests + 32);
+    http = std::make_unique<HttpServer>(engine, m, ho);
+    http->start();
+    const KvPool& pool = rt.model->kv_pool();
+    std::fprintf(stderr,
+                 "epmoe serve: %s on %s, %d rank(s), backend %s; KV cache %lld tokens (%lld blocks of %d); %s\n"
+                 "epmoe serve: listening on http://%s:%d\n",
+                 m.name.c_str(), o.run.device.c_str(), rt.group->size(), o.run.backend.c_str(),
+                 (long long)(pool.total_blocks() * pool.block_tokens()), (long long)pool.total_blocks(),
+                 pool.block_tokens(), tok ? "text and token ids" : "token ids only (no tokenizer files)",
+                 o.host.c_str(), http->port());
+  }
+  engine.run();
+  g_engine = nullptr;
+  if (http) {
+    http->stop();
+    std::fprintf(stderr, "epmoe serve: stopped\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command register_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "serve",
+      "Serve the model over HTTP: sglang's /generate (log-probs for RL), the OpenAI API (/v1/completions, "
+      "/v1/chat/completions, /v1/models), control (/health, /abort_request, /flush_cache, /pause_generation, "
+      "/update_weights_from_disk) and /metrics. Under mpirun every rank holds its experts; rank 0 serves HTTP");
+  auto o = std::make_shared<ServeCliOptions>();
+  add_run_options(*cmd, o->run);
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "TCP port (0: any free port, printed at start)")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every endpoint but /health (401 otherwise)");
+  cmd->add_option("--served-model-name", o->served_model_name,
+                  "The model's name in the OpenAI API (default: the model folder's name)");
+  cmd->add_option("--weight-version", o->weight_version, "The weight_version reported until weights are updated")
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
+                  "Tokens one step feeds: running sequences' decode tokens first, then prompt chunks (chunked "
+                  "prefill, so long prompts do not stall the streams in flight); 0: unlimited")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o->max_running_requests,
+                  "Sequences in flight; more requests wait in the queue (0: unlimited)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "Compute every prompt in full instead of reusing cached KV blocks of earlier prompts (same bits)");
+  cmd->add_option("--http-threads", o->http_threads,
+                  "Connections served at once, one thread each (0: --max-running-requests + 32, at least 64)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body accepted, in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--heartbeat", o->heartbeat,
+                  "Seconds between the idle server's collectives (so a dead rank is found while idle too)")
+      ->capture_default_str();
+  return {cmd, [o] { return run_serve(*o); }};
+}
+
+}  // namespace epmoe

@@ -1,0 +1,588 @@
+#include "serve/protocol.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "engine/sampling.h"
+#include "io/json_util.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& field, const std::string& message) {
+  throw HttpError(400, field, field.empty() ? message : field + ": " + message);
+}
+
+// Typed reads of one JSON object's fields; a refusal names the field (with its path, e.g.
+// "sampling_params.temperature"). A field given as null counts as absent, as in Python clients.
+class Fields {
+ public:
+  Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {
+    if (!obj_.is_object()) bad(prefix_.empty() ? "body" : prefix_.substr(0, prefix_.size() - 1), "must be a JSON object");
+  }
+  std::string name(const char* k) const { return prefix_ + k; }
+  const json* get(const char* k) const {
+    auto it = obj_.find(k);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+  std::optional<bool> boolean(const char* k) const {
+    const json* v = get(k);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) bad(name(k), "must be true or false");
+    return v->get<bool>();
+  }
+  std::optional<int64_t> integer(const char* k, int64_t lo, int64_t hi) const {
+    const json* v = get(k);
+    if (!v) return std::nullopt;
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (d != std::floor(d)) bad(name(k), "must be an integer, got " + v->dump());
+      if (d < double(lo) || d > double(hi)) bad(name(k), range(lo, hi, v->dump()));
+      return int64_t(d);
+    }
+    if (!v->is_number_integer()) bad(name(k), "must be an integer, got " + v->dump());
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad(name(k), range(lo, hi, v->dump()));
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) bad(name(k), range(lo, hi, v->dump()));
+    return x;
+  }
+  std::optional<double> number(const char* k, double lo, double hi) const {
+    const json* v = get(k);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) bad(name(k), "must be a number, got " + v->dump());
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi)) bad(name(k), "must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + v->dump());
+    return x;
+  }
+  std::optional<std::string> string(const char* k) const {
+    const json* v = get(k);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) bad(name(k), "must be a string");
+    return v->get<std::string>();
+  }
+  // A string or a list of strings.
+  std::vector<std::string> strings(const char* k) const {
+    const json* v = get(k);
+    if (!v) return {};
+    if (v->is_string()) return {v->get<std::string>()};
+    if (!v->is_array()) bad(name(k), "must be a string or a list of strings");
+    std::vector<std::string> out;
+    for (auto& s : *v) {
+      if (!s.is_string()) bad(name(k), "must be a string or a list of strings");
+      if (s.get<std::string>().empty()) bad(name(k), "a stop string may not be empty");
+      out.push_back(s.get<std::string>());
+    }
+    return out;
+  }
+
+ private:
+  static std::string fmt(double d) {
+    json j = d;
+    return j.dump();
+  }
+  static std::string range(int64_t lo, int64_t hi, const std::string& got) {
+    return "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + got;
+  }
+  const json& obj_;
+  std::string prefix_;
+};
+
+// The sampling settings common to both APIs, before they become a RequestParams.
+struct SamplingSpec {
+  int64_t max_new_tokens = 128;
+  std::string max_field = "max_new_tokens";
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
+  int64_t top_k = -1;
+  std::vector<std::string> stop;
+  std::vector<int> stop_ids;
+  bool ignore_eos = false;
+  int64_t n = 1;
+  std::optional<int64_t> seed;
+  bool skip_special = true, no_stop_trim = false;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  int input_from = -1;
+};
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ uint64_t(rd());
+}
+
+std::vector<int32_t> ids_of(const json& v, const std::string& field, const ServedModel& m) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); i++) {
+    const json& x = v[i];
+    if (!x.is_number_integer()) bad(field, "token " + std::to_string(i) + " is not an integer: " + x.dump());
+    const int64_t id = x.get<int64_t>();
+    if (id < 0 || id >= m.vocab_size)
+      bad(field, "token " + std::to_string(i) + " = " + std::to_string(id) + " is outside the vocabulary [0, " +
+                     std::to_string(m.vocab_size) + ")");
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+std::vector<int32_t> encode(const std::string& text, const std::string& field, const ServedModel& m) {
+  if (!m.tokenizer) bad(field, "this model has no tokenizer files; send token ids");
+  std::vector<int32_t> ids = m.tokenizer->encode(text);
+  for (int32_t id : ids)
+    if (id >= m.vocab_size)
+      bad(field, "the text encodes to id " + std::to_string(id) + ", outside the model's vocabulary of " +
+                     std::to_string(m.vocab_size));
+  return ids;
+}
+
+// A prompt and its settings as one ServeRequest (the checks that need both: the context length).
+ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt_field, const SamplingSpec& s,
+                          std::string rid, const ServedModel& m) {
+  if (prompt.empty()) bad(prompt_field, "the prompt is empty (at least one token)");
+  const int64_t P = int64_t(prompt.size());
+  if (P > m.max_positions)
+    bad(prompt_field, std::to_string(P) + " prompt tokens exceed the model's context of " +
+                          std::to_string(m.max_positions) + " positions (max_position_embeddings)");
+  if (P + s.max_new_tokens - 1 > m.max_positions)
+    bad(s.max_field, std::to_string(P) + " prompt tokens + " + std::to_string(s.max_new_tokens) +
+                         " new tokens exceed the model's context of " + std::to_string(m.max_positions) +
+                         " positions");
+  ServeRequest r;
+  r.rid = std::move(rid);
+  r.prompt = std::move(prompt);
+  r.params.max_new_tokens = int(s.max_new_tokens);
+  r.params.sampling.temperature = float(s.temperature);
+  r.params.sampling.top_p = float(s.top_p);
+  r.params.sampling.top_k = int(s.top_k);
+  r.params.sampling.min_p = float(s.min_p);
+  try {
+    validate(r.params.sampling);
+  } catch (const InputError& e) {
+    bad("sampling_params", e.what());
+  }
+  r.params.stop_ids = s.stop_ids;
+  if (!s.ignore_eos)
+    for (int e : m.eos_ids) r.params.stop_ids.push_back(e);
+  r.params.logprobs = s.logprobs;
+  r.params.top_logprobs = s.top_logprobs;
+  r.params.input_logprobs_from = s.input_from;
+  const bool sampled = s.temperature > 0;
+  r.seed = s.seed ? uint64_t(*s.seed) : sampled ? fresh_seed() : 0;
+  r.seed_reported = sampled || s.seed.has_value();
+  r.n = int(s.n);
+  r.stop_strings = s.stop;
+  r.skip_special_tokens = s.skip_special;
+  r.no_stop_trim = s.no_stop_trim;
+  return r;
+}
+
+std::string make_id(const char* prefix) {
+  static const char* hex = "0123456789abcdef";
+  std::random_device rd;
+  std::string s = prefix;
+  for (int i = 0; i < 24; i++) s += hex[rd() & 15];
+  return s;
+}
+
+json logprob_triple(float lp, int32_t id, bool with_text, const ServedModel& m) {
+  json t = json::array({json_float(lp), id, nullptr});
+  if (with_text && m.tokenizer) t[2] = std::string(m.tokenizer->token_bytes(id));
+  return t;
+}
+
+std::string token_text(int32_t id, const ServedModel& m) {
+  return m.tokenizer ? std::string(m.tokenizer->token_bytes(id)) : std::string();
+}
+
+}  // namespace
+
+json error_body(int status, const std::string& message, const std::string& field) {
+  const char* type = status == 401 ? "authentication_error"
+                     : status == 404 ? "not_found_error"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  json e = {{"message", message}, {"type", type}, {"code", status}};
+  e["param"] = field.empty() ? json(nullptr) : json(field);
+  return {{"error", e}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// ---------------------------------------------------------------- native
+
+NativeCall parse_generate(const json& body, const ServedModel& m) {
+  Fields f(body, "");
+  NativeCall call;
+  call.stream = f.boolean("stream").value_or(false);
+  call.return_logprob = f.boolean("return_logprob").value_or(false);
+  call.logprob_start_len = int(f.integer("logprob_start_len", -1, INT32_MAX).value_or(-1));
+  call.top_logprobs_num = int(f.integer("top_logprobs_num", 0, m.max_top_logprobs).value_or(0));
+  const json* text = f.get("text");
+  const json* ids = f.get("input_ids");
+  if ((text != nullptr) == (ids != nullptr)) bad(text ? "input_ids" : "text", "give exactly one of text, input_ids");
+  // The prompts: one, or a list (a batch, answered with a list).
+  std::vector<std::vector<int32_t>> prompts;
+  std::string field = text ? "text" : "input_ids";
+  if (text) {
+    if (text->is_string()) {
+      prompts.push_back(encode(text->get<std::string>(), "text", m));
+    } else if (text->is_array()) {
+      call.batch = true;
+      for (size_t i = 0; i < text->size(); i++) {
+        if (!(*text)[i].is_string()) bad("text", "must be a string or a list of strings");
+        prompts.push_back(encode((*text)[i].get<std::string>(), "text[" + std::to_string(i) + "]", m));
+      }
+    } else {
+      bad("text", "must be a string or a list of strings");
+    }
+  } else {
+    if (!ids->is_array()) bad("input_ids", "must be a list of token ids or a list of such lists");
+    if (!ids->empty() && (*ids)[0].is_array()) {
+      call.batch = true;
+      for (size_t i = 0; i < ids->size(); i++) {
+        if (!(*ids)[i].is_array()) bad("input_ids", "mixes lists and ids");
+        prompts.push_back(ids_of((*ids)[i], "input_ids[" + std::to_string(i) + "]", m));
+      }
+    } else {
+      prompts.push_back(ids_of(*ids, "input_ids", m));
+    }
+  }
+  if (call.batch && prompts.empty()) bad(field, "an empty list of prompts");
+  // rid and sampling_params: one for all, or a list with one per prompt.
+  auto per_prompt = [&](const char* k, size_t i) -> const json* {
+    const json* v = f.get(k);
+    if (!v || !call.batch || !v->is_array()) return v;
+    if (v->size() != prompts.size())
+      bad(k, "a list of " + std::to_string(v->size()) + " for " + std::to_string(prompts.size()) + " prompts");
+    return &(*v)[i];
+  };
+  for (size_t i = 0; i < prompts.size(); i++) {
+    const std::string at = call.batch ? "[" + std::to_string(i) + "]" : "";
+    SamplingSpec s;
+    const json* sp = per_prompt("sampling_params", i);
+    if (sp) {
+      Fields p(*sp, "sampling_params" + at + ".");
+      s.max_new_tokens = p.integer("max_new_tokens", 0, INT32_MAX).value_or(128);
+      s.max_field = p.name("max_new_tokens");
+      s.temperature = p.number("temperature", 0, 1e6).value_or(1.0);
+      s.top_p = p.number("top_p", 1e-9, 1).value_or(1.0);
+      s.top_k = p.integer("top_k", -1, INT32_MAX).value_or(-1);
+      if (s.top_k == 0) s.top_k = -1;
+      s.min_p = p.number("min_p", 0, 1).value_or(0.0);
+      s.stop = p.strings("stop");
+      if (const json* st = p.get("stop_token_ids")) {
+        if (!st->is_array()) bad(p.name("stop_token_ids"), "must be a list of token ids");
+        for (int32_t id : ids_of(*st, p.name("stop_token_ids"), m)) s.stop_ids.push_back(id);
+      }
+      s.ignore_eos = p.boolean("ignore_eos").value_or(false);
+      s.n = p.integer("n", 1, 64).value_or(1);
+      s.seed = p.integer("sampling_seed", INT64_MIN, INT64_MAX);
+      s.skip_special = p.boolean("skip_special_tokens").value_or(true);
+      s.no_stop_trim = p.boolean("no_stop_trim").value_or(false);
+    }
+    if (!s.stop.empty() && !m.tokenizer) bad("sampling_params" + at + ".stop", "stop strings need the model's tokenizer");
+    s.logprobs = call.return_logprob;
+    s.top_logprobs = call.return_logprob ? call.top_logprobs_num : 0;
+    s.input_from = call.return_logprob ? call.logprob_start_len : -1;
+    std::string rid;
+    if (const json* r = per_prompt("rid", i)) {
+      if (!r->is_string()) bad("rid", "must be a string (or a list of strings, one per prompt)");
+      rid = r->get<std::string>();
+    } else {
+      rid = make_id("");
+    }
+    call.requests.push_back(make_request(std::move(prompts[i]), field + at, s, rid, m));
+  }
+  return call;
+}
+
+json native_result(const Job& job, size_t j, const NativeCall& call, const ServedModel& m) {
+  const SampleProgress& s = job.samples[j];
+  const ServeRequest& r = job.req;
+  json meta;
+  meta["id"] = r.n > 1 ? r.rid + "-" + std::to_string(j) : r.rid;
+  if (!s.done) {
+    meta["finish_reason"] = nullptr;
+  } else {
+    switch (s.finish) {
+      case FinishReason::Stop:
+        meta["finish_reason"] = {{"type", "stop"}};
+        if (!s.matched_stop.empty()) meta["finish_reason"]["matched"] = s.matched_stop;
+        else if (s.matched_id) meta["finish_reason"]["matched"] = *s.matched_id;
+        break;
+      case FinishReason::Length:
+        meta["finish_reason"] = {{"type", "length"}, {"length", s.tokens.size()}};
+        break;
+      case FinishReason::Abort:
+        meta["finish_reason"] = {{"type", "abort"}, {"message", "aborted"}};
+        break;
+    }
+  }
+  meta["prompt_tokens"] = r.prompt.size();
+  meta["completion_tokens"] = s.tokens.size();
+  meta["cached_tokens"] = job.cached_tokens;
+  meta["sampling_seed"] = r.seed_reported ? json(r.seed + j) : json(nullptr);
+  meta["weight_version"] = job.weight_version;
+  meta["e2e_latency"] = job.e2e_seconds;
+  if (call.return_logprob) {
+    json out = json::array();
+    for (size_t i = 0; i < s.logprobs.size() && i < s.tokens.size(); i++)
+      out.push_back(logprob_triple(s.logprobs[i], s.tokens[i], false, m));
+    meta["output_token_logprobs"] = out;
+    json in = json::array();
+    const int64_t P = int64_t(r.prompt.size()), from = call.logprob_start_len;
+    if (from >= 0 && s.done) {
+      const int64_t first = std::max<int64_t>(from, 1);
+      for (int64_t p = from; p < P; p++) {
+        if (p == 0) {
+          in.push_back(json::array({nullptr, r.prompt[0], nullptr}));
+        } else if (size_t(p - first) < job.input_logprobs.size()) {
+          in.push_back(logprob_triple(job.input_logprobs[size_t(p - first)], r.prompt[size_t(p)], false, m));
+        }
+      }
+    }
+    meta["input_token_logprobs"] = in;
+    if (call.top_logprobs_num > 0) {
+      json tops = json::array();
+      for (auto& step : s.top) {
+        json alts = json::array();
+        for (auto& [id, lp] : step) alts.push_back(logprob_triple(lp, id, false, m));
+        tops.push_back(alts);
+      }
+      meta["output_top_logprobs"] = tops;
+    }
+  }
+  json out;
+  out["text"] = s.text;
+  out["output_ids"] = s.tokens;
+  out["meta_info"] = meta;
+  if (r.n > 1 || call.batch) out["index"] = j;
+  return out;
+}
+
+// ---------------------------------------------------------------- OpenAI
+
+namespace {
+
+void check_model(const Fields& f, const ServedModel& m, OpenAICall& call) {
+  call.model = f.string("model").value_or(m.name);
+  if (call.model != m.name && call.model != m.path)
+    throw HttpError(400, "model", "model: '" + call.model + "' is not served here (this server serves '" + m.name + "')");
+}
+
+SamplingSpec openai_sampling(const Fields& f, const ServedModel& m, int64_t default_max) {
+  SamplingSpec s;
+  const char* max_key = f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  s.max_new_tokens = f.integer(max_key, 0, INT32_MAX).value_or(default_max);
+  s.max_field = max_key;
+  s.temperature = f.number("temperature", 0, 1e6).value_or(1.0);
+  s.top_p = f.number("top_p", 1e-9, 1).value_or(1.0);
+  s.top_k = f.integer("top_k", -1, INT32_MAX).value_or(-1);  // extension (vLLM, sglang)
+  if (s.top_k == 0) s.top_k = -1;
+  s.min_p = f.number("min_p", 0, 1).value_or(0.0);           // extension
+  s.stop = f.strings("stop");
+  if (!s.stop.empty() && !m.tokenizer) bad("stop", "stop strings need the model's tokenizer");
+  if (const json* st = f.get("stop_token_ids")) {          // extension
+    if (!st->is_array()) bad("stop_token_ids", "must be a list of token ids");
+    for (int32_t id : ids_of(*st, "stop_token_ids", m)) s.stop_ids.push_back(id);
+  }
+  s.ignore_eos = f.boolean("ignore_eos").value_or(false);  // extension
+  s.n = f.integer("n", 1, 64).value_or(1);
+  s.seed = f.integer("seed", INT64_MIN, INT64_MAX);
+  s.skip_special = f.boolean("skip_special_tokens").value_or(true);
+  for (const char* k : {"frequency_penalty", "presence_penalty"})
+    if (f.number(k, -2, 2).value_or(0.0) != 0.0) bad(k, "is not supported (only 0)");
+  if (f.integer("best_of", 1, 64).value_or(s.n) != s.n) bad("best_of", "is not supported (only equal to n)");
+  return s;
+}
+
+void stream_options(const Fields& f, OpenAICall& call) {
+  call.stream = f.boolean("stream").value_or(false);
+  if (const json* so = f.get("stream_options")) {
+    Fields o(*so, "stream_options.");
+    call.include_usage = o.boolean("include_usage").value_or(false);
+  }
+}
+
+}  // namespace
+
+OpenAICall parse_completion(const json& body, const ServedModel& m) {
+  Fields f(body, "");
+  OpenAICall call;
+  check_model(f, m, call);
+  stream_options(f, call);
+  SamplingSpec s = openai_sampling(f, m, 16);
+  call.logprobs = int(f.integer("logprobs", 0, m.max_top_logprobs).value_or(-1));
+  if (f.boolean("echo").value_or(false)) bad("echo", "is not supported");
+  if (f.string("suffix")) bad("suffix", "is not supported");
+  s.logprobs = call.logprobs >= 0;
+  s.top_logprobs = std::max(call.logprobs, 0);
+  const json* p = f.get("prompt");
+  if (!p) bad("prompt", "is required");
+  // A string, a list of ids, a list of strings or a list of lists of ids.
+  std::vector<std::pair<std::vector<int32_t>, std::string>> prompts;
+  if (p->is_string()) {
+    prompts.push_back({encode(p->get<std::string>(), "prompt", m), "prompt"});
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    for (size_t i = 0; i < p->size(); i++) {
+      const std::string at = "prompt[" + std::to_string(i) + "]";
+      const json& x = (*p)[i];
+      if (x.is_string()) prompts.push_back({encode(x.get<std::string>(), at, m), at});
+      else if (x.is_array()) prompts.push_back({ids_of(x, at, m), at});
+      else bad(at, "must be a string or a list of token ids");
+    }
+  } else if (p->is_array()) {
+    prompts.push_back({ids_of(*p, "prompt", m), "prompt"});
+  } else {
+    bad("prompt", "must be a string, a list of token ids, or a list of either");
+  }
+  call.id = make_id("cmpl-");
+  call.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (size_t i = 0; i < prompts.size(); i++)
+    call.requests.push_back(make_request(std::move(prompts[i].first), prompts[i].second, s,
+                                         call.id + "-" + std::to_string(i), m));
+  return call;
+}
+
+std::string chatml_prompt(const json& messages, const Tokenizer& tok) {
+  if (!tok.token_id("<|im_start|>") || !tok.token_id("<|im_end|>"))
+    bad("messages", "this model's tokenizer has no ChatML tokens (<|im_start|>, <|im_end|>); use /v1/completions");
+  if (!messages.is_array() || messages.empty()) bad("messages", "must be a non-empty list of messages");
+  std::string out;
+  for (size_t i = 0; i < messages.size(); i++) {
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    Fields f(messages[i], at + ".");
+    const std::string role = f.string("role").value_or("");
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+      bad(at + ".role", "must be one of system, developer, user, assistant, tool");
+    std::string content;
+    if (const json* c = f.get("content")) {
+      if (c->is_string()) {
+        content = c->get<std::string>();
+      } else if (c->is_array()) {
+        for (auto& part : *c) {
+          Fields pf(part, at + ".content[].");
+          if (pf.string("type").value_or("") != "text") bad(at + ".content", "only text parts are supported");
+          content += pf.string("text").value_or("");
+        }
+      } else {
+        bad(at + ".content", "must be a string or a list of text parts");
+      }
+    }
+    out += "<|im_start|>" + std::string(role == "developer" ? "system" : role) + "\n" + content + "<|im_end|>\n";
+  }
+  return out + "<|im_start|>assistant\n";
+}
+
+OpenAICall parse_chat(const json& body, const ServedModel& m) {
+  Fields f(body, "");
+  OpenAICall call;
+  call.chat = true;
+  check_model(f, m, call);
+  stream_options(f, call);
+  if (!m.tokenizer) bad("messages", "this model has no tokenizer files; use /v1/completions with token ids");
+  const json* msgs = f.get("messages");
+  if (!msgs) bad("messages", "is required");
+  std::vector<int32_t> prompt = encode(chatml_prompt(*msgs, *m.tokenizer), "messages", m);
+  // Without max_tokens: the rest of the context, at most 1024 (every admitted request is promised
+  // its whole KV need, so an unbounded default would hold the pool for nothing).
+  const int64_t rest = std::max<int64_t>(1, int64_t(m.max_positions) - int64_t(prompt.size()) + 1);
+  SamplingSpec s = openai_sampling(f, m, std::min<int64_t>(rest, 1024));
+  const bool lp = f.boolean("logprobs").value_or(false);
+  const int64_t top = f.integer("top_logprobs", 0, m.max_top_logprobs).value_or(0);
+  if (top > 0 && !lp) bad("top_logprobs", "needs logprobs: true");
+  call.logprobs = lp ? int(top) : -1;
+  s.logprobs = lp;
+  s.top_logprobs = int(top);
+  call.id = make_id("chatcmpl-");
+  call.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  call.requests.push_back(make_request(std::move(prompt), "messages", s, call.id, m));
+  return call;
+}
+
+json openai_logprobs(const SampleProgress& s, size_t from, size_t n, bool chat, int top, const ServedModel& m,
+                     int64_t base) {
+  const size_t end = std::min(from + n, std::min(s.tokens.size(), s.logprobs.size()));
+  if (chat) {
+    json content = json::array();
+    for (size_t i = from; i < end; i++) {
+      const std::string t = token_text(s.tokens[i], m);
+      json bytes = json::array();
+      for (unsigned char c : t) bytes.push_back(int(c));
+      json e = {{"token", t}, {"logprob", json_float(s.logprobs[i])}, {"bytes", bytes}};
+      json alts = json::array();
+      if (top > 0 && i < s.top.size())
+        for (auto& [id, lp] : s.top[i]) {
+          const std::string a = token_text(id, m);
+          json bytes = json::array();
+          for (unsigned char c : a) bytes.push_back(int(c));
+          alts.push_back({{"token", a}, {"logprob", json_float(lp)}, {"bytes", bytes}});
+        }
+      e["top_logprobs"] = alts;
+      content.push_back(e);
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (size_t i = from; i < end; i++) {
+    tokens.push_back(token_text(s.tokens[i], m));
+    lps.push_back(json_float(s.logprobs[i]));
+    json alts = json::object();
+    if (top > 0 && i < s.top.size())
+      for (auto& [id, lp] : s.top[i]) alts[token_text(id, m)] = json_float(lp);
+    tops.push_back(alts);
+    offs.push_back(base + (i < s.text_offset.size() ? s.text_offset[i] : 0));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+json openai_finish(const SampleProgress& s) {
+  if (!s.done) return nullptr;
+  switch (s.finish) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+  }
+  return nullptr;
+}
+
+json openai_usage(const std::vector<JobPtr>& jobs) {
+  int64_t prompt = 0, completion = 0, cached = 0;
+  for (auto& j : jobs) {
+    prompt += int64_t(j->req.prompt.size());
+    cached += j->cached_tokens;
+    for (auto& s : j->samples) completion += int64_t(s.tokens.size());
+  }
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, const ServedModel& m) {
+  json choices = json::array();
+  for (size_t p = 0; p < jobs.size(); p++) {
+    const Job& job = *jobs[p];
+    for (size_t j = 0; j < job.samples.size(); j++) {
+      const SampleProgress& s = job.samples[j];
+      json c;
+      c["index"] = p * size_t(job.req.n) + j;
+      if (call.chat) c["message"] = {{"role", "assistant"}, {"content", s.text}};
+      else c["text"] = s.text;
+      c["logprobs"] = call.logprobs >= 0 ? openai_logprobs(s, 0, s.tokens.size(), call.chat, call.logprobs, m)
+                                         : json(nullptr);
+      c["finish_reason"] = openai_finish(s);
+      choices.push_back(c);
+    }
+  }
+  return {{"id", call.id},
+          {"object", call.chat ? "chat.completion" : "text_completion"},
+          {"created", call.created},
+          {"model", call.model},
+          {"choices", choices},
+          {"usage", openai_usage(jobs)}};
+}
+
+}  // namespace epmoe

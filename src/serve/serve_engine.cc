@@ -1,0 +1,511 @@
+#include "serve/serve_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "io/checkpoint.h"
+#include "io/json_util.h"
+#include "util/error.h"
+
+namespace epmoe {
+
+namespace {
+
+// Characters (code points) of UTF-8 text: OpenAI's text_offset counts characters, as Python does.
+int64_t utf8_chars(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// The longest prefix of s[0, end) that ends on a character boundary.
+size_t utf8_floor(const std::string& s, size_t end) {
+  while (end > 0 && end < s.size() && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) end--;
+  return end;
+}
+
+// config.json minus what says nothing about the architecture (who wrote it, with what).
+nlohmann::json architecture_of(const std::string& dir) {
+  nlohmann::json j = read_json_file(dir + "/config.json");
+  for (const char* k : {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}) j.erase(k);
+  return j;
+}
+
+std::string shape_text(const TensorView& t) {
+  std::string s = std::string(dtype_name(t.dtype)) + "[";
+  for (size_t i = 0; i < t.shape.size(); i++) s += (i ? "," : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+ServeEngine::ServeEngine(Runtime& rt, const Tokenizer* tok, ServeEngineOptions opt)
+    : rt_(rt), tok_(tok), opt_(std::move(opt)), weight_version_(opt_.weight_version) {
+  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, *rt_.group, opt_.scheduler);
+  sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
+  metrics_.weight_version = weight_version_;
+}
+
+ServeEngine::~ServeEngine() = default;
+
+// ---------------------------------------------------------------- HTTP threads
+
+void ServeEngine::submit(const JobPtr& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(job);
+  }
+  wake_.notify_all();
+}
+
+ControlReply ServeEngine::call(Control c) {
+  auto reply = std::make_shared<std::promise<ControlReply>>();
+  auto fut = reply->get_future();
+  c.reply = reply;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_.load()) return {false, "the server is shutting down"};
+    controls_.push_back(std::move(c));
+  }
+  wake_.notify_all();
+  return fut.get();
+}
+
+void ServeEngine::abort(const std::string& rid) { call({Control::Kind::Abort, rid, "", nullptr, nullptr}); }
+void ServeEngine::abort_all() { call({Control::Kind::AbortAll, "", "", nullptr, nullptr}); }
+void ServeEngine::abort_job(const JobPtr& job) { call({Control::Kind::AbortJob, "", "", job, nullptr}); }
+ControlReply ServeEngine::flush_cache() { return call({Control::Kind::Flush, "", "", nullptr, nullptr}); }
+ControlReply ServeEngine::pause(const std::string& mode) { return call({Control::Kind::Pause, mode, "", nullptr, nullptr}); }
+ControlReply ServeEngine::resume() { return call({Control::Kind::Resume, "", "", nullptr, nullptr}); }
+ControlReply ServeEngine::update_weights(const std::string& path, const std::string& version) {
+  return call({Control::Kind::Update, path, version, nullptr, nullptr});
+}
+
+ServeMetrics ServeEngine::metrics() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ServeMetrics m = metrics_;
+  m.waiting += int64_t(inbox_.size());
+  return m;
+}
+
+std::string ServeEngine::weight_version() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return weight_version_;
+}
+
+// ---------------------------------------------------------------- rank 0's engine thread
+
+void ServeEngine::take_inbox() {
+  std::deque<JobPtr> jobs;
+  std::deque<Control> controls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs.swap(inbox_);
+    controls.swap(controls_);
+  }
+  for (auto& j : jobs) {
+    if (!j->req.internal) {
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_.requests_received++;
+    }
+    if (paused_ || pending_update_) {
+      held_.push_back(j);
+    } else {
+      admit_job(j);
+    }
+  }
+  for (auto& c : controls) apply(c);
+}
+
+void ServeEngine::admit_job(const JobPtr& job) {
+  GenerateRequest g;
+  g.id = uint64_t(next_request_id_);
+  next_request_id_ += job->req.n;
+  g.prompt = job->req.prompt;
+  g.seed = job->req.seed;
+  g.n = job->req.n;
+  g.params = job->req.params;
+  size_t h = 0;
+  try {
+    h = sched_->submit(std::move(g));
+  } catch (const InputError& e) {
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->state = Job::State::Rejected;
+      job->error = e.what();
+      job->version++;
+    }
+    job->cv.notify_all();
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.requests_rejected++;
+    return;
+  }
+  Live L;
+  L.job = job;
+  L.raw.resize(size_t(job->req.n));
+  if (tok_)
+    for (int j = 0; j < job->req.n; j++)
+      L.decoders.push_back(std::make_unique<StreamDecoder>(*tok_, job->req.skip_special_tokens));
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->state = Job::State::Accepted;
+    job->samples.resize(size_t(job->req.n));
+    job->weight_version = weight_version_;
+    job->version++;
+  }
+  job->cv.notify_all();
+  live_.emplace(h, std::move(L));
+  if (!job->req.internal) {
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.prompt_tokens += int64_t(job->req.prompt.size());
+  }
+  if (sched_->finished(h)) finish_job(h, job);  // nothing to compute (max_new_tokens 0, no scoring)
+}
+
+void ServeEngine::on_token(size_t h, int j, int32_t t) {
+  auto it = live_.find(h);
+  if (it == live_.end()) return;
+  Live& L = it->second;
+  Job& job = *L.job;
+  const Generation& g = sched_->results(h)[size_t(j)];
+  const ServeRequest& r = job.req;
+  bool stop = false;
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    SampleProgress& sp = job.samples[size_t(j)];
+    sp.tokens.push_back(t);
+    if (r.params.logprobs && !g.logprobs.empty()) sp.logprobs.push_back(g.logprobs.back());
+    if (r.params.top_logprobs > 0 && !g.top.empty()) sp.top.push_back(g.top.back());
+    if (tok_) {
+      std::string& raw = L.raw[size_t(j)];
+      sp.text_offset.push_back(utf8_chars(raw));
+      const std::string piece = L.decoders[size_t(j)]->push(t);
+      const size_t before = raw.size();
+      raw += piece;
+      // A stop string ends the sample at its first occurrence; only the new text can start one.
+      size_t hit = std::string::npos, hit_len = 0;
+      for (const std::string& s : r.stop_strings) {
+        const size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+        const size_t p = raw.find(s, from);
+        if (p != std::string::npos && p < hit) {
+          hit = p;
+          hit_len = s.size();
+          sp.matched_stop = s;
+        }
+      }
+      if (hit != std::string::npos) {
+        sp.text = raw.substr(0, hit + (r.no_stop_trim ? hit_len : 0));
+        stop = true;
+      } else {
+        // Text that could still become a stop string is held back until it cannot.
+        size_t hold = 0;
+        for (const std::string& s : r.stop_strings) hold = std::max(hold, s.size() - 1);
+        const size_t end = utf8_floor(raw, raw.size() > hold ? raw.size() - hold : 0);
+        if (end > sp.text.size()) sp.text = raw.substr(0, end);
+      }
+    }
+    job.version++;
+  }
+  job.cv.notify_all();
+  if (stop) sched_->stop_sample(h, j);
+  if (!r.internal) {
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.generation_tokens++;
+  }
+}
+
+void ServeEngine::finish_job(size_t h, const JobPtr& jp) {
+  auto it = live_.find(h);
+  Job& job = *jp;
+  const std::vector<Generation>& res = sched_->results(h);
+  bool aborted = false;
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    for (size_t j = 0; j < res.size(); j++) {
+      SampleProgress& sp = job.samples[j];
+      sp.finish = res[j].finish;
+      aborted |= sp.finish == FinishReason::Abort;
+      if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty())
+        sp.matched_id = sp.tokens.back();
+      if (tok_ && it != live_.end() && sp.matched_stop.empty()) {
+        sp.text = it->second.raw[j] + it->second.decoders[j]->flush();
+      }
+      sp.done = true;
+    }
+    if (!res.empty()) {
+      job.input_logprobs = res[0].input_logprobs;
+      job.cached_tokens = res[0].cached_tokens;
+    }
+    job.e2e_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job.start).count();
+    job.state = Job::State::Done;
+    job.version++;
+  }
+  job.cv.notify_all();
+  if (!job.req.internal) {
+    std::lock_guard<std::mutex> lock(mu_);
+    (aborted ? metrics_.requests_aborted : metrics_.requests_finished)++;
+    metrics_.cached_tokens += job.cached_tokens;
+  }
+  sched_->forget(h);
+  if (it != live_.end()) live_.erase(it);
+}
+
+void ServeEngine::finish_done_jobs() {
+  std::vector<size_t> done;
+  for (auto& [h, L] : live_)
+    if (sched_->finished(h)) done.push_back(h);
+  for (size_t h : done) finish_job(h, live_.at(h).job);
+}
+
+// Jobs that never reached the scheduler end as aborted with nothing generated.
+static void abort_unstarted(const JobPtr& job) {
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->samples.resize(size_t(job->req.n));
+    for (auto& sp : job->samples) {
+      sp.finish = FinishReason::Abort;
+      sp.done = true;
+    }
+    job->state = Job::State::Done;
+    job->version++;
+  }
+  job->cv.notify_all();
+}
+
+void ServeEngine::abort_where(const std::function<bool(const Job&)>& which) {
+  for (auto& [h, L] : live_)
+    if (which(*L.job)) sched_->abort(h);
+  finish_done_jobs();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (which(**it)) {
+      abort_unstarted(*it);
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_.requests_aborted++;
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ServeEngine::apply(Control& c) {
+  ControlReply r;
+  switch (c.kind) {
+    case Control::Kind::Abort: abort_where([&](const Job& j) { return j.req.rid == c.a; }); break;
+    case Control::Kind::AbortAll: abort_where([](const Job& j) { return !j.req.internal; }); break;
+    case Control::Kind::AbortJob: abort_where([&](const Job& j) { return &j == c.job.get(); }); break;
+    case Control::Kind::Flush: {
+      KvPool& pool = rt_.model->kv_pool();
+      const int64_t n = pool.cached_blocks();
+      pool.flush_prefix_cache();
+      r.message = "flushed " + std::to_string(n) + " cached KV blocks";
+      break;
+    }
+    case Control::Kind::Pause:
+      if (c.a != "abort" && c.a != "in_place") {
+        r = {false, "mode: '" + c.a + "' is not one of abort, in_place"};
+        break;
+      }
+      paused_ = true;
+      if (c.a == "abort") abort_where([](const Job& j) { return !j.req.internal; });
+      r.message = "paused (" + c.a + ")";
+      break;
+    case Control::Kind::Resume:
+      paused_ = false;
+      r.message = "continued";
+      break;
+    case Control::Kind::Update:
+      if (pending_update_) {
+        r = {false, "an update of the weights is already under way"};
+        break;
+      }
+      pending_update_ = std::move(c);  // replied to once the group has loaded it (run())
+      return;
+  }
+  if (c.reply) c.reply->set_value(r);
+}
+
+void ServeEngine::refresh_metrics() {
+  KvPool& pool = rt_.model->kv_pool();
+  const SchedulerStats& st = sched_->stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.waiting = int64_t(sched_->queued() + held_.size());
+  metrics_.running = int64_t(sched_->running_sequences());
+  metrics_.kv_blocks_total = pool.total_blocks();
+  metrics_.kv_blocks_used = pool.used_blocks();
+  metrics_.kv_blocks_cached = pool.cached_blocks();
+  metrics_.kv_block_tokens = pool.block_tokens();
+  metrics_.steps = st.steps;
+  metrics_.step_seconds = st.step_seconds;
+  metrics_.forward_seconds = st.forward_seconds;
+  metrics_.paused = paused_;
+  metrics_.weight_version = weight_version_;
+}
+
+// ---------------------------------------------------------------- every rank
+
+ServeEngine::Op ServeEngine::exchange(Op op, std::string& arg) {
+  Group& g = *rt_.group;
+  if (!g.distributed()) return op;
+  const bool root = g.rank() == 0;
+  const int64_t mine[2] = {root ? int64_t(op) : 0, root ? int64_t(arg.size()) : 0};
+  std::vector<int64_t> all(size_t(g.size()) * 2);
+  g.allgather(mine, sizeof mine, all.data());
+  const Op got = Op(all[0]);
+  const size_t len = size_t(all[1]);
+  if (len > 0) {
+    std::vector<size_t> sizes(size_t(g.size()), 0);
+    sizes[0] = len;
+    std::string recv(len, '\0');
+    g.allgatherv(root ? arg.data() : nullptr, root ? len : 0, recv.data(), sizes);
+    arg = recv;
+  } else {
+    arg.clear();
+  }
+  return got;
+}
+
+// Checks the checkpoint at `path` against the one loaded (every rank checks what it would load),
+// then, when every rank agrees, swaps the model. Returns "" or the first rank's reason to refuse.
+std::string ServeEngine::do_update(const std::string& path) {
+  Group& g = *rt_.group;
+  std::string err;
+  std::unique_ptr<Checkpoint> next;
+  ModelConfig cfg;
+  try {
+    const nlohmann::json have = architecture_of(rt_.ckpt->dir()), want = architecture_of(path);
+    for (auto& [k, v] : have.items())
+      if (!want.contains(k) || want[k] != v)
+        throw InputError(path + "/config.json: " + k + " is " + (want.contains(k) ? want[k].dump() : "missing") +
+                         ", the loaded model has " + v.dump());
+    for (auto& [k, v] : want.items())
+      if (!have.contains(k)) throw InputError(path + "/config.json: " + k + " is not in the loaded model's config");
+    cfg = load_model_config(path);
+    next = std::make_unique<Checkpoint>(path);
+    std::vector<std::string> a = rt_.ckpt->names(), b = next->names();
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) {
+      std::vector<std::string> diff;
+      std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(diff));
+      throw InputError(path + ": tensor " + diff.front() +
+                       (next->contains(diff.front()) ? " is not in the loaded model" : " is missing"));
+    }
+    for (const std::string& name : a) {
+      const TensorView x = rt_.ckpt->get(name), y = next->get(name);
+      if (x.shape != y.shape || x.dtype != y.dtype)
+        throw InputError(path + ": tensor " + name + " is " + shape_text(y) + ", the loaded model's is " +
+                         shape_text(x));
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "unknown error";
+  }
+  // Every rank's verdict; the first refusal (rank order) is the answer everywhere.
+  const std::vector<int64_t> lens = g.allgather_i64(int64_t(err.size()));
+  size_t total = 0;
+  std::vector<size_t> sizes;
+  for (int64_t n : lens) {
+    sizes.push_back(size_t(n));
+    total += size_t(n);
+  }
+  if (total > 0) {
+    std::string all(total, '\0');
+    if (g.distributed()) {
+      g.allgatherv(err.data(), err.size(), all.data(), sizes);
+    } else {
+      all = err;
+    }
+    size_t off = 0;
+    for (size_t r = 0; r < sizes.size(); r++) {
+      if (sizes[r] > 0) return (g.distributed() ? "rank " + std::to_string(r) + ": " : "") + all.substr(off, sizes[r]);
+      off += sizes[r];
+    }
+  }
+  // Every rank agrees: the old model goes first (its device memory with it), then the new one.
+  sched_.reset();
+  rt_.model.reset();
+  rt_.ckpt = std::move(next);
+  rt_.cfg = cfg;
+  rt_.options.model_dir = path;
+  rt_.model = make_model(rt_.device, rt_.cfg, *rt_.ckpt, rt_.placement, g.rank(), rt_.options.compute, rt_.options.kv);
+  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, g, opt_.scheduler);
+  sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
+  return "";
+}
+
+void ServeEngine::run() {
+  Group& g = *rt_.group;
+  const bool root = g.rank() == 0;
+  const auto heartbeat = std::chrono::duration<double>(opt_.heartbeat);
+  auto last = std::chrono::steady_clock::now();
+  for (;;) {
+    Op op = Op::Idle;
+    std::string arg;
+    if (root) {
+      take_inbox();
+      if (shutdown_.load()) {
+        op = Op::Shutdown;
+      } else if (pending_update_ && !sched_->has_work()) {
+        op = Op::Update;
+        arg = pending_update_->a;
+      } else if (!paused_ && sched_->has_work()) {
+        op = Op::Step;
+      } else {
+        // Nothing to run: sleep until something arrives or the heartbeat is due.
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait_until(lock, last + heartbeat, [&] {
+          return !inbox_.empty() || !controls_.empty() || shutdown_.load();
+        });
+        const bool due = std::chrono::steady_clock::now() >= last + heartbeat;
+        lock.unlock();
+        if (!due) continue;  // take what arrived first
+      }
+    }
+    op = exchange(op, arg);
+    last = std::chrono::steady_clock::now();
+    switch (op) {
+      case Op::Idle: break;
+      case Op::Shutdown:
+        if (root) abort_where([](const Job&) { return true; });
+        return;
+      case Op::Step:
+        sched_->step();
+        if (root) finish_done_jobs();
+        break;
+      case Op::Update: {
+        const std::string err = do_update(arg);
+        if (root) {
+          ControlReply r;
+          if (err.empty()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            weight_version_ = pending_update_->b.empty() ? weight_version_ : pending_update_->b;
+            r.message = "loaded " + arg + " (weight_version " + weight_version_ + ")";
+          } else {
+            r = {false, err};
+          }
+          pending_update_->reply->set_value(r);
+          pending_update_.reset();
+          // What waited for the update runs now (unless paused).
+          if (!paused_) {
+            std::deque<JobPtr> held;
+            held.swap(held_);
+            for (auto& j : held) admit_job(j);
+          }
+        }
+        break;
+      }
+    }
+    if (root) {
+      if (!paused_ && !pending_update_ && !held_.empty()) {
+        std::deque<JobPtr> held;
+        held.swap(held_);
+        for (auto& j : held) admit_job(j);
+      }
+      refresh_metrics();
+    }
+  }
+}
+
+}  // namespace epmoe

@@ -1,0 +1,137 @@
+// The serving loop of every rank, and rank 0's door to it for the HTTP threads.
+//
+// Rank 0 owns the scheduler and every request (the other ranks hold experts and take part in each
+// MoE layer with no tokens of their own). Each turn of rank 0's loop it takes what the HTTP
+// threads queued (requests, aborts, control), chooses one command for the group -- step, idle,
+// update the weights, shut down -- and tells every rank with one collective, so all ranks step
+// together and a rank that dies or hangs is named by the group's timeout (never a silent hang).
+// While idle it still sends a heartbeat every `heartbeat` seconds, well inside --comm-timeout.
+//
+// Tokens reach the jobs as the scheduler chooses them (on_token): the text is decoded there, stop
+// strings are matched there (the sample then stops at once), and the waiting HTTP thread is
+// notified. Requests in flight when new weights are asked for finish on the old weights: the
+// update waits until the scheduler is empty, and requests that arrive meanwhile wait for it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "serve/job.h"
+#include "tokenizer/tokenizer.h"
+
+namespace epmoe {
+
+struct ServeEngineOptions {
+  SchedulerOptions scheduler;
+  double heartbeat = 1.0;               // seconds between idle collectives (below --comm-timeout)
+  std::string weight_version = "default";
+};
+
+// The figures /metrics and /server_info print (a snapshot, taken under the engine's lock).
+struct ServeMetrics {
+  int64_t requests_received = 0, requests_finished = 0, requests_aborted = 0, requests_rejected = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0, cached_tokens = 0;
+  int64_t waiting = 0, running = 0;  // requests queued (not yet admitted) and sequences running
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, kv_block_tokens = 0;
+  int64_t steps = 0;
+  double step_seconds = 0, forward_seconds = 0;
+  bool paused = false;
+  std::string weight_version;
+};
+
+// The reply to a control call.
+struct ControlReply {
+  bool ok = true;
+  std::string message;
+};
+
+class ServeEngine {
+ public:
+  // `rt` must outlive the engine; `tok` may be null (ids only).
+  ServeEngine(Runtime& rt, const Tokenizer* tok, ServeEngineOptions opt);
+  ~ServeEngine();
+
+  // ---- HTTP threads (rank 0) ----
+  // Queues a job; wait on it (Job::wait_accepted, wait_done).
+  void submit(const JobPtr& job);
+  // Aborts the unfinished jobs with this rid (true when there was one).
+  void abort(const std::string& rid);
+  void abort_all();
+  // Aborts one job (a client that went away).
+  void abort_job(const JobPtr& job);
+  ControlReply flush_cache();
+  // mode "abort": running and queued requests end with finish "abort"; "in_place": they wait.
+  // New requests wait until continue_generation() either way.
+  ControlReply pause(const std::string& mode);
+  ControlReply resume();
+  // Loads `model_path` on every rank once the requests in flight are done (same architecture and
+  // shapes, else refused with the first difference); the new weights answer every later request.
+  ControlReply update_weights(const std::string& model_path, const std::string& weight_version);
+  ServeMetrics metrics();
+  std::string weight_version();
+  const ModelConfig& config() const { return rt_.cfg; }
+  // Ends the loop on every rank (from a signal handler too: only sets a flag).
+  void request_shutdown() { shutdown_.store(true); }
+
+  // ---- every rank: the loop; returns when rank 0 sent shut down ----
+  void run();
+
+ private:
+  enum class Op : int32_t { Idle = 0, Step = 1, Update = 2, Shutdown = 3 };
+  struct Control {
+    enum class Kind { Abort, AbortAll, AbortJob, Flush, Pause, Resume, Update } kind;
+    std::string a, b;  // rid | mode | path, version
+    JobPtr job;
+    std::shared_ptr<std::promise<ControlReply>> reply;
+  };
+  ControlReply call(Control c);
+  // rank 0
+  void take_inbox();
+  void apply(Control& c);
+  void admit_job(const JobPtr& job);
+  void on_token(size_t handle, int sample, int32_t token);
+  void finish_done_jobs();
+  void finish_job(size_t handle, const JobPtr& job);
+  void abort_where(const std::function<bool(const Job&)>& which);
+  void refresh_metrics();
+  // every rank
+  Op exchange(Op op, std::string& arg);
+  std::string do_update(const std::string& path);
+
+  Runtime& rt_;
+  const Tokenizer* tok_;
+  ServeEngineOptions opt_;
+  std::unique_ptr<Scheduler> sched_;
+
+  std::mutex mu_;  // guards inbox_, controls_, metrics_, weight_version_
+  std::condition_variable wake_;
+  std::deque<JobPtr> inbox_;
+  std::deque<Control> controls_;
+  ServeMetrics metrics_;
+  std::string weight_version_;
+  std::atomic<bool> shutdown_{false};
+
+  // rank 0's engine-thread state
+  struct Live {
+    JobPtr job;
+    std::vector<std::unique_ptr<StreamDecoder>> decoders;  // per sample, when there is a tokenizer
+    std::vector<std::string> raw;                         // per sample: all decoded text so far
+  };
+  std::map<size_t, Live> live_;     // scheduler handle -> job
+  std::deque<JobPtr> held_;         // arrived while paused or while an update drains
+  bool paused_ = false;
+  std::optional<Control> pending_update_;
+  int64_t next_request_id_ = 0;
+};
+
+}  // namespace epmoe
