@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include <sys/socket.h>
+
 #include "util/error.h"
 
 namespace epmoe {
@@ -196,6 +198,14 @@ HttpServer::HttpServer(ServeEngine& engine, ServedModel model, HttpOptions opt)
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::start() {
+  // cpp-httplib (Debian's 0.11) listens with a backlog of 5: a burst of clients connecting at once
+  // (an RL rollout opens hundreds) would see resets. The socket is taken as it is created, and
+  // listen() again after the bind raises the backlog (Linux allows it on a listening socket).
+  int listen_fd = -1;
+  svr_->set_socket_options([&listen_fd](int sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = int(sock);
+  });
   port_ = opt_.port;
   bool ok;
   if (opt_.port == 0) {
@@ -207,6 +217,7 @@ void HttpServer::start() {
   if (!ok)
     throw InputError("serve: cannot listen on " + opt_.host + ":" + std::to_string(opt_.port) +
                      " (address in use, or not an address of this machine)");
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   thread_ = std::thread([this] { svr_->listen_after_bind(); });
 }
 

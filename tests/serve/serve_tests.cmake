@@ -1,0 +1,24 @@
+# The HTTP tests of `epmoe serve`: real clients against a real server on loopback, each test
+# starting its own server(s) on free ports (tests/serve/serve_harness.py). Bounded in count and
+# time: every request has a timeout and every server a start and stop deadline.
+set(EPMOE_SERVE_TEST_ENV
+  "EPMOE_BINARY=$<TARGET_FILE:epmoe>;EPMOE_TEST_DATA=${EPMOE_TEST_DATA};EPMOE_SERVE_WORK=${CMAKE_CURRENT_BINARY_DIR}/serve-work;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+set(EPMOE_SERVE_DIR ${CMAKE_CURRENT_SOURCE_DIR}/serve)
+# Debian's python3 (python3-httpx, python3-aiohttp), whatever python3 comes first on PATH.
+set(EPMOE_PYTHON /usr/bin/python3)
+
+# The OpenAI SDK (npm `openai` v6, installed by scripts/install-deps.sh) as an application uses it.
+add_test(NAME serve.openai_client
+         COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/serve_harness.py -- node ${EPMOE_SERVE_DIR}/openai_client_test.mjs)
+# slime's and AReaL's sglang clients: their payloads and parsing (httpx, aiohttp).
+add_test(NAME serve.rl_clients COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rl_clients_test.py)
+# The on-policy guarantee over HTTP: alone == among 32 concurrent, 1 and 3 ranks x every backend;
+# re-scoring gives the same bits.
+add_test(NAME serve.guarantee COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/guarantee_test.py)
+# Hostile HTTP: bad inputs, a slow client, 200 dropped connections, a stream cut mid-way.
+add_test(NAME serve.hostile COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/hostile_test.py)
+# Under mpirun: a rank that dies ends the server with a message naming it, never a hang.
+add_test(NAME serve.rank_failure COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rank_failure_test.py)
+
+set_tests_properties(serve.openai_client serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
+  PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
