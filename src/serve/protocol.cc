@@ -96,6 +96,7 @@ class Fields {
 struct SamplingSpec {
   int64_t max_new_tokens = 128;
   std::string max_field = "max_new_tokens";
+  bool max_given = false;  // a default is cut to the context left after the prompt
   double temperature = 1.0, top_p = 1.0, min_p = 0.0;
   int64_t top_k = -1;
   std::vector<std::string> stop;
@@ -140,17 +141,19 @@ std::vector<int32_t> encode(const std::string& text, const std::string& field, c
 }
 
 // A prompt and its settings as one ServeRequest (the checks that need both: the context length).
-ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt_field, const SamplingSpec& s,
+ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt_field, const SamplingSpec& spec,
                           std::string rid, const ServedModel& m) {
   if (prompt.empty()) bad(prompt_field, "the prompt is empty (at least one token)");
   const int64_t P = int64_t(prompt.size());
   if (P > m.max_positions)
     bad(prompt_field, std::to_string(P) + " prompt tokens exceed the model's context of " +
                           std::to_string(m.max_positions) + " positions (max_position_embeddings)");
-  if (P + s.max_new_tokens - 1 > m.max_positions)
-    bad(s.max_field, std::to_string(P) + " prompt tokens + " + std::to_string(s.max_new_tokens) +
+  if (P + spec.max_new_tokens - 1 > m.max_positions && spec.max_given)
+    bad(spec.max_field, std::to_string(P) + " prompt tokens + " + std::to_string(spec.max_new_tokens) +
                          " new tokens exceed the model's context of " + std::to_string(m.max_positions) +
                          " positions");
+  SamplingSpec s = spec;
+  if (!s.max_given) s.max_new_tokens = std::max<int64_t>(0, std::min<int64_t>(s.max_new_tokens, m.max_positions - P + 1));
   ServeRequest r;
   r.rid = std::move(rid);
   r.prompt = std::move(prompt);
@@ -266,6 +269,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
     const json* sp = per_prompt("sampling_params", i);
     if (sp) {
       Fields p(*sp, "sampling_params" + at + ".");
+      s.max_given = p.get("max_new_tokens") != nullptr;
       s.max_new_tokens = p.integer("max_new_tokens", 0, INT32_MAX).value_or(128);
       s.max_field = p.name("max_new_tokens");
       s.temperature = p.number("temperature", 0, 1e6).value_or(1.0);
@@ -377,6 +381,7 @@ void check_model(const Fields& f, const ServedModel& m, OpenAICall& call) {
 SamplingSpec openai_sampling(const Fields& f, const ServedModel& m, int64_t default_max) {
   SamplingSpec s;
   const char* max_key = f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  s.max_given = f.get(max_key) != nullptr;
   s.max_new_tokens = f.integer(max_key, 0, INT32_MAX).value_or(default_max);
   s.max_field = max_key;
   s.temperature = f.number("temperature", 0, 1e6).value_or(1.0);

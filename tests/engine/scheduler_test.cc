@@ -227,5 +227,74 @@ TEST(Scheduler, ARequestThatCanNeverFitIsRefusedAtSubmit) {
   EXPECT_EQ(s.results(0)[0].tokens.size(), 8u);
 }
 
+TEST(Scheduler, PromptLogprobsOfAReScoredRolloutAreItsOwnBits) {
+  // A sampled rollout, then its prompt + output re-scored with max_new_tokens 0: the prompt
+  // log-probs from the output's first position are the rollout's own log-prob bits, whatever the
+  // chunking, and a cached prefix does not hide the positions asked for.
+  Loaded m({4096, 4});
+  const auto reqs = workload(6, m.cfg.vocab_size, 33, 9, /*with_samples=*/false);
+  const Results out = run_all(m, reqs);
+  for (int64_t chunk : {int64_t(0), int64_t(5)}) {
+    SchedulerOptions o;
+    o.max_batch_tokens = chunk;
+    Scheduler s(m.model, *m.backend, MpiGroup::world(), o);
+    std::vector<size_t> hs;
+    for (size_t i = 0; i < reqs.size(); i++) {
+      GenerateRequest r = reqs[i];
+      r.prompt.insert(r.prompt.end(), out[i][0].tokens.begin(), out[i][0].tokens.end());
+      r.params.max_new_tokens = 0;
+      r.params.input_logprobs_from = int(i % 2);  // 0 and 1 both start at position 1
+      hs.push_back(s.submit(r));
+    }
+    s.run();
+    for (size_t i = 0; i < reqs.size(); i++) {
+      const Generation& g = s.results(hs[i])[0];
+      const size_t P = reqs[i].prompt.size(), T = out[i][0].tokens.size();
+      ASSERT_EQ(g.input_logprobs.size(), P + T - 1) << "request " << i;
+      EXPECT_TRUE(g.tokens.empty());
+      const std::vector<float> tail(g.input_logprobs.end() - long(T), g.input_logprobs.end());
+      EXPECT_TRUE(same_bits(tail, out[i][0].logprobs)) << "request " << i << ", chunk " << chunk;
+    }
+    expect_pool_whole(m.model.kv_pool());
+  }
+  // From a later position, with the prompt's blocks cached: still computed, still the same bits.
+  Scheduler s(m.model, *m.backend, MpiGroup::world(), {});
+  GenerateRequest r = reqs[0];
+  r.prompt.insert(r.prompt.end(), out[0][0].tokens.begin(), out[0][0].tokens.end());
+  r.params.max_new_tokens = 0;
+  const size_t warm = s.submit(r);  // puts the blocks in the cache
+  s.run();
+  EXPECT_EQ(s.results(warm)[0].input_logprobs.size(), 0u) << "no prompt log-probs unless asked";
+  r.params.input_logprobs_from = int(reqs[0].prompt.size());
+  const size_t h = s.submit(r);
+  s.run();
+  const Generation& g = s.results(h)[0];
+  EXPECT_TRUE(same_bits(g.input_logprobs, out[0][0].logprobs));
+  EXPECT_GT(g.cached_tokens, 0) << "the head before the scored positions came from the cache";
+  EXPECT_LT(g.cached_tokens, int64_t(reqs[0].prompt.size()));
+}
+
+TEST(Scheduler, AStopFromOnTokenEndsThatSampleOnlyWithStop) {
+  Loaded m({1024, 4});
+  auto reqs = workload(4, m.cfg.vocab_size, 44, 12, /*with_samples=*/false);
+  reqs[1].n = 2;
+  const Results ref = run_all(m, reqs);
+  Scheduler s(m.model, *m.backend, MpiGroup::world(), {});
+  for (auto& r : reqs) s.submit(r);
+  s.on_token = [&](size_t h, int j, int32_t) {
+    if (h == 1 && j == 1 && s.results(h)[1].tokens.size() == 4) s.stop_sample(h, j);
+  };
+  s.run();
+  const auto& got = s.results(1);
+  EXPECT_EQ(got[1].tokens.size(), 4u);
+  EXPECT_EQ(got[1].finish, FinishReason::Stop);
+  EXPECT_EQ(got[1].tokens, std::vector<int32_t>(ref[1][1].tokens.begin(), ref[1][1].tokens.begin() + 4));
+  expect_same(got[0], ref[1][0], "the other sample");
+  for (size_t h : {size_t(0), size_t(2), size_t(3)}) expect_same(s.results(h)[0], ref[h][0], "request " + std::to_string(h));
+  expect_pool_whole(m.model.kv_pool());
+  s.forget(1);
+  EXPECT_TRUE(s.results(1).empty()) << "forget drops the results";
+}
+
 }  // namespace
 }  // namespace epmoe
