@@ -323,6 +323,9 @@ void HttpServer::routes() {
                {"running_sequences", m.running},
                {"waiting_requests", m.waiting}});
   };
+  s.Get("/get_weight_version", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"weight_version", engine_.weight_version()}});
+  });
   s.Get("/server_info", server_info);
   s.Get("/get_server_info", server_info);
   s.Post("/abort_request", [this](const httplib::Request& req, httplib::Response& res) {

@@ -323,6 +323,7 @@ void ServeEngine::apply(Control& c) {
       pending_update_ = std::move(c);  // replied to once the group has loaded it (run())
       return;
   }
+  refresh_metrics();  // before the reply: a caller that reads /metrics next sees the change
   if (c.reply) c.reply->set_value(r);
 }
 
