@@ -45,12 +45,16 @@ std::vector<JobPtr> submit_all(ServeEngine& engine, const std::vector<ServeReque
     engine.submit(jobs.back());
   }
   std::string refused;
+  int status = 400;
   for (auto& j : jobs)
-    if (!j->wait_accepted() && refused.empty()) refused = j->error;
+    if (!j->wait_accepted() && refused.empty()) {
+      refused = j->error;
+      status = j->error_status;
+    }
   if (!refused.empty()) {
     for (auto& j : jobs)
       if (j->state != Job::State::Rejected) engine.abort_job(j);
-    throw HttpError(400, "max_new_tokens", refused);
+    throw HttpError(status, status == 400 ? "max_new_tokens" : "", refused);
   }
   return jobs;
 }

@@ -56,7 +56,8 @@ class Job {
   std::mutex mu;
   std::condition_variable cv;
   State state = State::Pending;
-  std::string error;                  // Rejected: why (an HTTP 400)
+  std::string error;                  // Rejected: why
+  int error_status = 400;             // and the HTTP status (503 while shutting down)
   std::vector<SampleProgress> samples;
   std::vector<float> input_logprobs;  // prompt log-probs asked for (RequestParams::input_logprobs_from)
   int64_t cached_tokens = 0;

@@ -54,9 +54,24 @@ ServeEngine::~ServeEngine() = default;
 void ServeEngine::submit(const JobPtr& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back(job);
+    if (!stopped_) {
+      inbox_.push_back(job);
+      wake_.notify_all();
+      return;
+    }
   }
-  wake_.notify_all();
+  reject(job, "the server is shutting down", 503);
+}
+
+void ServeEngine::reject(const JobPtr& job, const std::string& why, int status) {
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->state = Job::State::Rejected;
+    job->error = why;
+    job->error_status = status;
+    job->version++;
+  }
+  job->cv.notify_all();
 }
 
 ControlReply ServeEngine::call(Control c) {
@@ -65,7 +80,7 @@ ControlReply ServeEngine::call(Control c) {
   c.reply = reply;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutdown_.load()) return {false, "the server is shutting down"};
+    if (stopped_) return {false, "the server is shutting down"};
     controls_.push_back(std::move(c));
   }
   wake_.notify_all();
@@ -130,13 +145,7 @@ void ServeEngine::admit_job(const JobPtr& job) {
   try {
     h = sched_->submit(std::move(g));
   } catch (const InputError& e) {
-    {
-      std::lock_guard<std::mutex> lock(job->mu);
-      job->state = Job::State::Rejected;
-      job->error = e.what();
-      job->version++;
-    }
-    job->cv.notify_all();
+    reject(job, e.what(), 400);
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.requests_rejected++;
     return;
@@ -469,7 +478,24 @@ void ServeEngine::run() {
     switch (op) {
       case Op::Idle: break;
       case Op::Shutdown:
-        if (root) abort_where([](const Job&) { return true; });
+        if (root) {
+          abort_where([](const Job&) { return true; });
+          // Whatever still arrives is answered at once: no HTTP thread may wait on a loop that ended.
+          std::deque<JobPtr> jobs;
+          std::deque<Control> controls;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            stopped_ = true;
+            jobs.swap(inbox_);
+            controls.swap(controls_);
+          }
+          for (auto& j : jobs) reject(j, "the server is shutting down", 503);
+          for (auto& c : controls)
+            if (c.reply) c.reply->set_value({false, "the server is shutting down"});
+          if (pending_update_ && pending_update_->reply)
+            pending_update_->reply->set_value({false, "the server is shutting down"});
+          pending_update_.reset();
+        }
         return;
       case Op::Step:
         sched_->step();

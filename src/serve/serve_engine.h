@@ -99,6 +99,7 @@ class ServeEngine {
   void take_inbox();
   void apply(Control& c);
   void admit_job(const JobPtr& job);
+  static void reject(const JobPtr& job, const std::string& why, int status);
   void on_token(size_t handle, int sample, int32_t token);
   void finish_done_jobs();
   void finish_job(size_t handle, const JobPtr& job);
@@ -120,6 +121,7 @@ class ServeEngine {
   ServeMetrics metrics_;
   std::string weight_version_;
   std::atomic<bool> shutdown_{false};
+  bool stopped_ = false;  // the loop has ended (under mu_): calls are answered at once
 
   // rank 0's engine-thread state
   struct Live {
