@@ -20,7 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_harness as h  # noqa: E402
 
 MODEL = os.path.join(h.DATA, "qwen3moe-tiny")  # vocabulary 320, eos 2, 8 experts
-BACKENDS = ["none", "alltoall", "lowlatency", "onesided", "fused"]
+# (On a GPU machine: EPMOE_SERVE_DEVICE=cuda EPMOE_SERVE_RANKS=2 EPMOE_SERVE_BACKENDS=none,alltoall,lowlatency.)
+BACKENDS = os.environ.get("EPMOE_SERVE_BACKENDS", "none,alltoall,lowlatency,onesided,fused").split(",")
+RANKS = int(os.environ.get("EPMOE_SERVE_RANKS", "3"))
 failures = []
 
 
@@ -130,20 +132,20 @@ def main():
         m = s.wait_idle()
         check(m["epmoe_cached_tokens_total"] > 0, "the prefix cache was hit (cached tokens %d)"
               % m["epmoe_cached_tokens_total"])
-    # ---- 3 ranks, every backend: 32 at once, the same bits as 1 rank alone ----
+    # ---- R ranks (3), every backend: 32 at once, the same bits as 1 rank alone ----
     for backend in BACKENDS:
-        with h.Server(MODEL, ranks=3, args=["--moe-a2a-backend", backend, "--max-batch-tokens", "64"]) as s:
+        with h.Server(MODEL, ranks=RANKS, args=["--moe-a2a-backend", backend, "--max-batch-tokens", "64"]) as s:
             together = [result(raw) for raw in run_concurrently(s.url, reqs)]
             same = sum(a[0] == b[0] and a[1] == b[1] for a, b in zip(alone, together))
-            check(same == len(reqs), "3 ranks, %s: %d/%d requests bit-identical to 1 rank alone"
-                  % (backend, same, len(reqs)))
+            check(same == len(reqs), "%d ranks, %s: %d/%d requests bit-identical to 1 rank alone"
+                  % (RANKS, backend, same, len(reqs)))
             if backend == "alltoall":
                 r, (ids, bits, _, _) = reqs[5], alone[5]
                 body = {"input_ids": r["input_ids"] + ids, "return_logprob": True, "logprob_start_len": 0,
                         "sampling_params": {"max_new_tokens": 0, "temperature": r["sampling_params"]["temperature"]}}
                 inp = json.loads(post_raw(s.url, body), parse_float=lambda x: x)["meta_info"]["input_token_logprobs"]
                 check(f32_bits([x[0] for x in inp[len(r["input_ids"]):]]) == bits,
-                      "3 ranks, alltoall: re-scoring gives the 1-rank output bits")
+                      "%d ranks, alltoall: re-scoring gives the 1-rank output bits" % RANKS)
             s.wait_idle()
     if failures:
         print("%d check(s) failed" % len(failures))

@@ -26,6 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("EPMOE_TEST_DATA", os.path.join(HERE, "..", "data"))
 EPMOE = os.environ.get("EPMOE_BINARY", os.path.join(HERE, "..", "..", "build", "epmoe"))
 WORK = os.environ.get("EPMOE_SERVE_WORK", "/tmp/epmoe-serve-tests")
+# On a GPU machine: EPMOE_SERVE_DEVICE=cuda runs the servers with --device cuda, several ranks
+# through scripts/gpu-launch.sh (one process per GPU) instead of mpirun.
+DEVICE = os.environ.get("EPMOE_SERVE_DEVICE", "cpu")
+GPU_LAUNCH = os.path.join(HERE, "..", "..", "scripts", "gpu-launch.sh")
 START_TIMEOUT = 120
 STOP_TIMEOUT = 60
 
@@ -90,7 +94,11 @@ class Server:
         cmd = [EPMOE, "serve", "--model", self.model, "--port", "0"] + self.args
         if self.api_key:
             cmd += ["--api-key", self.api_key]
-        if self.ranks > 1:
+        if DEVICE == "cuda":
+            cmd += ["--device", "cuda"]
+            if self.ranks > 1:
+                cmd = ["bash", GPU_LAUNCH, str(self.ranks)] + cmd
+        elif self.ranks > 1:
             cmd = ["mpirun", "--oversubscribe", "-np", str(self.ranks)] + cmd + ["--threads", "1"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -163,7 +171,7 @@ class Server:
                 env = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
             except OSError:
                 continue
-            if ppid == self.proc.pid and b"OMPI_COMM_WORLD_RANK=0" in env:
+            if ppid == self.proc.pid and (b"OMPI_COMM_WORLD_RANK=0" in env or b"EPMOE_RANK=0" in env):
                 return int(pid)
         return self.proc.pid
 
