@@ -207,7 +207,11 @@ void HttpServer::start() {
   // listen() again after the bind raises the backlog (Linux allows it on a listening socket).
   int listen_fd = -1;
   svr_->set_socket_options([&listen_fd](int sock) {
-    httplib::default_socket_options(sock);
+    // Not httplib's default (SO_REUSEPORT only): that lets a second server bind a port a live one
+    // listens on (the two then share its connections), and without SO_REUSEADDR a port whose
+    // earlier connections are in TIME_WAIT (a server just restarted on it) cannot be bound.
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     listen_fd = int(sock);
   });
   port_ = opt_.port;
