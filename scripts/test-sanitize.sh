@@ -30,12 +30,13 @@ cd build-asan
 # The rollout sweep of 2, 3 and 4 ranks x every backend (15 runs) is the exception among the CLI
 # tests: its code paths are leak-checked by the others at 2 ranks, and with the slow unwinder it
 # alone would take two minutes; its ranks run with ASan and UBSan, without the leak check.
-# Two HTTP tests are left to the plain run: serve.guarantee (six servers of 1 and 3 ranks: its code
-# paths are those of serve.rl_clients -- 1 and 2 ranks -- and of the rollout sweep) and
+# Three HTTP tests are left to the plain run, for CI's time: serve.guarantee and serve.rl_clients
+# (many servers of 1-3 ranks; their request paths are those of serve.openai_client and
+# serve.hostile, which run here, and their multi-rank loop is the rollout sweep's lockstep) and
 # serve.rank_failure (it waits out timeouts; its path, the group's abort, is the CLI tests').
 leak_checked='^(ep\.matrix\.qwen3moe-tiny\.R[23]|cli\..*)$'
 sweep='^cli\.Rollout\.SameRequestAloneAmongOthersOnEveryLayoutAndBackend$'
-plain_only='^serve\.(guarantee|rank_failure)$'
+plain_only='^serve\.(guarantee|rl_clients|rank_failure)$'
 OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$asan:detect_leaks=1:fast_unwind_on_malloc=0" \
   ctest --output-on-failure -j"$(nproc)" -R "$leak_checked" -E "$sweep" "$@"
 OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$asan:detect_leaks=0" \
