@@ -403,9 +403,10 @@ void HttpServer::routes() {
     if (!call->stream) {
       wait_all(jobs);
       json out = json::array();
-      for (auto& j : jobs) {
-        std::lock_guard<std::mutex> lock(j->mu);
-        for (size_t k = 0; k < j->samples.size(); k++) out.push_back(native_result(*j, k, *call, model_));
+      for (size_t p = 0; p < jobs.size(); p++) {
+        std::lock_guard<std::mutex> lock(jobs[p]->mu);
+        for (size_t k = 0; k < jobs[p]->samples.size(); k++)
+          out.push_back(native_result(*jobs[p], k, *call, model_, out.size()));
       }
       send_json(res, 200, out.size() == 1 && !call->batch ? out[0] : out);
       return;
@@ -424,7 +425,7 @@ void HttpServer::routes() {
             const SampleProgress& s = job.samples[k];
             const bool final_now = s.done && job.state == Job::State::Done;
             if (st.sent_final[p][k] || (!final_now && s.tokens.size() == st.sent_tokens[p][k])) continue;
-            ev = dump_json(native_result(job, k, *call, m));
+            ev = dump_json(native_result(job, k, *call, m, p * size_t(job.req.n) + k));
             st.sent_tokens[p][k] = s.tokens.size();
             st.sent_final[p][k] = final_now;
           }

@@ -304,7 +304,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
   return call;
 }
 
-json native_result(const Job& job, size_t j, const NativeCall& call, const ServedModel& m) {
+json native_result(const Job& job, size_t j, const NativeCall& call, const ServedModel& m, size_t index) {
   const SampleProgress& s = job.samples[j];
   const ServeRequest& r = job.req;
   json meta;
@@ -364,7 +364,7 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
   out["text"] = s.text;
   out["output_ids"] = s.tokens;
   out["meta_info"] = meta;
-  if (r.n > 1 || call.batch) out["index"] = j;
+  if (r.n > 1 || call.batch) out["index"] = index;
   return out;
 }
 

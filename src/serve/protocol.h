@@ -49,8 +49,10 @@ struct NativeCall {
   int top_logprobs_num = 0;
 };
 NativeCall parse_generate(const nlohmann::json& body, const ServedModel& m);
-// {text, output_ids, meta_info} of sample j of a finished (or, streaming, running) job.
-nlohmann::json native_result(const Job& job, size_t sample, const NativeCall& call, const ServedModel& m);
+// {text, output_ids, meta_info} of sample j of a finished (or, streaming, running) job; `index`
+// (with several prompts or samples) is its place in the call's flat list: prompt * n + sample.
+nlohmann::json native_result(const Job& job, size_t sample, const NativeCall& call, const ServedModel& m,
+                             size_t index = 0);
 
 // ---- OpenAI ----
 struct OpenAICall {
