@@ -152,10 +152,13 @@ void stream_response(httplib::Response& res, ServeEngine& engine, std::shared_pt
       [st, &engine](bool success) {
         if (success && st->finished) return;
         for (auto& j : st->jobs) {
-          std::lock_guard<std::mutex> lock(j->mu);
-          if (j->state == Job::State::Done) continue;
+          bool done;
+          {
+            std::lock_guard<std::mutex> lock(j->mu);
+            done = j->state == Job::State::Done;
+          }
+          if (!done) engine.abort_job(j);
         }
-        for (auto& j : st->jobs) engine.abort_job(j);
       });
 }
 

@@ -23,13 +23,7 @@ MODEL = os.path.join(h.DATA, "qwen3moe-tiny")  # vocabulary 320, eos 2, 8 expert
 # (On a GPU machine: EPMOE_SERVE_DEVICE=cuda EPMOE_SERVE_RANKS=2 EPMOE_SERVE_BACKENDS=none,alltoall,lowlatency.)
 BACKENDS = os.environ.get("EPMOE_SERVE_BACKENDS", "none,alltoall,lowlatency,onesided,fused").split(",")
 RANKS = int(os.environ.get("EPMOE_SERVE_RANKS", "3"))
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = h.Checks()
 
 
 def f32(x):
@@ -147,11 +141,7 @@ def main():
                 check(f32_bits([x[0] for x in inp[len(r["input_ids"]):]]) == bits,
                       "%d ranks, alltoall: re-scoring gives the 1-rank output bits" % RANKS)
             s.wait_idle()
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("all checks passed")
-    return 0
+    return check.status()
 
 
 if __name__ == "__main__":

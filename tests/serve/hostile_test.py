@@ -17,14 +17,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_harness as h  # noqa: E402
 
-failures = []
 KEY = "sekret-key"
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = h.Checks()
 
 
 def request(url, path, body=None, raw=None, key=KEY, method=None, ctype="application/json"):
@@ -187,11 +181,7 @@ def main():
         check(m['epmoe_kv_blocks{state="used"}'] == 0, "no KV block is held (the pool is whole again)")
         st, after = greedy(url)
         check(st == 200 and after == before, "the same request gives the same ids and log-prob bits after it all")
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("all checks passed")
-    return 0
+    return check.status()
 
 
 if __name__ == "__main__":

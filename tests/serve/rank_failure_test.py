@@ -17,28 +17,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_harness as h  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def rank_pid(server, rank):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            stat = open("/proc/%s/stat" % pid).read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            env = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if ppid == server.proc.pid and ("OMPI_COMM_WORLD_RANK=%d" % rank).encode() in env:
-            return int(pid)
-    return None
+check = h.Checks()
 
 
 def run(busy):
@@ -48,7 +27,7 @@ def run(busy):
     what = "busy" if busy else "idle"
     client = {}
     try:
-        pid = rank_pid(s, 1)
+        pid = s.rank_pid(1)
         check(pid is not None, "%s: found rank 1" % what)
         if busy:
             def long_request():
@@ -84,11 +63,7 @@ def run(busy):
 def main():
     run(busy=False)
     run(busy=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("all checks passed")
-    return 0
+    return check.status()
 
 
 if __name__ == "__main__":

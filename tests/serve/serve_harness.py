@@ -73,6 +73,25 @@ def second_weights(model):
     return out
 
 
+class Checks:
+    """The verdicts of a script test: one line per check, and the exit status at the end."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, what):
+        print(("ok   " if cond else "FAIL ") + what, flush=True)
+        if not cond:
+            self.failures.append(what)
+
+    def status(self):
+        if self.failures:
+            print("%d check(s) failed" % len(self.failures))
+            return 1
+        print("all checks passed")
+        return 0
+
+
 class Server:
     def __init__(self, model=None, ranks=1, args=(), api_key=None):
         self.model = model or text_model()
@@ -159,9 +178,11 @@ class Server:
                 raise AssertionError("the server did not become idle: %s" % m)
             time.sleep(0.1)
 
-    def rank0_pid(self):
+    def rank_pid(self, rank):
+        """The pid of rank `rank` (a child of mpirun or gpu-launch.sh); the launcher's for 1 rank."""
         if self.ranks == 1:
             return self.proc.pid
+        marks = [b"OMPI_COMM_WORLD_RANK=%d" % rank, b"EPMOE_RANK=%d" % rank]
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -171,9 +192,9 @@ class Server:
                 env = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
             except OSError:
                 continue
-            if ppid == self.proc.pid and (b"OMPI_COMM_WORLD_RANK=0" in env or b"EPMOE_RANK=0" in env):
+            if ppid == self.proc.pid and any(m in env for m in marks):
                 return int(pid)
-        return self.proc.pid
+        return None
 
     def alive(self):
         return self.proc.poll() is None
@@ -191,7 +212,7 @@ class Server:
             return
         # Under mpirun the signal goes to rank 0, which tells every rank to stop (mpirun itself
         # reports a job it had to signal as failed).
-        os.kill(self.rank0_pid(), signal.SIGTERM)
+        os.kill(self.rank_pid(0) or self.proc.pid, signal.SIGTERM)
         try:
             rc = self.proc.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
