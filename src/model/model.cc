@@ -11,32 +11,73 @@
 
 namespace epmoe {
 
+namespace {
+
+// The model's rope: default or YaRN frequencies, half-split or interleaved pairs (MLA).
+Rope make_rope(const ModelConfig& c) {
+  std::vector<float> inv_freq;
+  if (c.yarn.enabled) {
+    const int orig = c.yarn.original_max_position_embeddings;
+    inv_freq = yarn_inv_freq(c.rotary_dim, c.rope_theta, c.yarn.factor, orig, c.yarn.beta_fast, c.yarn.beta_slow,
+                             c.yarn.truncate);
+  } else {
+    inv_freq = Rope(c.head_dim, c.rotary_dim, c.rope_theta).inv_freq;
+  }
+  return Rope(c.head_dim, c.rotary_dim, std::move(inv_freq), float(c.yarn.enabled ? c.yarn.attention_factor : 1.0),
+              c.mla.enabled() && c.mla.rope_interleave);
+}
+
+// W_UK^T per head from kv_b_proj [heads * (nope + v), kv_lora]: out[h][c][d] = kv_b[h * (nope + v) + d][c],
+// dequantized to fp32 (TensorView::at: exact for every stored dtype).
+std::vector<float> transpose_uk(const ModelConfig& cfg, const TensorView& kv_b) {
+  const MlaConfig& m = cfg.mla;
+  const int64_t C = m.kv_lora_rank, dn = m.qk_nope_head_dim, stride = m.qk_nope_head_dim + m.v_head_dim;
+  std::vector<float> out(size_t(cfg.num_heads) * size_t(C) * size_t(dn));
+  std::vector<float> row(static_cast<size_t>(C));
+  for (int64_t h = 0; h < cfg.num_heads; h++)
+    for (int64_t d = 0; d < dn; d++) {
+      const int64_t r = h * stride + d;
+      for (int64_t c = 0; c < C; c++) row[size_t(c)] = kv_b.at(r * C + c);
+      for (int64_t c = 0; c < C; c++) out[size_t((h * C + c) * dn + d)] = row[size_t(c)];
+    }
+  return out;
+}
+
+}  // namespace
+
 Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
              ComputeMode compute, const KvOptions& kv)
     : cfg_(cfg), placement_(placement), rank_(rank), compute_(compute),
       w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
-      rope_(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) {
-  const int64_t kvd = int64_t(cfg.num_kv_heads) * cfg.head_dim;
-  const int64_t per_token = 2 * int64_t(cfg.num_layers) * kvd * int64_t(sizeof(float));
+      rope_(make_rope(cfg)) {
+  if (cfg.mla.enabled()) {
+    k_width_ = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim;
+    v_width_ = 0;
+    for (const LayerWeights& L : w_.layers) uk_t_.push_back(transpose_uk(cfg, L.attn.mla.kv_b));
+  } else {
+    k_width_ = v_width_ = int64_t(cfg.num_kv_heads) * cfg.head_dim;
+  }
+  const int64_t per_token = int64_t(cfg.num_layers) * (k_width_ + v_width_) * int64_t(sizeof(float));
   const int64_t tokens = kv_pool_tokens(kv, Device::Cpu, available_memory_bytes(), per_token);
   const int64_t blocks = tokens / kv.block_tokens;
-  const size_t n = size_t(cfg.num_layers) * size_t(tokens) * size_t(kvd);
-  k_mem_ = ReservedMemory(n * sizeof(float));
-  v_mem_ = ReservedMemory(n * sizeof(float));
+  const size_t n = size_t(cfg.num_layers) * size_t(tokens);
+  k_mem_ = ReservedMemory(n * size_t(k_width_) * sizeof(float));
+  if (v_width_ > 0) v_mem_ = ReservedMemory(n * size_t(v_width_) * sizeof(float));
   k_ = static_cast<float*>(k_mem_.data());
   v_ = static_cast<float*>(v_mem_.data());
-  pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this, kvd](int32_t src, int32_t dst) {
-    const size_t rows = size_t(pool_->block_tokens()) * size_t(kvd);
+  pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this](int32_t src, int32_t dst) {
+    const size_t rows = size_t(pool_->block_tokens());
     for (int l = 0; l < cfg_.num_layers; l++) {
-      std::memcpy(kv_row(k_, l, dst, 0), kv_row(k_, l, src, 0), rows * sizeof(float));
-      std::memcpy(kv_row(v_, l, dst, 0), kv_row(v_, l, src, 0), rows * sizeof(float));
+      std::memcpy(kv_row(k_, k_width_, l, dst, 0), kv_row(k_, k_width_, l, src, 0), rows * size_t(k_width_) * sizeof(float));
+      if (v_width_ > 0)
+        std::memcpy(kv_row(v_, v_width_, l, dst, 0), kv_row(v_, v_width_, l, src, 0),
+                    rows * size_t(v_width_) * sizeof(float));
     }
   });
 }
 
-float* Model::kv_row(float* base, int layer, int32_t block, int64_t row) const {
-  const int64_t kvd = int64_t(cfg_.num_kv_heads) * cfg_.head_dim;
-  return base + ((int64_t(layer) * pool_->total_blocks() + block) * pool_->block_tokens() + row) * kvd;
+float* Model::kv_row(float* base, int64_t width, int layer, int32_t block, int64_t row) const {
+  return base + ((int64_t(layer) * pool_->total_blocks() + block) * pool_->block_tokens() + row) * width;
 }
 
 namespace {
@@ -75,7 +116,7 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   }
 
   std::vector<float> ctx(static_cast<size_t>(T * qd));
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = cfg_.softmax_scale();
   const int group = Hq / Hkv;
   for (size_t s = 0; s < seqs.size(); s++) {
     Sequence& seq = *seqs[s];
@@ -84,13 +125,13 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
     const int64_t B = pool_->block_tokens();
     const int64_t base = seq.len;
     // Position j's K (V) row of this layer, through the block table.
-    auto k_at = [&](int64_t j) { return kv_row(k_, l, table[size_t(j / B)], j % B); };
-    auto v_at = [&](int64_t j) { return kv_row(v_, l, table[size_t(j / B)], j % B); };
+    auto k_at = [&](int64_t j) { return kv_row(k_, kvd, l, table[size_t(j / B)], j % B); };
+    auto v_at = [&](int64_t j) { return kv_row(v_, kvd, l, table[size_t(j / B)], j % B); };
     // fn(j, row of position j + head offset) for j = 0..len-1 in order, a block at a time (one
     // table lookup per block, not per key).
     auto each_row = [&](float* cache, int64_t len, int64_t offset, auto&& fn) {
       for (int64_t j0 = 0; j0 < len; j0 += B) {
-        const float* rows = kv_row(cache, l, table[size_t(j0 / B)], 0) + offset;
+        const float* rows = kv_row(cache, kvd, l, table[size_t(j0 / B)], 0) + offset;
         const int64_t m = std::min(B, len - j0);
         for (int64_t r = 0; r < m; r++) fn(j0 + r, rows + r * kvd);
       }
@@ -120,6 +161,109 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
     });
   }
   matmul(ctx.data(), T, a.o, out);
+}
+
+void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
+                          const float* x, int64_t T, float* out) const {
+  const MlaWeights& w = w_.layers[size_t(l)].attn.mla;
+  const MlaConfig& m = cfg_.mla;
+  const int Hq = cfg_.num_heads;
+  const int64_t dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dv = m.v_head_dim, C = m.kv_lora_rank;
+  const int64_t qk = dn + dr, W = C + dr;  // W: one cache row, [latent | k_rope]
+
+  // Queries [T, Hq, qk], through the q LoRA when the model has one.
+  std::vector<float> q(static_cast<size_t>(T * Hq * qk));
+  if (m.q_lora_rank > 0) {
+    std::vector<float> qa(static_cast<size_t>(T * m.q_lora_rank));
+    matmul(x, T, w.q_a, qa.data());
+    rmsnorm(qa.data(), T, m.q_lora_rank, w.q_a_norm, m.latent_norm_eps, qa.data());
+    matmul(qa.data(), T, w.q_b, q.data());
+  } else {
+    matmul(x, T, w.q, q.data());
+  }
+  // [latent | k_rope] per token: the latent normalised, k_rope rotated; this is the cache row.
+  std::vector<float> kv(static_cast<size_t>(T * W));
+  matmul(x, T, w.kv_a, kv.data());
+  for (int64_t t = 0; t < T; t++) rmsnorm(&kv[size_t(t * W)], 1, C, w.kv_a_norm, m.latent_norm_eps, &kv[size_t(t * W)]);
+
+  // Absorbed queries [T, Hq, W]: [q_nope . W_UK | q_rope], so that a score is one dot product
+  // with a cache row: q_nope . (W_UK c) = (W_UK^T q_nope) . c.
+  std::vector<float> qc(static_cast<size_t>(T * Hq * W));
+  {
+    std::vector<float> qn(static_cast<size_t>(T * dn)), ql(static_cast<size_t>(T * C));
+    const std::vector<float>& uk = uk_t_[size_t(l)];
+    for (int h = 0; h < Hq; h++) {
+      for (int64_t t = 0; t < T; t++)
+        std::memcpy(&qn[size_t(t * dn)], &q[size_t((t * Hq + h) * qk)], sizeof(float) * size_t(dn));
+      TensorView ukh;
+      ukh.dtype = DType::F32;
+      ukh.shape = {C, dn};
+      ukh.data = &uk[size_t(h * C * dn)];
+      ukh.name = "W_UK^T";
+      matmul(qn.data(), T, ukh, ql.data());
+      for (int64_t t = 0; t < T; t++)
+        std::memcpy(&qc[size_t((t * Hq + h) * W)], &ql[size_t(t * C)], sizeof(float) * size_t(C));
+    }
+  }
+
+  // The latent context of each (token, head): sum_j p_j c_j over the cache, [T, Hq, C].
+  std::vector<float> ctx(static_cast<size_t>(T * Hq * C));
+  const float scale = cfg_.softmax_scale();
+  for (size_t s = 0; s < seqs.size(); s++) {
+    Sequence& seq = *seqs[s];
+    const int64_t t0 = offsets[s], n = offsets[s + 1] - offsets[s];
+    const std::vector<int32_t>& table = seq.kv->blocks();
+    const int64_t B = pool_->block_tokens();
+    const int64_t base = seq.len;
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t t = t0 + i;
+      // Rope on the rope slice of every head's query and on the shared rope key.
+      rope_.apply(&q[size_t(t * Hq * qk + dn)], Hq, base + i);
+      rope_.apply(&kv[size_t(t * W + C)], 1, base + i);
+      for (int h = 0; h < Hq; h++)
+        std::memcpy(&qc[size_t((t * Hq + h) * W + C)], &q[size_t((t * Hq + h) * qk + dn)], sizeof(float) * size_t(dr));
+      std::memcpy(kv_row(k_, W, l, table[size_t((base + i) / B)], (base + i) % B), &kv[size_t(t * W)],
+                  sizeof(float) * size_t(W));
+    }
+    // Causal attention over the cache, keys in position order whatever blocks hold them.
+    parallel_for(n * Hq, 4, [&](int64_t b, int64_t e) {
+      std::vector<float> p;
+      for (int64_t job = b; job < e; job++) {
+        const int64_t i = job / Hq;
+        const int h = int(job % Hq);
+        const int64_t len = base + i + 1;
+        const float* qh = &qc[size_t(((t0 + i) * Hq + h) * W)];
+        p.resize(static_cast<size_t>(len));
+        for (int64_t j0 = 0; j0 < len; j0 += B) {
+          const float* rows = kv_row(k_, W, l, table[size_t(j0 / B)], 0);
+          const int64_t cnt = std::min(B, len - j0);
+          for (int64_t r = 0; r < cnt; r++) p[size_t(j0 + r)] = dot(qh, rows + r * W, W) * scale;
+        }
+        softmax(p.data(), len);
+        float* o = &ctx[size_t(((t0 + i) * Hq + h) * C)];
+        std::fill(o, o + C, 0.f);
+        for (int64_t j0 = 0; j0 < len; j0 += B) {
+          const float* rows = kv_row(k_, W, l, table[size_t(j0 / B)], 0);
+          const int64_t cnt = std::min(B, len - j0);
+          for (int64_t r = 0; r < cnt; r++) axpy(p[size_t(j0 + r)], rows + r * W, o, C);
+        }
+      }
+    });
+  }
+
+  // Values: each head's latent context through its W_UV rows of kv_b_proj, then o_proj.
+  std::vector<float> attn(static_cast<size_t>(T * Hq * dv));
+  {
+    std::vector<float> ch(static_cast<size_t>(T * C)), vh(static_cast<size_t>(T * dv));
+    for (int h = 0; h < Hq; h++) {
+      for (int64_t t = 0; t < T; t++)
+        std::memcpy(&ch[size_t(t * C)], &ctx[size_t((t * Hq + h) * C)], sizeof(float) * size_t(C));
+      matmul(ch.data(), T, w.kv_b.slice_rows(h * (dn + dv) + dn, dv), vh.data());
+      for (int64_t t = 0; t < T; t++)
+        std::memcpy(&attn[size_t((t * Hq + h) * dv)], &vh[size_t(t * dv)], sizeof(float) * size_t(dv));
+    }
+  }
+  matmul(attn.data(), T, w_.layers[size_t(l)].attn.o, out);
 }
 
 void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) {
@@ -164,7 +308,8 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
   for (int l = 0; l < cfg_.num_layers; l++) {
     const LayerWeights& L = w_.layers[size_t(l)];
     rmsnorm(x.data(), T, H, L.input_norm, cfg_.rms_norm_eps, hn.data());
-    attention(l, seqs, offsets, hn.data(), T, tmp.data());
+    if (cfg_.mla.enabled()) mla_attention(l, seqs, offsets, hn.data(), T, tmp.data());
+    else attention(l, seqs, offsets, hn.data(), T, tmp.data());
     for (int64_t i = 0; i < T * H; i++) x[size_t(i)] += tmp[size_t(i)];
     rmsnorm(x.data(), T, H, L.post_attention_norm, cfg_.rms_norm_eps, hn.data());
     mlp_block(l, hn.data(), T, gids.data(), backend, tmp.data());

@@ -48,6 +48,10 @@ class Model final : public LanguageModel {
  private:
   void attention(int layer, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
                  const float* x, int64_t T, float* out) const;
+  // Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash), in the absorbed form for every
+  // token: the cache holds [latent | k_rope] per token, not per head.
+  void mla_attention(int layer, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
+                     const float* x, int64_t T, float* out) const;
 
   ModelConfig cfg_;
   Placement placement_;
@@ -55,13 +59,19 @@ class Model final : public LanguageModel {
   ComputeMode compute_;
   ModelWeights w_;
   Rope rope_;
-  // The paged KV cache: K and V of block b, layer l, row r at ((l * blocks + b) * B + r) * kvd.
-  // Reserved once, untouched until used (the pages come when a block is first written).
+  // MLA: W_UK^T of each layer, [heads][kv_lora_rank][qk_nope_head_dim] fp32 (the key half of
+  // kv_b_proj, transposed once so that absorbing q_nope into the latent space is a matmul).
+  std::vector<std::vector<float>> uk_t_;
+  // The paged KV cache: K and V of block b, layer l, row r at ((l * blocks + b) * B + r) * width,
+  // k_width_ / v_width_ floats per row (heads * head_dim each; MLA: kv_lora_rank +
+  // qk_rope_head_dim in K and nothing in V). Reserved once, untouched until used (the pages come
+  // when a block is first written).
   std::unique_ptr<KvPool> pool_;
   ReservedMemory k_mem_, v_mem_;
   float* k_ = nullptr;
   float* v_ = nullptr;
-  float* kv_row(float* base, int layer, int32_t block, int64_t row) const;
+  int64_t k_width_ = 0, v_width_ = 0;
+  float* kv_row(float* base, int64_t width, int layer, int32_t block, int64_t row) const;
 };
 
 }  // namespace epmoe

@@ -26,6 +26,9 @@ MoeNames moe_names(Family f) {
     case Family::Qwen2Moe: return {"mlp", "gate_proj", "up_proj", "down_proj", "shared_expert", "shared_expert_gate"};
     case Family::Glm4Moe: return {"mlp", "gate_proj", "up_proj", "down_proj", "shared_experts", ""};
     case Family::Mixtral: return {"block_sparse_moe", "w1", "w3", "w2", "", ""};
+    case Family::DeepseekV2:
+    case Family::DeepseekV3:
+    case Family::Glm4MoeLite: return {"mlp", "gate_proj", "up_proj", "down_proj", "shared_experts", ""};
   }
   return {};
 }
@@ -46,10 +49,34 @@ struct Loader {
     if (v.rank() != 2 || v.shape[0] != rows || v.shape[1] != cols)
       throw InputError("tensor '" + name + "' has shape " + v.shape_str() + ", expected [" + std::to_string(rows) +
                        ", " + std::to_string(cols) + "] from " + cfg.source);
-    if (!dtype_is_float_weight(v.dtype))
-      throw InputError("tensor '" + name + "' has dtype " + std::string(dtype_name(v.dtype)) + "; expected F32, BF16 or F16");
+    if (v.dtype == DType::F8_E4M3) {
+      attach_scale(v, name);
+    } else if (!dtype_is_float_weight(v.dtype)) {
+      throw InputError("tensor '" + name + "' has dtype " + std::string(dtype_name(v.dtype)) +
+                       "; expected F32, BF16, F16 or F8_E4M3 with a block scale");
+    }
     seen(v, name);
     return v;
+  }
+  // An FP8 weight X.weight takes its scale grid from X.weight_scale_inv: [ceil(rows / 128),
+  // ceil(cols / 128)] in F32 (DeepSeek) or BF16 (Qwen); the weight is code * scale.
+  void attach_scale(TensorView& v, const std::string& name) const {
+    const std::string sname = name + "_scale_inv";
+    if (!cfg.quant.fp8)
+      throw InputError("tensor '" + name + "' is F8_E4M3 but " + cfg.source + " has no fp8 quantization_config");
+    if (!ckpt.contains(sname))
+      throw InputError("tensor '" + name + "' is F8_E4M3 without its scale '" + sname + "'");
+    TensorView s = ckpt.get(sname);
+    const int64_t b = cfg.quant.block;
+    const int64_t gr = (v.shape[0] + b - 1) / b, gc = (v.shape[1] + b - 1) / b;
+    if (s.rank() != 2 || s.shape[0] != gr || s.shape[1] != gc)
+      throw InputError("tensor '" + sname + "' has shape " + s.shape_str() + ", expected the [" + std::to_string(gr) + ", " +
+                       std::to_string(gc) + "] grid of " + std::to_string(b) + "x" + std::to_string(b) + " blocks of '" +
+                       name + "' " + v.shape_str());
+    if (s.dtype != DType::F32 && s.dtype != DType::BF16)
+      throw InputError("tensor '" + sname + "' has dtype " + std::string(dtype_name(s.dtype)) + "; expected F32 or BF16");
+    seen(s, sname);
+    v.scale = BlockScale{s.data, s.dtype, gr, gc, 0, b};
   }
   std::vector<float> vec(const std::string& name, int64_t n) const {
     TensorView v = ckpt.get(name);
@@ -122,6 +149,9 @@ int64_t first_non_finite(const TensorView& v) {
       case DType::F16:
         scan([&](int64_t i) { uint16_t u; std::memcpy(&u, bytes + 2 * i, 2); return u; }, uint16_t(0x7c00u));
         break;
+      case DType::F8_E4M3:  // e4m3fn has no Inf; 0x7f and 0xff are its NaNs
+        scan([&](int64_t i) { return uint8_t(bytes[i]); }, uint8_t(0x7fu));
+        break;
       default: break;  // the loader accepts only float weights
     }
   });
@@ -166,10 +196,27 @@ ModelWeights load_weights_impl(const ModelConfig& cfg, const Checkpoint& ckpt, c
     L.input_norm = ld.vec(p + "input_layernorm.weight", H);
     L.post_attention_norm = ld.vec(p + "post_attention_layernorm.weight", H);
     const std::string a = p + "self_attn.";
-    L.attn.q = ld.matrix(a + "q_proj.weight", q_out, H);
-    L.attn.k = ld.matrix(a + "k_proj.weight", kv_out, H);
-    L.attn.v = ld.matrix(a + "v_proj.weight", kv_out, H);
-    L.attn.o = ld.matrix(a + "o_proj.weight", H, q_out);
+    if (cfg.mla.enabled()) {
+      const MlaConfig& m = cfg.mla;
+      MlaWeights& w = L.attn.mla;
+      const int64_t heads = cfg.num_heads;
+      if (m.q_lora_rank > 0) {
+        w.q_a = ld.matrix(a + "q_a_proj.weight", m.q_lora_rank, H);
+        w.q_a_norm = ld.vec(a + "q_a_layernorm.weight", m.q_lora_rank);
+        w.q_b = ld.matrix(a + "q_b_proj.weight", heads * m.qk_head_dim(), m.q_lora_rank);
+      } else {
+        w.q = ld.matrix(a + "q_proj.weight", heads * m.qk_head_dim(), H);
+      }
+      w.kv_a = ld.matrix(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, H);
+      w.kv_a_norm = ld.vec(a + "kv_a_layernorm.weight", m.kv_lora_rank);
+      w.kv_b = ld.matrix(a + "kv_b_proj.weight", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank);
+      L.attn.o = ld.matrix(a + "o_proj.weight", H, heads * m.v_head_dim);
+    } else {
+      L.attn.q = ld.matrix(a + "q_proj.weight", q_out, H);
+      L.attn.k = ld.matrix(a + "k_proj.weight", kv_out, H);
+      L.attn.v = ld.matrix(a + "v_proj.weight", kv_out, H);
+      L.attn.o = ld.matrix(a + "o_proj.weight", H, q_out);
+    }
     if (cfg.qkv_bias) {
       L.attn.q_bias = ld.vec(a + "q_proj.bias", q_out);
       L.attn.k_bias = ld.vec(a + "k_proj.bias", kv_out);

@@ -12,8 +12,20 @@
 
 namespace epmoe {
 
+// Multi-head latent attention (io/hf_config.h MlaConfig). Empty views when not used.
+struct MlaWeights {
+  TensorView q;                    // q_proj [heads * qk_head_dim, H] (no q LoRA)
+  TensorView q_a;                  // q_a_proj [q_lora_rank, H]
+  std::vector<float> q_a_norm;     // q_a_layernorm [q_lora_rank]
+  TensorView q_b;                  // q_b_proj [heads * qk_head_dim, q_lora_rank]
+  TensorView kv_a;                 // kv_a_proj_with_mqa [kv_lora_rank + qk_rope_head_dim, H]
+  std::vector<float> kv_a_norm;    // kv_a_layernorm [kv_lora_rank]
+  TensorView kv_b;                 // kv_b_proj [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+};
+
 struct AttentionWeights {
-  TensorView q, k, v, o;
+  TensorView q, k, v, o;           // standard attention (o: both kinds)
+  MlaWeights mla;
   std::vector<float> q_bias, k_bias, v_bias;  // empty when the family has none
   std::vector<float> q_norm, k_norm;          // [head_dim] or empty
 };

@@ -9,7 +9,7 @@ size_t dtype_size(DType t) {
     case DType::F64: case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: case DType::I16: return 2;
-    case DType::I8: case DType::U8: case DType::BOOL: return 1;
+    case DType::I8: case DType::U8: case DType::BOOL: case DType::F8_E4M3: return 1;
   }
   return 0;
 }
@@ -26,13 +26,14 @@ std::string_view dtype_name(DType t) {
     case DType::I8: return "I8";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
+    case DType::F8_E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
 std::optional<DType> dtype_from_name(std::string_view s) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32,
-                  DType::I16, DType::I8, DType::U8, DType::BOOL})
+                  DType::I16, DType::I8, DType::U8, DType::BOOL, DType::F8_E4M3})
     if (dtype_name(t) == s) return t;
   return std::nullopt;
 }

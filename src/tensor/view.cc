@@ -15,6 +15,12 @@ float TensorView::at(int64_t i) const {
     case DType::I16: return float(static_cast<const int16_t*>(data)[i]);
     case DType::I8: return float(static_cast<const int8_t*>(data)[i]);
     case DType::U8: case DType::BOOL: return float(static_cast<const uint8_t*>(data)[i]);
+    case DType::F8_E4M3: {
+      const float q = fp8e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
+      if (scale.empty()) return q;
+      const int64_t cols = shape.empty() ? 1 : shape.back();
+      return q * scale.at(i / cols, i % cols);
+    }
   }
   return 0.f;
 }
@@ -25,11 +31,14 @@ TensorView TensorView::slice_rows(int64_t row, int64_t n) const {
   v.shape[0] = n;
   int64_t row_elems = shape[0] ? numel() / shape[0] : 0;
   v.data = static_cast<const char*>(data) + size_t(row * row_elems) * dtype_size(dtype);
+  EPMOE_ASSERT(scale.empty() || rank() == 2, "slice_rows of a block-quantized tensor that is not 2-D: " + name);
+  v.scale.row0 += row;
   return v;
 }
 
 TensorView TensorView::index0(int64_t i) const {
   EPMOE_ASSERT(rank() >= 2 && i >= 0 && i < shape[0], "index0 out of range on " + name);
+  EPMOE_ASSERT(scale.empty(), "index0 of a block-quantized tensor (fused fp8 experts are not supported): " + name);
   TensorView v = slice_rows(i, 1);
   v.shape.erase(v.shape.begin());
   v.name = name + "[" + std::to_string(i) + "]";

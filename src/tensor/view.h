@@ -10,11 +10,33 @@
 
 namespace epmoe {
 
+// The scale grid of a block-quantized weight (FP8 checkpoints' `X.weight_scale_inv`): weight
+// [n, k] = q[n, k] * s[(row0 + n) / block, k / block], the last blocks of a row or column partial
+// when the dims are not multiples of block. row0 lets a row slice keep the grid of the whole.
+struct BlockScale {
+  const void* data = nullptr;  // [rows, cols] F32 or BF16
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+  int64_t row0 = 0;
+  int64_t block = 128;
+  bool empty() const { return data == nullptr; }
+  // The scale of row n (of the view) and column k, as fp32 (a bf16 scale widens exactly).
+  float at(int64_t n, int64_t k) const {
+    const int64_t i = ((row0 + n) / block) * cols + k / block;
+    return dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(data)[i]) : static_cast<const float*>(data)[i];
+  }
+  // Row n's scales, one per block of columns (cols of them).
+  const void* row(int64_t n) const {
+    return static_cast<const char*>(data) + size_t(((row0 + n) / block) * cols) * dtype_size(dtype);
+  }
+};
+
 struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   std::string name;  // for error messages
+  BlockScale scale;  // set for F8_E4M3 weights (2-D), empty otherwise
 
   int64_t numel() const {
     int64_t n = 1;
@@ -25,7 +47,8 @@ struct TensorView {
   int rank() const { return int(shape.size()); }
   bool empty() const { return data == nullptr; }
 
-  // Element i (flat) as fp32, for reference paths and small tensors (norms, biases).
+  // Element i (flat) as fp32, for reference paths and small tensors (norms, biases); a
+  // block-quantized element times its block's scale (the dequantized weight, one fp32 multiply).
   float at(int64_t i) const;
   // Rows [row, row + n) of a 2-D (or leading-dim sliced) tensor, as a view.
   TensorView slice_rows(int64_t row, int64_t n) const;

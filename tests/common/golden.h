@@ -16,8 +16,15 @@ inline std::string fixture(const std::string& name) { return data_dir() + "/" + 
 
 // The model fixtures with goldens, by folder name.
 inline std::vector<std::string> qwen3_fixtures() { return {"qwen3moe-tiny", "qwen3moe-tiny-mixed-bf16", "qwen3moe-tiny-v5"}; }
+// Multi-head latent attention families (DeepSeek-V2/V3, GLM-4.7-Flash) and FP8 checkpoints.
+inline std::vector<std::string> mla_fixtures() {
+  return {"deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny", "glm4moe-lite-tiny"};
+}
+inline std::vector<std::string> fp8_fixtures() { return {"qwen3moe-fp8-tiny", "deepseek-v3-fp8-tiny"}; }
 inline std::vector<std::string> all_model_fixtures() {
-  return {"qwen3moe-tiny", "qwen3moe-tiny-mixed-bf16", "qwen3moe-tiny-v5", "qwen2moe-tiny", "glm4moe-tiny", "mixtral-tiny"};
+  return {"qwen3moe-tiny", "qwen3moe-tiny-mixed-bf16", "qwen3moe-tiny-v5", "qwen2moe-tiny", "glm4moe-tiny", "mixtral-tiny",
+          "deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny", "glm4moe-lite-tiny", "qwen3moe-fp8-tiny",
+          "deepseek-v3-fp8-tiny"};
 }
 
 struct Golden {
