@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -97,10 +98,42 @@ Micro select_micro(DType w) {
 
 const float* weight_row_check(const TensorView& W, const char* what) {
   if (W.rank() != 2) throw InputError(std::string(what) + " weight " + W.name + " must be 2-D, is " + W.shape_str());
+  if (W.dtype == DType::F8_E4M3) {
+    const BlockScale& s = W.scale;
+    if (s.empty()) throw InputError("tensor '" + W.name + "' is F8_E4M3 without a weight_scale_inv");
+    if (s.dtype != DType::F32 && s.dtype != DType::BF16)
+      throw InputError("tensor '" + W.name + "': its weight_scale_inv has dtype " + std::string(dtype_name(s.dtype)) +
+                       "; scales must be F32 or BF16");
+    const int64_t N = W.shape[0], K = W.shape[1];
+    if (s.block <= 0 || s.row0 < 0 || s.rows < (s.row0 + N + s.block - 1) / s.block || s.cols < (K + s.block - 1) / s.block)
+      throw InputError("tensor '" + W.name + "' " + W.shape_str() + ": its weight_scale_inv grid [" +
+                       std::to_string(s.rows) + ", " + std::to_string(s.cols) + "] (block " + std::to_string(s.block) +
+                       ", rows from " + std::to_string(s.row0) + ") does not cover it");
+    return nullptr;
+  }
   if (!dtype_is_float_weight(W.dtype))
     throw InputError("tensor '" + W.name + "' has dtype " + std::string(dtype_name(W.dtype)) +
-                     "; weights must be F32, BF16 or F16");
+                     "; weights must be F32, BF16, F16 or F8_E4M3 (with a weight_scale_inv)");
   return nullptr;
+}
+
+// Whether the fp8 micro-kernels may read W in place: 128 x 128 blocks and every scale of the
+// rows foldable (matmul_micro.h: scale * 2^120 finite, or the scale itself not finite). A few
+// dozen scales per call; the rare weight that fails is dequantized row by row instead.
+bool fp8_scales_fold(const TensorView& W) {
+  const BlockScale& s = W.scale;
+  if (s.block != kFp8Block) return false;
+  const int64_t N = W.shape[0], K = W.shape[1];
+  if (N == 0) return true;
+  const int64_t r0 = s.row0 / s.block, r1 = (s.row0 + N - 1) / s.block, cols = (K + s.block - 1) / s.block;
+  for (int64_t r = r0; r <= r1; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      const size_t i = size_t(r * s.cols + c);
+      const float v = s.dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(s.data)[i])
+                                             : static_cast<const float*>(s.data)[i];
+      if (std::isinf(v * 0x1p120f) && !std::isinf(v)) return false;
+    }
+  return true;
 }
 
 // Activations in the form the micro-kernel reads: fp32 rows as they are, or rounded to bf16.
@@ -144,18 +177,49 @@ int64_t k_block(const Micro& m, int64_t T, int64_t K) {
 // With many tokens, the fp32-compute path widens a tile's bf16 weight rows to fp32 once per token
 // block instead of once per micro-tile: the conversion is exact and the fp32 micro-kernel does the
 // same multiply-adds in the same order, so the bits do not change -- only the shifts leave the
-// inner loop (they compete with the FMAs for the vector pipes).
+// inner loop (they compete with the FMAs for the vector pipes). F8_E4M3 rows are dequantized the
+// same way (exactly: the fp32 of TensorView::at) when the fp8 kernels are not the ones to run.
+enum class RowForm {
+  AsIs,        // the stored rows (F32, BF16, F16)
+  WidenBf16,   // bf16 -> fp32 into a per-thread buffer
+  Fp8,         // Fp8Row descriptors: the fp8 micro-kernel reads the codes in place
+  DequantFp8,  // fp8 -> dequantized fp32 into a per-thread buffer (dequant_fn)
+};
+
 struct WeightRows {
   const char* base;
   size_t row_bytes;
   int64_t K;
-  bool widen;  // bf16 rows widened to fp32 into a per-thread buffer
+  RowForm form = RowForm::AsIs;
+  const BlockScale* scale = nullptr;  // F8_E4M3
+  Fp8DequantFn dequant_fn = nullptr;  // RowForm::DequantFp8
+
+  WeightRows(const TensorView& W, RowForm f, Fp8DequantFn dq = nullptr)
+      : base(static_cast<const char*>(W.data)), row_bytes(size_t(W.shape[1]) * dtype_size(W.dtype)), K(W.shape[1]),
+        form(f), scale(&W.scale), dequant_fn(dq) {}
+
+  Fp8Row fp8(int64_t n) const {
+    return {reinterpret_cast<const uint8_t*>(base + size_t(n) * row_bytes), scale->row(n), scale->dtype == DType::BF16};
+  }
+
   const void* row(int64_t n, int slot) const {
     const char* r = base + size_t(n) * row_bytes;
-    if (!widen) return r;
+    switch (form) {
+      case RowForm::AsIs: return r;
+      case RowForm::Fp8: {
+        thread_local Fp8Row desc[kMaxNR];
+        desc[slot] = fp8(n);
+        return &desc[slot];
+      }
+      default: break;
+    }
     thread_local std::vector<float> buf;
     buf.resize(size_t(kMaxNR) * size_t(K));
     float* dst = &buf[size_t(slot) * size_t(K)];
+    if (form == RowForm::DequantFp8) {
+      dequant_fn(fp8(n), K, dst);
+      return dst;
+    }
     const uint16_t* src = reinterpret_cast<const uint16_t*>(r);
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {  // 16 at a time: widen and shift, as gload16 does
@@ -167,12 +231,30 @@ struct WeightRows {
   }
 };
 
-// The micro-kernel for weights of dtype w at T tokens, and whether rows are widened first.
-std::pair<Micro, bool> choose(DType w, int64_t T) {
-  Micro m = select_micro(w);
-  if (w == DType::BF16 && !m.x_bf16 && std::string(m.name) == "avx512" && T >= 8 * kMaxMR)
-    return {avx512_micro(DType::F32), true};
-  return {m, false};
+struct Plan {
+  Micro m;
+  RowForm form;
+  Fp8DequantFn dequant = nullptr;
+};
+
+// The micro-kernel for weights W at T tokens, and the form its weight rows take.
+Plan choose(const TensorView& W, int64_t T) {
+  if (W.dtype == DType::F8_E4M3) {
+    // Few tokens: the fp8 kernel, reading one byte per weight. More: each tile's rows dequantized
+    // once per token block (exact) and the fp32 kernel -- the conversion leaves the inner loop.
+    const bool fold = fp8_scales_fold(W);
+    if (fold) {
+      const Micro m = select_micro(DType::F8_E4M3);
+      if (m.fn && (m.x_bf16 || T <= kStreamT)) return {m, RowForm::Fp8};
+    }
+    const Micro f = select_micro(DType::F32);
+    const bool avx = std::string(f.name) == "avx512";
+    return {f, RowForm::DequantFp8, avx ? &fp8_dequant_avx512 : &fp8_dequant_generic};
+  }
+  Micro m = select_micro(W.dtype);
+  if (W.dtype == DType::BF16 && !m.x_bf16 && std::string(m.name) == "avx512" && T >= 8 * kMaxMR)
+    return {avx512_micro(DType::F32), RowForm::WidenBf16};
+  return {m, RowForm::AsIs};
 }
 
 // Prefetches part p of `parts` of the bytes [b, b + n) (cache lines, into L1).
@@ -236,6 +318,33 @@ Micro generic_micro(DType w) {
   }
 }
 
+void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst) {
+  typedef int8_t i8x16 __attribute__((vector_size(16)));
+  typedef int32_t i32x16 __attribute__((vector_size(64)));
+  for (int64_t b = 0; b * kFp8Block < K; b++) {
+    const float s = fp8_block_scale(r, b), s120 = s * 0x1p120f;
+    const int64_t k0 = b * kFp8Block, k1 = std::min(K, k0 + kFp8Block);
+    int64_t k = k0;
+    if (!std::isinf(s120) || std::isinf(s)) {  // the scale folds (matmul_micro.h): one multiply
+      for (; k + 16 <= k1; k += 16) {
+        i8x16 c;
+        std::memcpy(&c, r.q + k, 16);
+        const i32x16 v = __builtin_convertvector(c, i32x16);  // sign-extended: bits 27..31 = sign
+        const u32x16 bits = (u32x16(v) << 20) & 0x87F00000u;
+        f32x16 f;
+        std::memcpy(&f, &bits, 64);
+        f *= s120;
+        u32x16 out;
+        std::memcpy(&out, &f, 64);
+        const u32x16 nan = u32x16((v & 0x7f) == 0x7f);  // all ones on the NaN codes
+        out = (out & ~nan) | (0x7fc00000u & nan);
+        std::memcpy(dst + k, &out, 64);
+      }
+    }
+    for (; k < k1; k++) dst[k] = fp8e4m3_to_f32(r.q[k]) * s;
+  }
+}
+
 void set_compute_mode(ComputeMode m) { g_mode = m; }
 ComputeMode compute_mode() { return g_mode; }
 void set_kernel_path(KernelPath p) { g_path = p; }
@@ -249,9 +358,10 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
   weight_row_check(W, "matmul");
   const int64_t N = W.shape[0], K = W.shape[1];
   if (T == 0 || N == 0) return;
-  const auto [m, widen] = choose(W.dtype, T);
+  const Plan plan = choose(W, T);
+  const Micro& m = plan.m;
   const Activations a(x, T, K, m.x_bf16);
-  const WeightRows rows{static_cast<const char*>(W.data), size_t(K) * dtype_size(W.dtype), K, widen};
+  const WeightRows rows(W, plan.form, plan.dequant);
   const int R = T <= kStreamT ? 1 : kMaxNR;  // weight rows per tile
   const int64_t tiles = (N + R - 1) / R;
   drive(
@@ -293,11 +403,18 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   EPMOE_ASSERT(Wg.shape == Wu.shape && Wg.dtype == Wu.dtype, "gate and up weights differ: " + Wg.name + " vs " + Wu.name);
   const int64_t I = Wg.shape[0], K = Wg.shape[1];
   if (T == 0 || I == 0) return;
-  const auto [m, widen] = choose(Wg.dtype, T);
+  // One plan for both (an fp8 pair takes the in-place kernel only if both sets of scales fold):
+  // each output element is then the same dot product as in matmul with its own weight.
+  Plan plan = choose(Wg, T);
+  if (Wg.dtype == DType::F8_E4M3) {
+    const Plan pu = choose(Wu, T);
+    if (pu.form != plan.form) plan = pu.form == RowForm::DequantFp8 ? pu : plan;
+  }
+  const Micro& m = plan.m;
   const Activations a(x, T, K, m.x_bf16);
   const size_t row_bytes = size_t(K) * dtype_size(Wg.dtype);
-  const WeightRows g{static_cast<const char*>(Wg.data), row_bytes, K, widen};
-  const WeightRows u{static_cast<const char*>(Wu.data), row_bytes, K, widen};
+  const WeightRows g(Wg, plan.form, plan.dequant);
+  const WeightRows u(Wu, plan.form, plan.dequant);
   if (T <= kStreamT) {
     // Few tokens: one weight row per tile (see kStreamT), in blocks of kCols columns: the block's
     // gate rows, then its up rows -- two sequential runs of kCols rows -- into g and u, then

@@ -11,6 +11,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/matmul_micro.h"
@@ -157,6 +159,54 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
       acc, kv, K, [&](int i, int j, int64_t k) { return bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]); }, out);
 }
 
+// ---- F8_E4M3 weights, fp32 compute: dequantized in registers, then micro_f32's arithmetic ----
+
+// 16 codes -> q * 2^-120 as fp32 (matmul_micro.h): sign-extend the bytes to 32 bits, shift left
+// 20, keep the sign and the 7 magnitude bits (the sign extension filled bits 27..31).
+EPMOE_AVX512 inline __m512 fp8_bits16(const uint8_t* q) {
+  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(int(0x87F00000u))));
+}
+
+// Every element gets exactly micro_f32<F32>'s operations on the dequantized weight w = q * s (one
+// rounding, the same bits as the F32 tensor of dequantized weights): the lanes' FMAs in ascending
+// k, the same reduction, the same scalar tail. The scale is re-read once per 128 columns.
+template <int MR, int NR>
+EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1, float* accm,
+                            float* out) {
+  const float* const* x = reinterpret_cast<const float* const*>(xv);
+  const Fp8Row* r[NR];
+  #pragma GCC unroll 4
+  for (int j = 0; j < NR; j++) r[j] = static_cast<const Fp8Row*>(wv[j]);
+  __m512 acc[MR][NR];
+  acc_start<MR, NR>(acc, k0, accm);
+  const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
+  for (int64_t k = k0; k < ke;) {
+    const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
+    __m512 sc[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p120f);
+    for (; k < be; k += 16) {
+      __m512 wr[NR];
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) wr[j] = _mm512_mul_ps(fp8_bits16(r[j]->q + k), sc[j]);
+      #pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) {
+        const __m512 xr = _mm512_loadu_ps(x[i] + k);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xr, wr[j], acc[i][j]);
+      }
+    }
+  }
+  if (k1 < K) return acc_save<MR, NR>(acc, accm);
+  finish_tile<MR, NR>(
+      acc, kv, K,
+      [&](int i, int j, int64_t k) {
+        return x[i][k] * (fp8_times_2m120(r[j]->q[k]) * (fp8_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+      },
+      out);
+}
+
 // Runtime (mr, nr) -> the instantiation. Each instantiation does the same per-element work.
 template <template <int, int> class K>
 struct Table {
@@ -192,6 +242,14 @@ struct Bf16K {
 };
 
 template <int MR, int NR>
+struct Fp8K {
+  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                 float* out) {
+    micro_fp8<MR, NR>(x, w, Kd, k0, k1, acc, out);
+  }
+};
+
+template <int MR, int NR>
 using F32KF32 = F32K<DType::F32>::K<MR, NR>;
 template <int MR, int NR>
 using F32KBF16 = F32K<DType::BF16>::K<MR, NR>;
@@ -202,7 +260,27 @@ Micro avx512_micro(DType w) {
   switch (w) {
     case DType::F32: return {&Table<F32KF32>::call, false, true, "avx512"};
     case DType::BF16: return {&Table<F32KBF16>::call, false, true, "avx512"};
+    case DType::F8_E4M3: return {&Table<Fp8K>::call, false, true, "avx512"};
     default: return {};
+  }
+}
+
+EPMOE_AVX512 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst) {
+  const __m512i nan = _mm512_set1_epi32(0x7fc00000);
+  for (int64_t b = 0; b * kFp8Block < K; b++) {
+    const float s = fp8_block_scale(r, b), s120 = s * 0x1p120f;
+    const int64_t k0 = b * kFp8Block, k1 = std::min(K, k0 + kFp8Block);
+    int64_t k = k0;
+    if (!std::isinf(s120) || std::isinf(s)) {  // the scale folds: one multiply, one rounding
+      const __m512 sc = _mm512_set1_ps(s120);
+      for (; k + 16 <= k1; k += 16) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.q + k));
+        // NaN codes: (b | 0x80) == 0xff; they keep the NaN, the others get the product.
+        const __mmask16 num = _mm_cmpneq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8(char(0x80))), _mm_set1_epi8(char(0xff)));
+        _mm512_storeu_ps(dst + k, _mm512_mask_mul_ps(_mm512_castsi512_ps(nan), num, fp8_bits16(r.q + k), sc));
+      }
+    }
+    for (; k < k1; k++) dst[k] = fp8e4m3_to_f32(r.q[k]) * s;
   }
 }
 

@@ -31,7 +31,41 @@ struct Micro {
   const char* name = "";
 };
 
-// Per weight dtype; nullptr when the path does not handle that dtype.
+// F8_E4M3 weights (128 x 128 block-scaled). The fp8 micro-kernels read the codes in place -- one
+// byte per weight from memory -- through one of these per weight row (w[j] points to it).
+//
+// Exact dequantization in two fp32 steps: the code's bits placed under fp32's, (b & 0x7f) << 20
+// with the sign (b & 0x80) << 24, are q * 2^-120 exactly (the e4m3 subnormals land on fp32
+// subnormals: no flush-to-zero anywhere in the process); times scale * 2^120, also exact, that is
+// ONE rounding of the exact product q * s: the very bits of fp8e4m3_to_f32(b) * s (TensorView::at).
+// That needs scale * 2^120 finite, i.e. |s| < 2^8 (or s itself not finite): Fp8Row users check
+// (fp8_scales_fold) and otherwise dequantize rows with two multiplies. The fast kernels give the
+// NaN codes 0x7f / 0xff no special care (they read as 480 * s; checkpoints never hold them); the
+// row dequantizers do (NaN, as TensorView::at).
+inline constexpr int64_t kFp8Block = 128;
+struct Fp8Row {
+  const uint8_t* q;     // K codes
+  const void* scale;    // the row's block scales, one per kFp8Block columns, F32 or BF16
+  bool scale_bf16;
+};
+// The code's fp32 bits times 2^-120 (the first step above) and block b's folded scale.
+inline float fp8_times_2m120(uint8_t b) {
+  const uint32_t bits = (uint32_t(b & 0x7f) << 20) | (uint32_t(b & 0x80) << 24);
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+inline float fp8_block_scale(const Fp8Row& r, int64_t b) {
+  return r.scale_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(r.scale)[b]) : static_cast<const float*>(r.scale)[b];
+}
+// dst[k] = fp8e4m3_to_f32(q[k]) * s[k / 128] for k in [0, K): the dequantized fp32 row, bit for bit
+// TensorView::at (NaN codes included), whatever the scales are.
+using Fp8DequantFn = void (*)(const Fp8Row& r, int64_t K, float* dst);
+void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst);
+void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst);  // only call when cpu_features().avx512
+
+// Per weight dtype; nullptr when the path does not handle that dtype. For F8_E4M3 the weight row
+// pointers are Fp8Row*, with all scales of the rows foldable (see above).
 Micro generic_micro(DType w);
 Micro avx512_micro(DType w);       // only call when cpu_features().avx512
 Micro avx512_bf16_micro(DType w);  // only call when cpu_features().avx512_bf16
