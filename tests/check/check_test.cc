@@ -60,11 +60,15 @@ struct FaultCase {
   bool only_bounded;    // the fault exists only in the bounded-capacity backend
 };
 
-class CheckCatches : public ::testing::TestWithParam<FaultCase> {};
+// Each fault class on three families: the original (Qwen3-MoE), DeepSeek-V2 (latent attention,
+// softmax group-limited routing) and DeepSeek-V3 from an FP8 checkpoint (sigmoid routing with
+// the correction bias, fp8 experts).
+class CheckCatches : public ::testing::TestWithParam<std::tuple<FaultCase, std::string>> {};
 
 TEST_P(CheckCatches, InjectedFaultFailsWithItsVerdict) {
-  const FaultCase& fc = GetParam();
-  auto j = run_check("qwen3moe-tiny", 3, "--ep-redundant-experts 2 --inject " + fc.fault, 1, fc.fault);
+  const FaultCase& fc = std::get<0>(GetParam());
+  const std::string& fixture = std::get<1>(GetParam());
+  auto j = run_check(fixture, 3, "--ep-redundant-experts 2 --inject " + fc.fault, 1, fc.fault + fixture);
   ASSERT_TRUE(j.contains("backends"));
   EXPECT_FALSE(j["pass"].get<bool>());
   for (auto& b : j["backends"]) {
@@ -80,13 +84,15 @@ TEST_P(CheckCatches, InjectedFaultFailsWithItsVerdict) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, CheckCatches,
-                         ::testing::Values(FaultCase{"double-reduce", "reduced twice", false},
-                                           FaultCase{"skip-reduce", "not reduced", false},
-                                           FaultCase{"replica-per-rank", "replica counted twice", false},
-                                           FaultCase{"wrong-combine-ids", "rows of another token", false},
-                                           FaultCase{"drop-overflow", "slot lost", true}),
+                         ::testing::Combine(::testing::Values(FaultCase{"double-reduce", "reduced twice", false},
+                                                              FaultCase{"skip-reduce", "not reduced", false},
+                                                              FaultCase{"replica-per-rank", "replica counted twice", false},
+                                                              FaultCase{"wrong-combine-ids", "rows of another token", false},
+                                                              FaultCase{"drop-overflow", "slot lost", true}),
+                                            ::testing::Values(std::string("qwen3moe-tiny"), std::string("deepseek-v2-tiny"),
+                                                              std::string("deepseek-v3-fp8-tiny"))),
                          [](const auto& info) {
-                           std::string n = info.param.fault;
+                           std::string n = std::get<0>(info.param).fault + "_" + std::get<1>(info.param);
                            for (auto& c : n)
                              if (c == '-') c = '_';
                            return n;

@@ -218,8 +218,8 @@ std::vector<Row> config_rows() {
                  {"field 'model_type' is 'llama'", "supported: qwen3_moe"}),
       config_row("config_top_k_above_experts", [](json& c) { c["num_experts_per_tok"] = 9; },
                  {"field 'num_experts_per_tok' (9) exceeds the number of experts (8)"}),
-      config_row("config_unknown_rope_type", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
-                 {"field 'rope_scaling' has rope type 'yarn'", "only the default rope"}),
+      config_row("config_unknown_rope_type", [](json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; },
+                 {"field 'rope_scaling' has rope type 'longrope'", "supported: default, yarn"}),
       config_row("config_partial_rotary_out_of_range",
                  [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 5.5}}; },
                  {"field 'rope_parameters.partial_rotary_factor' must be in (0, 1]"}),
@@ -231,6 +231,65 @@ std::vector<Row> config_rows() {
       // The config parses but describes another model than the weights: named by tensor.
       config_row("config_disagrees_with_weights", [](json& c) { c["hidden_size"] = 32; },
                  {"tensor 'model.embed_tokens.weight' has shape [320, 64], expected [320, 32]"}),
+  };
+}
+
+// ---- latent attention and FP8 checkpoints (deepseek-v2-lite-tiny, qwen3moe-fp8-tiny) ----
+Row fixture_config_row(const std::string& id, const std::string& fixture, const std::function<void(json&)>& edit,
+                       std::vector<std::string> fragments) {
+  Row r = config_row(id, edit, std::move(fragments));
+  r.fixture = fixture;
+  return r;
+}
+
+// Renames or reshapes one header entry of qwen3moe-fp8-tiny/model.safetensors.
+Expect break_fp8_header(const Scratch& s, const std::function<void(json&)>& f, std::vector<std::string> fragments) {
+  const std::string file = s.path("model.safetensors");
+  RawSafetensors st = RawSafetensors::read(file);
+  f(st.header);
+  st.write(file);
+  return {generate(s), fragments};
+}
+
+const char* kFp8Weight = "model.layers.0.self_attn.q_proj.weight";  // F8_E4M3 [128, 192]: scale grid [1, 2]
+
+std::vector<Row> mla_fp8_rows() {
+  return {
+      fixture_config_row("mla_head_dim_disagrees", "deepseek-v2-lite-tiny", [](json& c) { c["head_dim"] = 20; },
+                         {"field 'head_dim' (20) disagrees with qk_nope_head_dim + qk_rope_head_dim (24)"}),
+      fixture_config_row("mla_dims_disagree_with_weights", "deepseek-v2-lite-tiny", [](json& c) { c["v_head_dim"] = 20; },
+                         {"tensor 'model.layers.0.self_attn.kv_b_proj.weight' has shape [112, 32], expected [144, 32]"}),
+      fixture_config_row("quantization_method_unsupported", "qwen3moe-fp8-tiny",
+                         [](json& c) { c["quantization_config"]["quant_method"] = "awq"; },
+                         {"field 'quantization_config.quant_method' is 'awq'", "only fp8"}),
+      fixture_config_row("quantization_block_unsupported", "qwen3moe-fp8-tiny",
+                         [](json& c) { c["quantization_config"]["weight_block_size"] = {64, 64}; },
+                         {"field 'quantization_config.weight_block_size' is [64,64]", "only [128, 128] blocks"}),
+      {"fp8_scale_wrong_grid", "qwen3moe-fp8-tiny",
+       [](const Scratch& s) {
+         return break_fp8_header(s, [](json& h) { h[std::string(kFp8Weight) + "_scale_inv"]["shape"] = {2, 1}; },
+                                 {"tensor 'model.layers.0.self_attn.q_proj.weight_scale_inv' has shape [2, 1]",
+                                  "expected the [1, 2] grid of 128x128 blocks of 'model.layers.0.self_attn.q_proj.weight'"});
+       }},
+      {"fp8_weight_without_scale", "qwen3moe-fp8-tiny",
+       [](const Scratch& s) {
+         return break_fp8_header(s,
+                                 [](json& h) {
+                                   const std::string k = std::string(kFp8Weight) + "_scale_inv";
+                                   h[k + "_renamed"] = h[k];
+                                   h.erase(k);
+                                 },
+                                 {"tensor 'model.layers.0.self_attn.q_proj.weight' is F8_E4M3 without its scale "
+                                  "'model.layers.0.self_attn.q_proj.weight_scale_inv'"});
+       }},
+      {"fp8_weight_without_quantization_config", "qwen3moe-fp8-tiny",
+       [](const Scratch& s) {
+         json c = s.json("config.json");
+         c.erase("quantization_config");
+         s.set_json("config.json", c);
+         return Expect{generate(s), {"tensor 'model.layers.0.self_attn.q_proj.weight' is F8_E4M3 but",
+                                     "has no fp8 quantization_config"}};
+       }},
   };
 }
 
@@ -331,7 +390,7 @@ std::vector<Row> command_line_rows() {
 
 std::vector<Row> all_rows() {
   std::vector<Row> rows;
-  for (auto part : {safetensors_rows(), index_rows(), config_rows(), tokenizer_rows(), command_line_rows()})
+  for (auto part : {safetensors_rows(), index_rows(), config_rows(), mla_fp8_rows(), tokenizer_rows(), command_line_rows()})
     rows.insert(rows.end(), part.begin(), part.end());
   return rows;
 }

@@ -751,14 +751,29 @@ struct GpuModel final : LanguageModel {
 
 namespace epmoe {
 
+namespace {
+// Latent attention, YaRN and FP8 weights run on the CPU only so far (docs/models.md): refused
+// here by name rather than loaded into kernels that would compute another model.
+void refuse_cpu_only_features(const ModelConfig& cfg) {
+  const std::string what = cfg.mla.enabled() ? "multi-head latent attention (" + std::string(family_name(cfg.family)) + ")"
+                           : cfg.quant.fp8   ? std::string("FP8 block-quantized weights")
+                           : cfg.yarn.enabled ? std::string("YaRN rope scaling")
+                                              : std::string();
+  if (!what.empty())
+    throw InputError(cfg.source + ": " + what + " is not implemented on --device cuda yet; run it with --device cpu");
+}
+}  // namespace
+
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
                                               const Placement& placement, int rank, bool f32, const KvOptions& kv) {
+  refuse_cpu_only_features(cfg);
   if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, kv);
   return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, kv);
 }
 
 std::unique_ptr<LanguageModel> make_synthetic_gpu_model(const ModelConfig& cfg, const Placement& placement, int rank,
                                                         bool f32, uint64_t seed, const KvOptions& kv) {
+  refuse_cpu_only_features(cfg);
   if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, placement, rank, seed, kv);
   return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, placement, rank, seed, kv);
 }
