@@ -899,7 +899,7 @@ TEST_P(GpuGoldens, Fixture) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GpuGoldens,
-                         ::testing::Combine(::testing::ValuesIn(test::all_model_fixtures()), ::testing::Bool()),
+                         ::testing::Combine(::testing::ValuesIn(test::gpu_model_fixtures()), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<GpuGoldens::ParamType>& info) {
                            std::string n = std::get<0>(info.param);
                            for (char& ch : n)
