@@ -4,6 +4,7 @@
 // initializer_range, norms are 1: the numbers mean nothing, the shapes and bytes are real.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -27,55 +28,95 @@ using nlohmann::json;
 json preset(const std::string& like) {
   if (auto p = model_preset(like)) return *p;
   if (file_exists(like)) return read_json_file(like);
-  throw InputError("--like '" + like + "': neither a preset (qwen3-30b-a3b, qwen3-235b-a22b) nor a config.json file");
+  throw InputError("--like '" + like +
+                   "': neither a preset (qwen3-30b-a3b, qwen3-235b-a22b, qwen3-30b-a3b-fp8, deepseek-v2-lite, deepseek-v3, "
+                   "glm-4.7-flash) nor a config.json file");
 }
+
+// What a tensor is filled with.
+enum class Fill { Ones, Zeros, Uniform, Fp8Codes, Fp8Scale };
 
 struct Planned {
   std::string name;
   std::vector<int64_t> shape;
-  bool norm;  // filled with ones
-  size_t bytes(size_t esz) const {
-    size_t n = esz;
+  Fill fill;
+  DType dtype;
+  size_t bytes() const {
+    size_t n = dtype_size(dtype);
     for (auto d : shape) n *= size_t(d);
     return n;
   }
 };
 
-// The tensors of the model, in the hub's names and order (per layer: attention, norms, MoE).
-std::vector<Planned> plan_tensors(const ModelConfig& c) {
+// The tensors of the model, in the hub's names and order (per layer: attention, norms, MLP or
+// MoE). Projections (2-D weights other than embeddings, lm_head and routers) are F8_E4M3 with a
+// weight_scale_inv grid when the config has an fp8 quantization_config (scales in `scale_dtype`),
+// unless modules_to_not_convert names them.
+std::vector<Planned> plan_tensors(const ModelConfig& c, DType dt, DType scale_dtype) {
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const auto& keep = c.quant.modules_to_not_convert;
   std::vector<Planned> t;
-  t.push_back({"model.embed_tokens.weight", {V, H}, false});
+  auto dense = [&](const std::string& name, int64_t rows, int64_t cols) {  // name without ".weight"
+    const bool fp8 = c.quant.fp8 && std::find(keep.begin(), keep.end(), name) == keep.end();
+    t.push_back({name + ".weight", {rows, cols}, fp8 ? Fill::Fp8Codes : Fill::Uniform, fp8 ? DType::F8_E4M3 : dt});
+    if (fp8) {
+      const int64_t b = c.quant.block;
+      t.push_back({name + ".weight_scale_inv", {(rows + b - 1) / b, (cols + b - 1) / b}, Fill::Fp8Scale, scale_dtype});
+    }
+  };
+  auto norm = [&](const std::string& name, int64_t n) { t.push_back({name, {n}, Fill::Ones, dt}); };
+  auto swiglu = [&](const std::string& p, int64_t I) {
+    dense(p + "gate_proj", I, H);
+    dense(p + "up_proj", I, H);
+    dense(p + "down_proj", H, I);
+  };
+  t.push_back({"model.embed_tokens.weight", {V, H}, Fill::Uniform, dt});
   for (int l = 0; l < c.num_layers; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    t.push_back({p + "input_layernorm.weight", {H}, true});
-    t.push_back({p + "post_attention_layernorm.weight", {H}, true});
-    t.push_back({p + "self_attn.q_proj.weight", {c.num_heads * D, H}, false});
-    t.push_back({p + "self_attn.k_proj.weight", {c.num_kv_heads * D, H}, false});
-    t.push_back({p + "self_attn.v_proj.weight", {c.num_kv_heads * D, H}, false});
-    t.push_back({p + "self_attn.o_proj.weight", {H, c.num_heads * D}, false});
-    if (c.qk_norm) {
-      t.push_back({p + "self_attn.q_norm.weight", {D}, true});
-      t.push_back({p + "self_attn.k_norm.weight", {D}, true});
+    norm(p + "input_layernorm.weight", H);
+    norm(p + "post_attention_layernorm.weight", H);
+    const std::string a = p + "self_attn.";
+    if (c.mla.enabled()) {
+      const MlaConfig& m = c.mla;
+      if (m.q_lora_rank > 0) {
+        dense(a + "q_a_proj", m.q_lora_rank, H);
+        norm(a + "q_a_layernorm.weight", m.q_lora_rank);
+        dense(a + "q_b_proj", int64_t(c.num_heads) * m.qk_head_dim(), m.q_lora_rank);
+      } else {
+        dense(a + "q_proj", int64_t(c.num_heads) * m.qk_head_dim(), H);
+      }
+      dense(a + "kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, H);
+      norm(a + "kv_a_layernorm.weight", m.kv_lora_rank);
+      dense(a + "kv_b_proj", int64_t(c.num_heads) * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank);
+      dense(a + "o_proj", H, int64_t(c.num_heads) * m.v_head_dim);
+    } else {
+      dense(a + "q_proj", c.num_heads * D, H);
+      dense(a + "k_proj", c.num_kv_heads * D, H);
+      dense(a + "v_proj", c.num_kv_heads * D, H);
+      dense(a + "o_proj", H, c.num_heads * D);
+      if (c.qk_norm) {
+        norm(a + "q_norm.weight", D);
+        norm(a + "k_norm.weight", D);
+      }
     }
     if (c.sparse_layer[size_t(l)]) {
       const int64_t I = c.moe_intermediate_size;
-      t.push_back({p + "mlp.gate.weight", {c.routing.num_experts, H}, false});
-      for (int e = 0; e < c.routing.num_experts; e++) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        t.push_back({x + "gate_proj.weight", {I, H}, false});
-        t.push_back({x + "up_proj.weight", {I, H}, false});
-        t.push_back({x + "down_proj.weight", {H, I}, false});
+      t.push_back({p + "mlp.gate.weight", {c.routing.num_experts, H}, Fill::Uniform, dt});
+      if (c.routing.has_correction_bias)
+        t.push_back({p + "mlp.gate.e_score_correction_bias", {c.routing.num_experts}, Fill::Zeros, DType::F32});
+      for (int e = 0; e < c.routing.num_experts; e++) swiglu(p + "mlp.experts." + std::to_string(e) + ".", I);
+      if (c.shared_expert_gated) {  // Qwen2-MoE
+        swiglu(p + "mlp.shared_expert.", c.shared_intermediate_size);
+        t.push_back({p + "mlp.shared_expert_gate.weight", {1, H}, Fill::Uniform, dt});
+      } else if (c.shared_intermediate_size > 0) {
+        swiglu(p + "mlp.shared_experts.", c.shared_intermediate_size);
       }
     } else {
-      const int64_t I = c.intermediate_size;
-      t.push_back({p + "mlp.gate_proj.weight", {I, H}, false});
-      t.push_back({p + "mlp.up_proj.weight", {I, H}, false});
-      t.push_back({p + "mlp.down_proj.weight", {H, I}, false});
+      swiglu(p + "mlp.", c.intermediate_size);
     }
   }
-  t.push_back({"model.norm.weight", {H}, true});
-  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, H}, false});
+  norm("model.norm.weight", H);
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, H}, Fill::Uniform, dt});
   return t;
 }
 
@@ -119,7 +160,7 @@ class Progress {
 struct SynthOptions {
   std::string like;
   int layers = 0;
-  std::string dtype = "bf16";
+  std::string dtype;  // "": the preset's (fp8 with an fp8 quantization_config, else its torch_dtype: f32 or bf16)
   std::string out;
   uint64_t seed = 0;
   double shard_gb = 5.0;
@@ -131,22 +172,36 @@ int run_synth(const SynthOptions& o) {
     cfg["num_hidden_layers"] = o.layers;
     if (cfg.contains("max_window_layers")) cfg["max_window_layers"] = o.layers;
   }
-  const DType dt = o.dtype == "bf16" ? DType::BF16 : DType::F32;
-  cfg["torch_dtype"] = o.dtype == "bf16" ? "bfloat16" : "float32";
+  // Qwen's fp8 checkpoints carry bf16 scales and list modules_to_not_convert; DeepSeek's carry
+  // fp32 scales. --dtype fp8 on a bf16 preset adds DeepSeek's quantization_config.
+  const bool preset_fp8 = cfg.contains("quantization_config");
+  const bool f32_config = cfg.value("torch_dtype", "") == "float32" || cfg.value("dtype", "") == "float32";
+  const std::string dtype = !o.dtype.empty() ? o.dtype : preset_fp8 ? "fp8" : f32_config ? "f32" : "bf16";
+  if (dtype == "fp8" && !preset_fp8)
+    cfg["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                                  {"weight_block_size", {128, 128}}};
+  if (dtype != "fp8") cfg.erase("quantization_config");
+  const DType dt = dtype == "f32" ? DType::F32 : DType::BF16;  // everything that is not fp8
+  const DType scale_dt = cfg.contains("quantization_config") && cfg["quantization_config"].contains("modules_to_not_convert")
+                             ? DType::BF16
+                             : DType::F32;
+  cfg["torch_dtype"] = dt == DType::BF16 ? "bfloat16" : "float32";
   const ModelConfig c = parse_model_config(cfg, o.like);  // validates, and gives the shapes
   const float std_dev = cfg.value("initializer_range", 0.02);
   const float scale = std_dev * std::sqrt(3.0f);  // uniform [-a, a] has std a / sqrt(3)
+  // fp8: random codes (NaN codes skipped) times one scale per block, so that the largest code
+  // (448) is the uniform fill's bound.
+  const float fp8_scale = scale / 448.0f;
 
   std::filesystem::create_directories(o.out);
   std::ofstream(o.out + "/config.json") << cfg.dump(2) << "\n";
 
-  const size_t esz = dtype_size(dt);
-  auto tensors = plan_tensors(c);
+  auto tensors = plan_tensors(c, dt, scale_dt);
   // Shards of at most shard_gb, tensors kept whole.
   std::vector<std::vector<size_t>> shards(1);
   size_t in_shard = 0, total = 0;
   for (size_t i = 0; i < tensors.size(); i++) {
-    const size_t b = tensors[i].bytes(esz);
+    const size_t b = tensors[i].bytes();
     if (in_shard > 0 && double(in_shard + b) > o.shard_gb * 1e9) {
       shards.emplace_back();
       in_shard = 0;
@@ -166,8 +221,8 @@ int run_synth(const SynthOptions& o) {
     header["__metadata__"] = {{"format", "pt"}};
     size_t off = 0;
     for (size_t i : shards[s]) {
-      const size_t b = tensors[i].bytes(esz);
-      header[tensors[i].name] = {{"dtype", std::string(dtype_name(dt))}, {"shape", tensors[i].shape},
+      const size_t b = tensors[i].bytes();
+      header[tensors[i].name] = {{"dtype", std::string(dtype_name(tensors[i].dtype))}, {"shape", tensors[i].shape},
                                  {"data_offsets", {off, off + b}}};
       weight_map[tensors[i].name] = fname;
       off += b;
@@ -180,12 +235,23 @@ int run_synth(const SynthOptions& o) {
     f.write(reinterpret_cast<const char*>(&n), 8);
     f.write(h.data(), std::streamsize(h.size()));
     for (size_t i : shards[s]) {
-      size_t left = tensors[i].bytes(esz) / esz;
+      const Planned& tp = tensors[i];
+      const size_t esz = dtype_size(tp.dtype);
+      size_t left = tp.bytes() / esz;
       while (left) {
         const size_t chunk = std::min(left, buf.size() / esz);
         for (size_t j = 0; j < chunk; j++) {
-          const float v = tensors[i].norm ? 1.0f : scale * rng.uniform();
-          if (dt == DType::BF16) {
+          if (tp.fill == Fill::Fp8Codes) {
+            uint8_t code = uint8_t(rng.next() >> 56);
+            if ((code & 0x7f) == 0x7f) code ^= 1;  // 0x7f / 0xff are NaN in e4m3fn
+            buf[j] = char(code);
+            continue;
+          }
+          const float v = tp.fill == Fill::Ones       ? 1.0f
+                          : tp.fill == Fill::Zeros    ? 0.0f
+                          : tp.fill == Fill::Fp8Scale ? fp8_scale
+                                                      : scale * rng.uniform();
+          if (tp.dtype == DType::BF16) {
             const uint16_t b = f32_to_bf16(v);
             std::memcpy(&buf[j * 2], &b, 2);
           } else {
@@ -201,8 +267,8 @@ int run_synth(const SynthOptions& o) {
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   std::ofstream(o.out + "/model.safetensors.index.json") << index.dump(2) << "\n";
-  std::printf("epmoe synth: %s, %d layers, %.2f GB in %zu shard(s) -> %s\n", o.like.c_str(), c.num_layers,
-              double(total) / 1e9, shards.size(), o.out.c_str());
+  std::printf("epmoe synth: %s, %d layers, %s, %.2f GB in %zu shard(s) -> %s\n", o.like.c_str(), c.num_layers,
+              dtype.c_str(), double(total) / 1e9, shards.size(), o.out.c_str());
   return 0;
 }
 
@@ -212,9 +278,15 @@ Command register_synth(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "synth", "Write a random checkpoint with a real model's shapes (hub layout, sharded) for benchmarks");
   auto o = std::make_shared<SynthOptions>();
-  cmd->add_option("--like", o->like, "qwen3-30b-a3b, qwen3-235b-a22b, or a config.json to copy")->required();
+  cmd->add_option("--like", o->like,
+                  "A preset (qwen3-30b-a3b, qwen3-235b-a22b, qwen3-30b-a3b-fp8, deepseek-v2-lite, deepseek-v3, "
+                  "glm-4.7-flash) or a config.json to copy")
+      ->required();
   cmd->add_option("--layers", o->layers, "Number of layers (default: the model's)")->check(CLI::PositiveNumber);
-  cmd->add_option("--dtype", o->dtype, "Weight dtype")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
+  cmd->add_option("--dtype", o->dtype,
+                  "Weight dtype: bf16, f32, or fp8 (e4m3 projections with 128x128 block scales). Default: fp8 for a "
+                  "config with an fp8 quantization_config, else its torch_dtype (bf16 for every preset)")
+      ->check(CLI::IsMember({"bf16", "f32", "fp8"}));
   cmd->add_option("--out", o->out, "Output folder")->required();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--shard-gb", o->shard_gb, "Largest shard, in GB")->check(CLI::PositiveNumber)->capture_default_str();

@@ -1,5 +1,6 @@
 // The config.json of real models whose shapes benchmarks and `epmoe synth` reproduce without
-// their weights: qwen3-30b-a3b and qwen3-235b-a22b, as published on the Hugging Face hub.
+// their weights, as published on the Hugging Face hub: qwen3-30b-a3b, qwen3-235b-a22b,
+// qwen3-30b-a3b-fp8, deepseek-v2-lite, deepseek-v3 (FP8) and glm-4.7-flash.
 #pragma once
 
 #include <optional>

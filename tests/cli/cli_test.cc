@@ -4,7 +4,10 @@
 
 #include "common/golden.h"
 #include "common/run.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
+
+#include <map>
 #include "kernels/cpu_features.h"
 
 namespace epmoe {
@@ -131,6 +134,45 @@ TEST(Cli, DeviceCudaWithoutCudaBuildExitsWithTwo) {
     EXPECT_NE(r.output.find("built without CUDA"), std::string::npos) << cmd << ": " << r.output;
   }
 }
+
+}  // namespace
+}  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// `epmoe synth` writes what the hub writes: from each new family's fixture config, the same
+// tensor names, shapes and dtypes as the fixture (fp8 codes with F32 or BF16 scale grids,
+// latent-attention projections, correction biases, shared experts), and the result runs.
+class SynthLikeFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SynthLikeFixture, SameTensorsAsTheHubLayoutAndItRuns) {
+  const std::string out = ::testing::TempDir() + "/synth_" + GetParam();
+  auto r = test::run_command(test::epmoe() + " synth --like " + test::fixture(GetParam()) + "/config.json --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Checkpoint want(test::fixture(GetParam())), got(out);
+  std::map<std::string, std::string> w, g;
+  auto describe = [](const Checkpoint& c, std::map<std::string, std::string>& m) {
+    for (auto& n : c.names()) {
+      TensorView v = c.get(n);
+      m[n] = std::string(dtype_name(v.dtype)) + " " + v.shape_str();
+    }
+  };
+  describe(want, w);
+  describe(got, g);
+  EXPECT_EQ(g, w);
+  auto run = test::run_command(test::epmoe() + " generate --model " + out + " --prompt-ids 1,2,3 --max-new-tokens 3");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SynthLikeFixture,
+                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny",
+                                           "glm4moe-lite-tiny", "qwen3moe-fp8-tiny", "deepseek-v3-fp8-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& c : n) if (c == '-') c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace epmoe
