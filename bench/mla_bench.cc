@@ -56,7 +56,7 @@ double latent_step(const Shape& s, int64_t ctx, const std::vector<float>& cache,
       std::copy(&q[size_t(h * qk + s.nope)], &q[size_t(h * qk + qk)], &qc[size_t(h * W + C)]);
     }
     parallel_for(s.heads, 1, [&](int64_t b, int64_t e) {
-      std::vector<float> p(size_t(ctx));
+      std::vector<float> p(static_cast<size_t>(ctx));
       for (int64_t h = b; h < e; h++) {
         const float* qh = &qc[size_t(h * W)];
         for (int64_t j = 0; j < ctx; j++) p[size_t(j)] = dot(qh, &cache[size_t(j * W)], W) * 0.1f;
@@ -86,7 +86,7 @@ double per_head_step(const Shape& s, int64_t ctx, const std::vector<float>& k, c
   for (int r = 0; r < reps; r++) {
     const double t0 = now();
     parallel_for(s.heads, 1, [&](int64_t b, int64_t e) {
-      std::vector<float> p(size_t(ctx));
+      std::vector<float> p(static_cast<size_t>(ctx));
       for (int64_t h = b; h < e; h++) {
         const float* qh = &q[size_t(h * qk)];
         for (int64_t j = 0; j < ctx; j++) p[size_t(j)] = dot(qh, &k[size_t(j * kd + h * qk)], qk) * 0.1f;
