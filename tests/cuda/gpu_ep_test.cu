@@ -191,7 +191,7 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, GpuEp, ::testing::ValuesIn(test::gpu_model_fixtures()),
+INSTANTIATE_TEST_SUITE_P(All, GpuEp, ::testing::ValuesIn(test::all_model_fixtures()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n = info.param;
                            for (char& ch : n)

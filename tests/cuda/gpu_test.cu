@@ -799,14 +799,17 @@ TEST(GpuExperts, RunnerMultiBlockPlan) {
 // ---------------------------------------------------------------------------------------------
 // The paged KV cache.
 
+// (deepseek-v3-tiny: the latent cache, one [latent | k_rope] row per token and no V pool.)
 TEST(GpuKvPool, BlockLayoutKeepsBits) {
   REQUIRE_GPU();
-  for (bool f32 : {false, true}) test_block_layout("qwen3moe-tiny", f32);
+  for (const char* fx : {"qwen3moe-tiny", "deepseek-v3-tiny"})
+    for (bool f32 : {false, true}) test_block_layout(fx, f32);
 }
 
 TEST(GpuKvPool, ForkCopiesOnWrite) {
   REQUIRE_GPU();
-  for (bool f32 : {false, true}) test_fork("qwen3moe-tiny", f32);
+  for (const char* fx : {"qwen3moe-tiny", "deepseek-v3-tiny"})
+    for (bool f32 : {false, true}) test_fork(fx, f32);
 }
 
 TEST(GpuKvPool, DirectForwardBeyondThePoolThrows) {
@@ -888,7 +891,8 @@ TEST(GpuDraw, ForwardDrawIsForwardThenTheHostDraw) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Every fixture against transformers' goldens, --compute bf16 and f32.
+// Every fixture against transformers' goldens, --compute bf16 and f32 (latent attention, YaRN and
+// FP8 checkpoints included).
 
 class GpuGoldens : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
@@ -899,7 +903,7 @@ TEST_P(GpuGoldens, Fixture) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GpuGoldens,
-                         ::testing::Combine(::testing::ValuesIn(test::gpu_model_fixtures()), ::testing::Bool()),
+                         ::testing::Combine(::testing::ValuesIn(test::all_model_fixtures()), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<GpuGoldens::ParamType>& info) {
                            std::string n = std::get<0>(info.param);
                            for (char& ch : n)

@@ -126,4 +126,28 @@ void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, 
   gemm<bf16, float>(g, ep, s);
 }
 
+void split_linear_grouped(const SplitWeight& W, int G, const float* x, int64_t lda, int64_t M, DeviceArray<bf16>& xs,
+                          float* y, int64_t ldc, const int32_t* c_rows, cudaStream_t s) {
+  if (M == 0) return;
+  EPMOE_ASSERT(G >= 1 && W.N % G == 0, "split_linear_grouped: " + std::to_string(W.N) + " rows in " +
+                                           std::to_string(G) + " groups");
+  const int Kp = W.P * W.K;
+  split_rows(x, lda, int64_t(G) * M, W.K, W.P, xs, s, W.periodic);
+  GemmArgs g;
+  g.A = xs.data();
+  g.lda = Kp;
+  g.B = W.w.data();
+  g.ldb = W.periodic ? W.K : Kp;
+  g.b_group_stride = int64_t(W.N / G) * g.ldb;
+  g.b_k_twice = W.periodic;
+  g.G = G;
+  g.M = int(M);
+  g.N = W.N / G;
+  g.K = Kp;
+  g.C = y;
+  g.ldc = ldc;
+  g.c_rows = c_rows;
+  gemm<bf16, float>(g, Epilogue::Store, s);
+}
+
 }  // namespace epmoe::cuda

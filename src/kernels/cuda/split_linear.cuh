@@ -48,4 +48,10 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
                   const float* bias, Epilogue ep, cudaStream_t s);
 
+// Per-head products (latent attention's W_UK^T and W_UV): G groups of M rows, group g's weights
+// rows [g N/G, (g+1) N/G) of W; x [G M, K] group-major (row g M + r, rows lda apart), output row
+// g M + r to y row c_rows[g M + r] (ldc floats apart; c_rows nullptr: row g M + r).
+void split_linear_grouped(const SplitWeight& W, int G, const float* x, int64_t lda, int64_t M, DeviceArray<bf16>& xs,
+                          float* y, int64_t ldc, const int32_t* c_rows, cudaStream_t s);
+
 }  // namespace epmoe::cuda

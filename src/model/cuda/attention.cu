@@ -46,7 +46,7 @@ __global__ void rope_kernel(const RopeArgs a) {
   const int half = a.rotary_dim / 2;
   for (int i = lane; i < half; i += 32) {
     const float f = float(slot.pos) * a.inv_freq[i];
-    const float cs = cosf(f), sn = sinf(f);
+    const float cs = cosf(f) * a.attention_factor, sn = sinf(f) * a.attention_factor;  // (* 1: exact)
     const float x0 = s[i], x1 = s[i + half];
     dst[i] = x0 * cs - x1 * sn;
     dst[i + half] = x1 * cs + x0 * sn;
@@ -55,10 +55,12 @@ __global__ void rope_kernel(const RopeArgs a) {
 }
 
 // One block per (layer, K or V): the block's rows, src -> dst.
-__global__ void copy_kv_block_kernel(const KvPages kv, int64_t kvd, int32_t src, int32_t dst) {
+__global__ void copy_kv_block_kernel(const KvPages kv, int64_t k_width, int64_t v_width, int32_t src, int32_t dst) {
   const int layer = blockIdx.x >> 1;
-  float* base = (blockIdx.x & 1) ? kv.v : kv.k;
-  const int64_t n = int64_t(kv.block_tokens) * kvd;
+  const bool is_v = blockIdx.x & 1;
+  float* base = is_v ? kv.v : kv.k;
+  const int64_t n = int64_t(kv.block_tokens) * (is_v ? v_width : k_width);
+  if (n == 0 || !base) return;
   const float* from = base + (int64_t(layer) * kv.blocks + src) * n;
   float* to = base + (int64_t(layer) * kv.blocks + dst) * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
@@ -68,32 +70,32 @@ __global__ void copy_kv_block_kernel(const KvPages kv, int64_t kvd, int32_t src,
 // thread one output dim as a sequential sum over the context (fixed order: batch-invariant, and
 // position order 0..pos whatever blocks hold the keys: the bits do not depend on the layout).
 template <class TA>
-__global__ void attention_kernel(const float* q, const TokenSlot* slots, const KvPages kv, int layer, int Hq, int Hkv,
-                                 int D, TA* ctx) {
+__global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   extern __shared__ float asm_[];
   __shared__ float scratch[32];
+  const KvPages& kv = a.kv;
+  const int Hq = a.Hq, Dk = a.Dk, Dv = a.Dv;
   const int64_t t = blockIdx.x / Hq;
-  const int h = blockIdx.x % Hq, hk = h / (Hq / Hkv);
-  const TokenSlot slot = slots[t];
-  const int64_t kvd = int64_t(Hkv) * D;
+  const int h = blockIdx.x % Hq, hk = h / (Hq / a.Hkv);
+  const TokenSlot slot = a.slots[t];
   const int32_t* table = kv.tables + slot.table;
-  const float* kc = kv.k + int64_t(hk) * D;
-  const float* vc = kv.v + int64_t(hk) * D;
+  const float* kc = kv.k + int64_t(hk) * Dk;
+  const float* vc = kv.v + int64_t(hk) * Dv;
   const int B = kv.block_tokens;
   const int n = slot.pos + 1;
-  const float* qh = q + t * int64_t(Hq) * D + int64_t(h) * D;
-  float* qs = asm_;      // [D]
-  float* p = asm_ + D;   // [n]
-  for (int i = threadIdx.x; i < D; i += blockDim.x) qs[i] = qh[i];
+  const float* qh = a.q + t * a.q_tok + int64_t(h) * a.q_head;
+  float* qs = asm_;      // [Dk]
+  float* p = asm_ + Dk;  // [n]
+  for (int i = threadIdx.x; i < Dk; i += blockDim.x) qs[i] = qh[i];
   __syncthreads();
-  const float scale = 1.0f / sqrtf(float(D));
+  const float scale = a.scale;
   // Scores: one warp per key, lanes over the head dims (coalesced rows of K), a fixed-order tree.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   float m = -INFINITY;
   for (int j = warp; j < n; j += nw) {
-    const float* kj = kc + kv_row(kv, table, layer, j, kvd);
+    const float* kj = kc + kv_row(kv, table, a.layer, j, a.k_stride);
     float d = 0.f;
-    for (int i = lane; i < D; i += 32) d += qs[i] * kj[i];
+    for (int i = lane; i < Dk; i += 32) d += qs[i] * kj[i];
     d = warp_sum(d) * scale;
     if (lane == 0) p[j] = d;
     m = fmaxf(m, d);
@@ -107,15 +109,78 @@ __global__ void attention_kernel(const float* q, const TokenSlot* slots, const K
   sum = block_sum(sum, scratch);
   const float inv = 1.0f / sum;
   __syncthreads();
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+  for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
     float o = 0.f;
     // Block by block, row by row: still j = 0, 1, ..., n - 1 in turn.
     for (int j0 = 0; j0 < n; j0 += B) {
-      const float* vb = vc + kv_row(kv, table, layer, j0, kvd) + i;
+      const float* vb = vc + kv_row(kv, table, a.layer, j0, a.v_stride) + i;
       const int rows = min(B, n - j0);
-      for (int r = 0; r < rows; r++) o += (p[j0 + r] * inv) * vb[int64_t(r) * kvd];
+      for (int r = 0; r < rows; r++) o += (p[j0 + r] * inv) * vb[int64_t(r) * a.v_stride];
     }
-    ctx[t * int64_t(Hq) * D + int64_t(h) * D + i] = from_f32<TA>(o);
+    ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o);
+  }
+}
+
+// Rope of dr dims at position pos, from in to out (may not alias across lanes: each lane reads
+// and writes its own pairs), lanes of one warp; cos/sin in fp32 times the attention factor, as
+// kernels/ops.cc Rope::apply.
+__device__ inline void rope_lanes(const float* in, float* out, int dr, int pos, const float* inv_freq, float af,
+                                  bool interleaved, int lane, int lanes) {
+  const int half = dr / 2;
+  for (int i = lane; i < half; i += lanes) {
+    const float f = float(pos) * inv_freq[i];
+    const float c = cosf(f) * af, sn = sinf(f) * af;
+    const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+    const float x0 = in[i0], x1 = in[i1];
+    out[i0] = x0 * c - x1 * sn;
+    out[i1] = x1 * c + x0 * sn;
+  }
+}
+
+// One block per token: the q LoRA norm, the latent norm and the rotated k_rope into the cache.
+__global__ void mla_latent_kernel(const MlaLatentArgs a) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const float* row = a.a + t * a.lda;
+  if (a.q_lora > 0) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < a.q_lora; i += blockDim.x) ss += row[i] * row[i];
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / float(a.q_lora) + a.eps);
+    for (int i = threadIdx.x; i < a.q_lora; i += blockDim.x) a.qa_out[t * a.q_lora + i] = a.q_a_norm[i] * (row[i] * inv);
+  }
+  const TokenSlot slot = a.slots[t];
+  const int64_t W = int64_t(a.C) + a.dr;
+  float* dst = a.kv.k + kv_row(a.kv, a.kv.tables + slot.table, a.layer, slot.pos, W);
+  const float* lat = row + a.q_width;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < a.C; i += blockDim.x) ss += lat[i] * lat[i];
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / float(a.C) + a.eps);
+  for (int i = threadIdx.x; i < a.C; i += blockDim.x) dst[i] = a.kv_a_norm[i] * (lat[i] * inv);
+  if (threadIdx.x < 32)
+    rope_lanes(lat + a.C, dst + a.C, a.dr, slot.pos, a.inv_freq, a.attention_factor, a.interleaved, threadIdx.x, 32);
+}
+
+// One warp per (token, head).
+__global__ void mla_query_kernel(const MlaQueryArgs a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int64_t job = int64_t(blockIdx.x) * nw + warp;
+  if (job >= a.T * a.Hq) return;
+  const int64_t t = job / a.Hq;
+  const int h = int(job % a.Hq);
+  const float* qh = a.q + t * a.ldq + int64_t(h) * (a.dn + a.dr);
+  float* qn = a.q_nope + (int64_t(h) * a.T + t) * a.dn;
+  for (int i = lane; i < a.dn; i += 32) qn[i] = qh[i];
+  float* qr = a.q_cat + (t * a.Hq + h) * (int64_t(a.C) + a.dr) + a.C;
+  rope_lanes(qh + a.dn, qr, a.dr, a.slots[t].pos, a.inv_freq, a.attention_factor, a.interleaved, lane, 32);
+}
+
+__global__ void head_major_rows_kernel(int64_t T, int Hq, int32_t* out) {
+  const int64_t n = T * Hq;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = i / T, t = i - h * T;
+    out[i] = int32_t(t * Hq + h);
   }
 }
 
@@ -129,30 +194,49 @@ void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s) {
   EPMOE_CUDA_LAUNCHED();
 }
 
-void copy_kv_block(const KvPages& kv, int layers, int64_t kvd, int32_t src, int32_t dst, cudaStream_t s) {
+void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_width, int32_t src, int32_t dst,
+                   cudaStream_t s) {
   if (layers == 0) return;
-  copy_kv_block_kernel<<<unsigned(2 * layers), 256, 0, s>>>(kv, kvd, src, dst);
+  copy_kv_block_kernel<<<unsigned(2 * layers), 256, 0, s>>>(kv, k_width, v_width, src, dst);
   EPMOE_CUDA_LAUNCHED();
 }
 
 template <class TA>
-void attention(const float* q, const TokenSlot* slots, const KvPages& kv, int layer, int64_t T, int Hq, int Hkv, int D,
-               int max_ctx, TA* ctx, cudaStream_t s) {
-  if (T == 0) return;
-  const size_t smem = (size_t(D) + size_t(max_ctx)) * sizeof(float);
+void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
+  if (a.T == 0) return;
+  EPMOE_ASSERT(a.Hkv >= 1 && a.Hq % a.Hkv == 0, "gpu attention: q heads a multiple of kv heads");
+  const size_t smem = (size_t(a.Dk) + size_t(a.max_ctx)) * sizeof(float);
   static size_t raised = 48 * 1024;
   if (smem > raised) {
-    EPMOE_ASSERT(smem <= 200 * 1024, "gpu attention: context of " + std::to_string(max_ctx) +
+    EPMOE_ASSERT(smem <= 200 * 1024, "gpu attention: context of " + std::to_string(a.max_ctx) +
                                          " positions exceeds this kernel's shared-memory scores");
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TA>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
-  attention_kernel<TA><<<unsigned(T * Hq), 128, smem, s>>>(q, slots, kv, layer, Hq, Hkv, D, ctx);
+  attention_kernel<TA><<<unsigned(a.T * a.Hq), 128, smem, s>>>(a, ctx);
   EPMOE_CUDA_LAUNCHED();
 }
-template void attention<float>(const float*, const TokenSlot*, const KvPages&, int, int64_t, int, int, int, int, float*,
-                               cudaStream_t);
-template void attention<bf16>(const float*, const TokenSlot*, const KvPages&, int, int64_t, int, int, int, int, bf16*,
-                              cudaStream_t);
+template void attention<float>(const AttnArgs&, float*, cudaStream_t);
+template void attention<bf16>(const AttnArgs&, bf16*, cudaStream_t);
+
+void mla_latent_cache(const MlaLatentArgs& a, cudaStream_t s) {
+  if (a.T == 0) return;
+  EPMOE_ASSERT(a.dr % 2 == 0 && a.dr / 2 <= 32 * 64, "mla: rope dims");
+  mla_latent_kernel<<<unsigned(a.T), 128, 0, s>>>(a);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+void mla_queries(const MlaQueryArgs& a, cudaStream_t s) {
+  if (a.T == 0) return;
+  constexpr int warps = 4;
+  mla_query_kernel<<<ceil_div(a.T * a.Hq, warps), warps * 32, 0, s>>>(a);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+void head_major_rows(int64_t T, int Hq, int32_t* out, cudaStream_t s) {
+  if (T == 0) return;
+  head_major_rows_kernel<<<grid_for(T * Hq), 256, 0, s>>>(T, Hq, out);
+  EPMOE_CUDA_LAUNCHED();
+}
 
 }  // namespace epmoe::cuda

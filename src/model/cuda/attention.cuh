@@ -1,5 +1,6 @@
 // Attention of the decoder on the GPU, twin of the attention of model/model.cc (the CPU code is
-// the reference): q/k norm + RoPE + KV-cache append per token, then causal GQA attention.
+// the reference): q/k norm + RoPE + KV-cache append per token, then causal GQA attention; and
+// multi-head latent attention (Model::mla_attention, the absorbed form over a latent cache).
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -8,6 +9,8 @@ namespace epmoe::cuda {
 
 // The paged KV cache (model/kv_pool.h) as the kernels see it: one pool per K and V of
 // [layer][block][row][kv_heads * head_dim] fp32, and this step's block tables concatenated.
+// Latent attention keeps one pool, k, of [layer][block][row][kv_lora_rank + qk_rope_head_dim]
+// (the cache row [latent | k_rope] of a token, shared by every head); v is unused.
 // Position j of a token's sequence is row j % block_tokens of block tables[slot.table + j / block_tokens].
 struct KvPages {
   float* k = nullptr;
@@ -35,6 +38,7 @@ struct RopeArgs {
   const float* k_norm = nullptr;
   float eps = 0;
   const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  float attention_factor = 1.0f;    // cos/sin multiplier (YaRN; 1 otherwise)
   const TokenSlot* slots = nullptr;
   KvPages kv;
   int layer = 0;
@@ -42,15 +46,77 @@ struct RopeArgs {
 };
 void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s);
 
-// Copy on write (model/kv_pool.h): block src's K and V rows of every layer into block dst, queued
-// on `s` (before the kernels of the step that writes dst).
-void copy_kv_block(const KvPages& kv, int layers, int64_t kvd, int32_t src, int32_t dst, cudaStream_t s);
+// Copy on write (model/kv_pool.h): block src's K rows (k_width floats each) and V rows (v_width;
+// 0: no V pool) of every layer into block dst, queued on `s` (before the kernels of the step that
+// writes dst).
+void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_width, int32_t src, int32_t dst,
+                   cudaStream_t s);
 
-// Causal attention of each token over its sequence's cache up to and including itself (GQA),
-// scores scaled by 1/sqrt(D), softmax in fp32; ctx [T, Hq * D] in the activation type. The keys
-// are summed in position order whatever blocks hold them: the bits do not depend on the layout.
+// Causal attention of each (token, q head) over its sequence's cache up to and including itself:
+// scores q . k_j * scale over Dk dims, softmax in fp32, ctx = sum_j p_j v_j over Dv dims. Query
+// head h of token t is at q[t * q_tok + h * q_head]; kv head h / (Hq / Hkv) of position j at
+// kv.k[row(j) * k_stride + hk * Dk] and kv.v[row(j) * v_stride + hk * Dv]; ctx of (t, h) goes to
+// ctx[t * o_tok + h * o_head]. GQA: Dk = Dv = head_dim, K and V pools. Latent attention: Hkv = 1,
+// kv.v = kv.k, Dk = the whole cache row [latent | k_rope], Dv = the latent. The keys are summed in
+// position order whatever blocks hold them: the bits do not depend on the layout.
+struct AttnArgs {
+  const float* q = nullptr;
+  const TokenSlot* slots = nullptr;
+  KvPages kv;
+  int layer = 0;
+  int64_t T = 0;
+  int Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
+  int64_t k_stride = 0, v_stride = 0;
+  int64_t q_tok = 0, q_head = 0, o_tok = 0, o_head = 0;
+  float scale = 1.0f;  // ModelConfig::softmax_scale()
+  int max_ctx = 1;     // the longest context of the step (shared memory for the scores)
+};
 template <class TA>
-void attention(const float* q, const TokenSlot* slots, const KvPages& kv, int layer, int64_t T, int Hq, int Hkv, int D,
-               int max_ctx, TA* ctx, cudaStream_t s);
+void attention(const AttnArgs& a, TA* ctx, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Multi-head latent attention (model.cc Model::mla_attention, io/hf_config.h MlaConfig).
+
+// Per token, from a = [q part (q_width) | latent (C) | k_rope (dr)] (rows lda apart, the output of
+// the fused q_a / kv_a projection): the q LoRA rows RMS-normalised (q_lora > 0: q_a_norm, into
+// qa_out [T, q_lora]), and the cache row [RMSNorm(latent) * kv_a_norm | rope(k_rope)] written at
+// the token's position. Norms with eps (MlaConfig::latent_norm_eps); rope on dr dims, pairs
+// (2i, 2i + 1) when interleaved else halves, cos/sin times attention_factor.
+struct MlaLatentArgs {
+  const float* a = nullptr;
+  int64_t lda = 0, T = 0;
+  int q_lora = 0, q_width = 0, C = 0, dr = 0;
+  const float* q_a_norm = nullptr;  // [q_lora]
+  float* qa_out = nullptr;          // [T, q_lora]
+  const float* kv_a_norm = nullptr; // [C]
+  float eps = 1e-6f;
+  const float* inv_freq = nullptr;  // [dr / 2]
+  float attention_factor = 1.0f;
+  bool interleaved = true;
+  const TokenSlot* slots = nullptr;
+  KvPages kv;
+  int layer = 0;
+};
+void mla_latent_cache(const MlaLatentArgs& a, cudaStream_t s);
+
+// Per (token, head) of the queries q [T, Hq, dn + dr] (rows ldq apart): q_nope copied head-major
+// into q_nope [Hq][T][dn] (the input of the per-head W_UK^T products), the rotated q_rope into
+// columns C .. C + dr of q_cat [T][Hq][C + dr] (the absorbed query; W_UK^T q_nope fills 0 .. C).
+struct MlaQueryArgs {
+  const float* q = nullptr;
+  int64_t ldq = 0, T = 0;
+  int Hq = 0, dn = 0, dr = 0, C = 0;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+  bool interleaved = true;
+  const TokenSlot* slots = nullptr;
+  float* q_nope = nullptr;
+  float* q_cat = nullptr;
+};
+void mla_queries(const MlaQueryArgs& a, cudaStream_t s);
+
+// out[h * T + t] = t * Hq + h: row (h, t) of a head-major [Hq][T] layout in the token-major
+// [T][Hq] one (the scatter rows of the per-head GEMMs).
+void head_major_rows(int64_t T, int Hq, int32_t* out, cudaStream_t s);
 
 }  // namespace epmoe::cuda

@@ -12,6 +12,7 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/split_linear.cuh"
+#include "kernels/ops.h"
 #include "model/cuda/attention.cuh"
 #include "model/cuda/sampling.cuh"
 #include "model/weights.h"
@@ -75,11 +76,24 @@ struct Swiglu {
   bool empty() const { return I == 0; }
 };
 
+// A projection [N, K] of the attention: fp32 values (f32 mode), or split for fp32-grade products
+// on the tensor cores (bf16 mode).
+template <class T>
+struct Proj {
+  int N = 0, K = 0;
+  DeviceArray<T> w;  // f32 mode
+  SplitWeight s;     // bf16 mode
+};
+
 template <class T>
 struct Layer {
   DeviceArray<float> in_norm, post_norm;
-  DeviceArray<T> qkv, o;  // [(Hq + 2 Hkv) D, H], [H, Hq D] (f32 mode)
+  DeviceArray<T> qkv, o;  // [(Hq + 2 Hkv) D, H], [H, Hq D] (f32 mode; latent attention: o [H, Hq v_head_dim])
   SplitWeight qkv_s, o_s; // the same, split (bf16 mode)
+  // Latent attention (cfg.mla): [q_a_proj or q_proj ; kv_a_proj_with_mqa] fused [Na, H], q_b_proj,
+  // and kv_b_proj cut per head into W_UK^T [Hq][C][nope] and W_UV [Hq][v][C] (model.cc transpose_uk).
+  Proj<T> mla_a, mla_qb, mla_uk, mla_uv;
+  DeviceArray<float> q_a_norm, kv_a_norm;
   DeviceArray<float> qkv_bias, q_norm, k_norm;
   bool has_bias = false, has_qk_norm = false;
   bool sparse = false;
@@ -102,6 +116,13 @@ struct GpuModel final : LanguageModel {
   Placement placement;
   int rank = 0;
   int H = 0, V = 0, Hq = 0, Hkv = 0, D = 0, qd = 0, kvd = 0, E = 0, K = 0;
+  // Latent attention (cfg.mla.enabled()): nope, rope and v head dims, kv_lora_rank, q_lora_rank,
+  // the cache row W = C + dr, the fused first projection's width Na.
+  bool mla = false;
+  int dn = 0, dr = 0, dv = 0, C = 0, ql = 0, W = 0, Na = 0;
+  float rope_factor = 1.0f;  // YaRN's attention_factor on cos/sin
+  bool rope_interleaved = false;
+  int64_t k_width = 0, v_width = 0;  // floats per token per layer of the K and V pools
   bool identity_placement = true;  // physical expert e is logical expert e, no replicas
   std::vector<std::unique_ptr<Layer<T>>> layers;
   DeviceArray<T> embed_w, lm_w_own;
@@ -116,6 +137,8 @@ struct GpuModel final : LanguageModel {
   DeviceArray<int32_t> rep_off, rep_list;
   // Scratch, grown to the largest forward seen.
   DeviceArray<float> x, hn_f, qkv, q, tmp, routed, rlog, wts, shared_out, gate, logits, ctx_f, h_f;
+  DeviceArray<float> mla_a_out, qa_n, q_nope, q_cat, lat_ctx, attn_v;  // latent attention
+  DeviceArray<int32_t> hrows;  // head_major_rows of the step (latent attention)
   DeviceArray<bf16> xs;  // split rows (bf16 mode)
   DeviceArray<T> hn_a, ctx, h, lm_in;
   DeviceArray<int32_t> ids, phys, sel, best_ids;
@@ -136,12 +159,24 @@ struct GpuModel final : LanguageModel {
     rank = r;
     H = c.hidden_size, V = c.vocab_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
     qd = Hq * D, kvd = Hkv * D, E = c.routing.num_experts, K = c.routing.top_k;
+    if (c.mla.enabled()) {
+      const MlaConfig& m = c.mla;
+      mla = true;
+      dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dv = m.v_head_dim, C = m.kv_lora_rank, ql = m.q_lora_rank;
+      W = C + dr;
+      Na = (ql > 0 ? ql : Hq * (dn + dr)) + W;
+      EPMOE_ASSERT(D == dn + dr, "latent attention: head_dim is qk_nope_head_dim + qk_rope_head_dim");
+    }
+    k_width = mla ? W : kvd;
+    v_width = mla ? 0 : kvd;
     if constexpr (kBf16) {
       auto m8 = [](int v) { return v % 8 == 0; };
-      if (!m8(H) || !m8(qd) || !m8(c.moe_intermediate_size) || !m8(c.intermediate_size) ||
-          !m8(c.shared_intermediate_size))
-        throw InputError("--compute bf16 on the GPU needs hidden, head and intermediate sizes that are multiples "
-                         "of 8 (16-byte rows); use --compute f32 for " + c.source);
+      // (the K of every tensor-core product: the o projection's input is Hq * v_head_dim with MLA)
+      const bool mla_ok = !mla || (m8(ql) && m8(C) && m8(dn) && m8(Hq * dv));
+      if (!m8(H) || !m8(mla ? Hq * dv : qd) || !m8(c.moe_intermediate_size) || !m8(c.intermediate_size) ||
+          !m8(c.shared_intermediate_size) || !mla_ok)
+        throw InputError("--compute bf16 on the GPU needs hidden, head, latent and intermediate sizes that are "
+                         "multiples of 8 (16-byte rows); use --compute f32 for " + c.source);
     }
     for (int e = 0; e < E; e++)
       identity_placement &= p.replicas[size_t(e)].size() == 1 && p.replicas[size_t(e)][0] == e;
@@ -152,9 +187,19 @@ struct GpuModel final : LanguageModel {
     }
     rep_off.upload(off);
     rep_list.upload(list);
+    // The rope of model.cc make_rope: default or YaRN frequencies (computed on the host, the CPU's
+    // bits), cos/sin times YaRN's attention_factor, pairs interleaved for latent attention.
     std::vector<float> f;
-    for (int i = 0; i < c.rotary_dim / 2; i++) f.push_back(1.0f / std::pow(c.rope_theta, float(2 * i) / float(c.rotary_dim)));
+    if (c.yarn.enabled) {
+      f = yarn_inv_freq(c.rotary_dim, c.rope_theta, c.yarn.factor, c.yarn.original_max_position_embeddings,
+                        c.yarn.beta_fast, c.yarn.beta_slow, c.yarn.truncate);
+    } else {
+      for (int i = 0; i < c.rotary_dim / 2; i++)
+        f.push_back(1.0f / std::pow(c.rope_theta, float(2 * i) / float(c.rotary_dim)));
+    }
     inv_freq.upload(f);
+    rope_factor = c.yarn.enabled ? float(c.yarn.attention_factor) : 1.0f;
+    rope_interleaved = mla && c.mla.rope_interleave;
   }
 
   void init_experts(Layer<T>& L) {
@@ -181,15 +226,16 @@ struct GpuModel final : LanguageModel {
     EPMOE_ASSERT(kv.block_tokens > 0, "kv pool: block of " + std::to_string(kv.block_tokens) + " tokens");
     size_t free_b = 0, total_b = 0;
     EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const int64_t per_token = 2 * int64_t(cfg.num_layers) * int64_t(kvd) * int64_t(sizeof(float));
+    // (latent attention: one row [latent | k_rope] per token and layer, no V pool)
+    const int64_t per_token = int64_t(cfg.num_layers) * (k_width + v_width) * int64_t(sizeof(float));
     const int64_t tokens = kv_pool_tokens(kv, Device::Cuda, int64_t(free_b), per_token);
     const int64_t blocks = tokens / kv.block_tokens;
-    const size_t n = size_t(cfg.num_layers) * size_t(tokens) * size_t(kvd);
-    k_pool.reserve(n);
-    v_pool.reserve(n);
+    const size_t n = size_t(cfg.num_layers) * size_t(tokens);
+    k_pool.reserve(n * size_t(k_width));
+    if (v_width > 0) v_pool.reserve(n * size_t(v_width));
     pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this](int32_t src, int32_t dst) {
       // Stream-ordered before the kernels of the step whose append asked for it.
-      copy_kv_block(pages(), cfg.num_layers, kvd, src, dst, stream());
+      copy_kv_block(pages(), cfg.num_layers, k_width, v_width, src, dst, stream());
     });
   }
 
@@ -202,6 +248,40 @@ struct GpuModel final : LanguageModel {
     kp.blocks = pool_->total_blocks();
     kp.block_tokens = pool_->block_tokens();
     return kp;
+  }
+
+  void set_proj(Proj<T>& p, const std::vector<float>& wf, int N, int K_) {
+    EPMOE_ASSERT(wf.size() == size_t(N) * size_t(K_), "gpu weights: projection size");
+    p.N = N, p.K = K_;
+    if constexpr (kBf16) p.s.init(wf, N, K_);
+    else p.w.upload(from_floats<T>(wf));
+  }
+
+  // Latent attention's weights (FP8 ones dequantized by to_f32: code * block scale in fp32).
+  void load_mla(Layer<T>& L, const MlaWeights& mw) {
+    std::vector<float> fa = to_f32(ql > 0 ? mw.q_a : mw.q);
+    const std::vector<float> kva = to_f32(mw.kv_a);
+    fa.insert(fa.end(), kva.begin(), kva.end());
+    set_proj(L.mla_a, fa, Na, H);
+    if (ql > 0) {
+      set_proj(L.mla_qb, to_f32(mw.q_b), Hq * (dn + dr), ql);
+      L.q_a_norm.upload(mw.q_a_norm);
+    }
+    L.kv_a_norm.upload(mw.kv_a_norm);
+    // kv_b_proj [Hq (dn + dv), C]: head h's rows h (dn + dv) .. + dn are W_UK, the next dv W_UV.
+    const std::vector<float> kvb = to_f32(mw.kv_b);
+    std::vector<float> uk(size_t(Hq) * size_t(C) * size_t(dn)), uv(size_t(Hq) * size_t(dv) * size_t(C));
+    for (int h = 0; h < Hq; h++) {
+      const size_t r0 = size_t(h) * size_t(dn + dv);
+      for (int d = 0; d < dn; d++)
+        for (int c = 0; c < C; c++)
+          uk[(size_t(h) * size_t(C) + size_t(c)) * size_t(dn) + size_t(d)] = kvb[(r0 + size_t(d)) * size_t(C) + size_t(c)];
+      for (int e = 0; e < dv; e++)
+        std::memcpy(&uv[(size_t(h) * size_t(dv) + size_t(e)) * size_t(C)], &kvb[(r0 + size_t(dn + e)) * size_t(C)],
+                    sizeof(float) * size_t(C));
+    }
+    set_proj(L.mla_uk, uk, Hq * C, dn);
+    set_proj(L.mla_uv, uv, Hq * dv, C);
   }
 
   // From the checkpoint.
@@ -219,16 +299,17 @@ struct GpuModel final : LanguageModel {
       auto L = std::make_unique<Layer<T>>();
       L->in_norm.upload(lw.input_norm);
       L->post_norm.upload(lw.post_attention_norm);
-      std::vector<float> qkv_h = to_f32(lw.attn.q), kf = to_f32(lw.attn.k), vf = to_f32(lw.attn.v);
-      qkv_h.insert(qkv_h.end(), kf.begin(), kf.end());
-      qkv_h.insert(qkv_h.end(), vf.begin(), vf.end());
-      if constexpr (kBf16) {
-        L->qkv_s.init(qkv_h, qd + 2 * kvd, H);
-        L->o_s.init(to_f32(lw.attn.o), H, qd);
+      if (mla) {
+        load_mla(*L, lw.attn.mla);
       } else {
-        L->qkv.upload(from_floats<T>(qkv_h));
-        L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
+        std::vector<float> qkv_h = to_f32(lw.attn.q), kf = to_f32(lw.attn.k), vf = to_f32(lw.attn.v);
+        qkv_h.insert(qkv_h.end(), kf.begin(), kf.end());
+        qkv_h.insert(qkv_h.end(), vf.begin(), vf.end());
+        if constexpr (kBf16) L->qkv_s.init(qkv_h, qd + 2 * kvd, H);
+        else L->qkv.upload(from_floats<T>(qkv_h));
       }
+      if constexpr (kBf16) L->o_s.init(to_f32(lw.attn.o), H, mla ? Hq * dv : qd);
+      else L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
       if (!lw.attn.q_bias.empty()) {
         std::vector<float> b = lw.attn.q_bias;
         b.insert(b.end(), lw.attn.k_bias.begin(), lw.attn.k_bias.end());
@@ -393,6 +474,15 @@ struct GpuModel final : LanguageModel {
     gids.reserve(t);
     ids.reserve(t);
     slots.reserve(t);
+    if (mla) {
+      mla_a_out.reserve(t * size_t(Na));
+      qa_n.reserve(t * size_t(std::max(ql, 1)));
+      q_nope.reserve(t * size_t(Hq) * size_t(dn));
+      q_cat.reserve(t * size_t(Hq) * size_t(W));
+      lat_ctx.reserve(t * size_t(Hq) * size_t(C));
+      attn_v.reserve(t * size_t(Hq) * size_t(dv));
+      hrows.reserve(t * size_t(Hq));
+    }
   }
 
   // Dense SwiGLU on the normalised rows (act) -> out fp32 [T, H].
@@ -502,15 +592,159 @@ struct GpuModel final : LanguageModel {
     ra.k_norm = L.has_qk_norm ? L.k_norm.data() : nullptr;
     ra.eps = cfg.rms_norm_eps;
     ra.inv_freq = inv_freq.data();
+    ra.attention_factor = rope_factor;
     ra.slots = slots.data();
     ra.kv = pages();
     ra.layer = l;
     ra.q_out = q.data();
     qk_norm_rope_cache(ra, s);
-    attention<TA>(q.data(), slots.data(), ra.kv, l, T_, Hq, Hkv, D, max_ctx, ctx_out, s);
+    AttnArgs aa;
+    aa.q = q.data();
+    aa.slots = slots.data();
+    aa.kv = ra.kv;
+    aa.layer = l;
+    aa.T = T_;
+    aa.Hq = Hq;
+    aa.Hkv = Hkv;
+    aa.Dk = aa.Dv = D;
+    aa.k_stride = aa.v_stride = kvd;
+    aa.q_tok = aa.o_tok = qd;
+    aa.q_head = aa.o_head = D;
+    aa.scale = cfg.softmax_scale();
+    aa.max_ctx = max_ctx;
+    attention<TA>(aa, ctx_out, s);
+  }
+
+  // y [T, N] = x [T, K] (rows lda apart) p^T: fp32 SIMT (f32 mode) or fp32-grade split (bf16 mode).
+  void linear(Proj<T>& p, const float* xin, int64_t lda, int64_t T_, float* y) {
+    if constexpr (kBf16) {
+      split_linear(p.s, xin, lda, T_, xs, y, nullptr, Epilogue::Store, stream());
+    } else {
+      GemmArgs g;
+      g.A = xin;
+      g.lda = lda;
+      g.B = p.w.data();
+      g.ldb = p.K;
+      g.M = int(T_);
+      g.N = p.N;
+      g.K = p.K;
+      g.C = y;
+      g.ldc = p.N;
+      gemm<float, float>(g, Epilogue::Store, stream());
+    }
+  }
+
+  // The per-head products of latent attention: head h's rows of x [Hq][T][K] (head-major, rows
+  // lda apart) through its N / Hq rows of p, output row (h, t) to y row t * Hq + h (hrows), ldc apart.
+  void linear_heads(Proj<T>& p, const float* xin, int64_t lda, int64_t T_, float* y, int64_t ldc) {
+    if constexpr (kBf16) {
+      split_linear_grouped(p.s, Hq, xin, lda, T_, xs, y, ldc, hrows.data(), stream());
+    } else {
+      GemmArgs g;
+      g.A = xin;
+      g.lda = lda;
+      g.B = p.w.data();
+      g.ldb = p.K;
+      g.b_group_stride = int64_t(p.N / Hq) * p.K;
+      g.G = Hq;
+      g.M = int(T_);
+      g.N = p.N / Hq;
+      g.K = p.K;
+      g.C = y;
+      g.ldc = ldc;
+      g.c_rows = hrows.data();
+      gemm<float, float>(g, Epilogue::Store, stream());
+    }
+  }
+
+  // model.cc Model::mla_attention on the normalised rows hn_f, the absorbed form for every token:
+  // the latent cache row [RMSNorm(latent) | rope(k_rope)] per token, queries [W_UK^T q_nope |
+  // rope(q_rope)] per head, scores against the cache rows, the latent context through W_UV, o_proj.
+  void mla_attention_block(int l, int64_t T_, int max_ctx) {
+    Layer<T>& L = *layers[size_t(l)];
+    cudaStream_t s = stream();
+    linear(L.mla_a, hn_f.data(), H, T_, mla_a_out.data());  // [q_a or q | latent | k_rope]
+    MlaLatentArgs la;
+    la.a = mla_a_out.data();
+    la.lda = Na;
+    la.T = T_;
+    la.q_lora = ql;
+    la.q_width = Na - W;
+    la.C = C;
+    la.dr = dr;
+    la.q_a_norm = ql > 0 ? L.q_a_norm.data() : nullptr;
+    la.qa_out = qa_n.data();
+    la.kv_a_norm = L.kv_a_norm.data();
+    la.eps = cfg.mla.latent_norm_eps;
+    la.inv_freq = inv_freq.data();
+    la.attention_factor = rope_factor;
+    la.interleaved = rope_interleaved;
+    la.slots = slots.data();
+    la.kv = pages();
+    la.layer = l;
+    mla_latent_cache(la, s);
+    MlaQueryArgs qa;
+    if (ql > 0) {
+      linear(L.mla_qb, qa_n.data(), ql, T_, q.data());
+      qa.q = q.data();
+      qa.ldq = qd;
+    } else {
+      qa.q = mla_a_out.data();  // q_proj's rows, the first Hq (dn + dr) columns
+      qa.ldq = Na;
+    }
+    qa.T = T_;
+    qa.Hq = Hq;
+    qa.dn = dn;
+    qa.dr = dr;
+    qa.C = C;
+    qa.inv_freq = inv_freq.data();
+    qa.attention_factor = rope_factor;
+    qa.interleaved = rope_interleaved;
+    qa.slots = slots.data();
+    qa.q_nope = q_nope.data();
+    qa.q_cat = q_cat.data();
+    mla_queries(qa, s);
+    linear_heads(L.mla_uk, q_nope.data(), dn, T_, q_cat.data(), W);  // columns 0 .. C of q_cat
+    AttnArgs aa;
+    aa.q = q_cat.data();
+    aa.slots = slots.data();
+    aa.kv = pages();
+    aa.kv.v = aa.kv.k;  // the values are the latents of the same rows
+    aa.layer = l;
+    aa.T = T_;
+    aa.Hq = Hq;
+    aa.Hkv = 1;
+    aa.Dk = W;
+    aa.Dv = C;
+    aa.k_stride = aa.v_stride = W;
+    aa.q_tok = int64_t(Hq) * W;
+    aa.q_head = W;
+    aa.o_tok = C;  // head-major [Hq][T][C]: the per-head W_UV product's input
+    aa.o_head = T_ * C;
+    aa.scale = cfg.softmax_scale();
+    aa.max_ctx = max_ctx;
+    attention<float>(aa, lat_ctx.data(), s);
+    linear_heads(L.mla_uv, lat_ctx.data(), C, T_, attn_v.data(), dv);  // token-major [T][Hq v]
+    if constexpr (kBf16) {
+      split_linear(L.o_s, attn_v.data(), int64_t(Hq) * dv, T_, xs, tmp.data(), nullptr, Epilogue::Store, s);
+    } else {
+      GemmArgs go;
+      go.A = attn_v.data();
+      go.lda = Hq * dv;
+      go.B = L.o.data();
+      go.ldb = Hq * dv;
+      go.M = int(T_);
+      go.N = H;
+      go.K = Hq * dv;
+      go.C = tmp.data();
+      go.ldc = H;
+      gemm<float, float>(go, Epilogue::Store, s);
+    }
+    add_inplace(x.data(), tmp.data(), T_ * H, s);
   }
 
   void attention_block(int l, int64_t T_, int max_ctx) {
+    if (mla) return mla_attention_block(l, T_, max_ctx);
     Layer<T>& L = *layers[size_t(l)];
     cudaStream_t s = stream();
     const float* bias = L.has_bias ? L.qkv_bias.data() : nullptr;
@@ -666,6 +900,7 @@ struct GpuModel final : LanguageModel {
     if (T_ > 0) {
       if (embed_f32) embed<float>(ids.data(), embed_f.data(), T_, H, x.data(), s);
       else embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
+      if (mla) head_major_rows(T_, Hq, hrows.data(), s);
     }
     for (int l = 0; l < cfg.num_layers; l++) {
       norm(x.data(), layers[size_t(l)]->in_norm, T_);
@@ -752,28 +987,24 @@ struct GpuModel final : LanguageModel {
 namespace epmoe {
 
 namespace {
-// Latent attention, YaRN and FP8 weights run on the CPU only so far (docs/models.md): refused
-// here by name rather than loaded into kernels that would compute another model.
-void refuse_cpu_only_features(const ModelConfig& cfg) {
-  const std::string what = cfg.mla.enabled() ? "multi-head latent attention (" + std::string(family_name(cfg.family)) + ")"
-                           : cfg.quant.fp8   ? std::string("FP8 block-quantized weights")
-                           : cfg.yarn.enabled ? std::string("YaRN rope scaling")
-                                              : std::string();
-  if (!what.empty())
-    throw InputError(cfg.source + ": " + what + " is not implemented on --device cuda yet; run it with --device cpu");
+// A synthesized model has standard attention only (its benchmark shapes); checkpoints of every
+// family run (latent attention, YaRN, FP8 weights dequantized on upload).
+void refuse_synthetic(const ModelConfig& cfg) {
+  if (cfg.mla.enabled())
+    throw InputError(cfg.source + ": a synthesized model with multi-head latent attention (" +
+                     std::string(family_name(cfg.family)) + ") is not implemented on --device cuda; load a checkpoint");
 }
 }  // namespace
 
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
                                               const Placement& placement, int rank, bool f32, const KvOptions& kv) {
-  refuse_cpu_only_features(cfg);
   if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, kv);
   return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, kv);
 }
 
 std::unique_ptr<LanguageModel> make_synthetic_gpu_model(const ModelConfig& cfg, const Placement& placement, int rank,
                                                         bool f32, uint64_t seed, const KvOptions& kv) {
-  refuse_cpu_only_features(cfg);
+  refuse_synthetic(cfg);
   if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, placement, rank, seed, kv);
   return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, placement, rank, seed, kv);
 }
