@@ -225,30 +225,35 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
       std::memcpy(kv_row(k_, W, l, table[size_t((base + i) / B)], (base + i) % B), &kv[size_t(t * W)],
                   sizeof(float) * size_t(W));
     }
-    // Causal attention over the cache, keys in position order whatever blocks hold them.
-    parallel_for(n * Hq, 4, [&](int64_t b, int64_t e) {
-      std::vector<float> p;
-      for (int64_t job = b; job < e; job++) {
-        const int64_t i = job / Hq;
-        const int h = int(job % Hq);
-        const int64_t len = base + i + 1;
-        const float* qh = &qc[size_t(((t0 + i) * Hq + h) * W)];
-        p.resize(static_cast<size_t>(len));
-        for (int64_t j0 = 0; j0 < len; j0 += B) {
-          const float* rows = kv_row(k_, W, l, table[size_t(j0 / B)], 0);
-          const int64_t cnt = std::min(B, len - j0);
-          for (int64_t r = 0; r < cnt; r++) p[size_t(j0 + r)] = dot(qh, rows + r * W, W) * scale;
+    // Causal attention over the cache, keys in position order whatever blocks hold them. Every
+    // head reads the same cache rows, so the loops run row-major: a row is read once for all
+    // heads (scores: split over the keys; context: split over the heads, keys in order). Each
+    // score is one dot product and each context sums its keys in ascending order, as a loop per
+    // head would: the bits do not depend on the split.
+    std::vector<float> p;
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t len = base + i + 1;
+      const float* q_i = &qc[size_t((t0 + i) * Hq * W)];
+      p.resize(static_cast<size_t>(Hq * len));  // p[h * len + j]
+      auto row = [&](int64_t j) { return kv_row(k_, W, l, table[size_t(j / B)], j % B); };
+      parallel_for((len + B - 1) / B, std::max<int64_t>(1, 256 / Hq), [&](int64_t b, int64_t e) {
+        for (int64_t blk = b; blk < e; blk++)
+          for (int64_t j = blk * B; j < std::min(len, (blk + 1) * B); j++) {
+            const float* r = row(j);
+            for (int h = 0; h < Hq; h++) p[size_t(h * len + j)] = dot(q_i + h * W, r, W) * scale;
+          }
+      });
+      parallel_for(Hq, 1, [&](int64_t hb, int64_t he) {
+        for (int64_t h = hb; h < he; h++) {
+          softmax(&p[size_t(h * len)], len);
+          std::fill(&ctx[size_t(((t0 + i) * Hq + h) * C)], &ctx[size_t(((t0 + i) * Hq + h + 1) * C)], 0.f);
         }
-        softmax(p.data(), len);
-        float* o = &ctx[size_t(((t0 + i) * Hq + h) * C)];
-        std::fill(o, o + C, 0.f);
-        for (int64_t j0 = 0; j0 < len; j0 += B) {
-          const float* rows = kv_row(k_, W, l, table[size_t(j0 / B)], 0);
-          const int64_t cnt = std::min(B, len - j0);
-          for (int64_t r = 0; r < cnt; r++) axpy(p[size_t(j0 + r)], rows + r * W, o, C);
+        for (int64_t j = 0; j < len; j++) {
+          const float* r = row(j);
+          for (int64_t h = hb; h < he; h++) axpy(p[size_t(h * len + j)], r, &ctx[size_t(((t0 + i) * Hq + h) * C)], C);
         }
-      }
-    });
+      });
+    }
   }
 
   // Values: each head's latent context through its W_UV rows of kv_b_proj, then o_proj.
