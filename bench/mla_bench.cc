@@ -55,16 +55,19 @@ double latent_step(const Shape& s, int64_t ctx, const std::vector<float>& cache,
       matmul(&q[size_t(h * qk)], 1, ukh, &qc[size_t(h * W)]);
       std::copy(&q[size_t(h * qk + s.nope)], &q[size_t(h * qk + qk)], &qc[size_t(h * W + C)]);
     }
-    parallel_for(s.heads, 1, [&](int64_t b, int64_t e) {
-      std::vector<float> p(static_cast<size_t>(ctx));
-      for (int64_t h = b; h < e; h++) {
-        const float* qh = &qc[size_t(h * W)];
-        for (int64_t j = 0; j < ctx; j++) p[size_t(j)] = dot(qh, &cache[size_t(j * W)], W) * 0.1f;
-        softmax(p.data(), ctx);
-        float* o = &ctxl[size_t(h * C)];
-        std::fill(o, o + C, 0.f);
-        for (int64_t j = 0; j < ctx; j++) axpy(p[size_t(j)], &cache[size_t(j * W)], o, C);
+    // Row-major over the cache as model.cc: a row is read once for all heads.
+    std::vector<float> p(size_t(s.heads) * size_t(ctx));
+    parallel_for((ctx + 15) / 16, std::max(1, 256 / s.heads), [&](int64_t b, int64_t e) {
+      for (int64_t j = b * 16; j < std::min(ctx, e * 16); j++)
+        for (int h = 0; h < s.heads; h++) p[size_t(h * ctx + j)] = dot(&qc[size_t(h * W)], &cache[size_t(j * W)], W) * 0.1f;
+    });
+    parallel_for(s.heads, 1, [&](int64_t hb, int64_t he) {
+      for (int64_t h = hb; h < he; h++) {
+        softmax(&p[size_t(h * ctx)], ctx);
+        std::fill(&ctxl[size_t(h * C)], &ctxl[size_t((h + 1) * C)], 0.f);
       }
+      for (int64_t j = 0; j < ctx; j++)
+        for (int64_t h = hb; h < he; h++) axpy(p[size_t(h * ctx + j)], &cache[size_t(j * W)], &ctxl[size_t(h * C)], C);
     });
     for (int h = 0; h < s.heads; h++) {
       TensorView uvh;
