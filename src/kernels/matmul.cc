@@ -117,9 +117,10 @@ const float* weight_row_check(const TensorView& W, const char* what) {
   return nullptr;
 }
 
-// Whether the fp8 micro-kernels may read W in place: 128 x 128 blocks and every scale of the
-// rows foldable (matmul_micro.h: scale * 2^120 finite, or the scale itself not finite). A few
-// dozen scales per call; the rare weight that fails is dequantized row by row instead.
+// Whether the fp8 micro-kernels may read W in place: 128 x 128 blocks and every scale s of the
+// rows foldable (matmul_micro.h: s * 2^120 finite for the fp32 kernel, s * 2^-8 normal for the
+// bf16 one; both hold for 2^-100 <= |s| < 2^8, s = 0 and s not finite). A few dozen scales per
+// call; the rare weight that fails is dequantized row by row instead (exact, fp32 compute).
 bool fp8_scales_fold(const TensorView& W) {
   const BlockScale& s = W.scale;
   if (s.block != kFp8Block) return false;
@@ -131,7 +132,8 @@ bool fp8_scales_fold(const TensorView& W) {
       const size_t i = size_t(r * s.cols + c);
       const float v = s.dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(s.data)[i])
                                              : static_cast<const float*>(s.data)[i];
-      if (std::isinf(v * 0x1p120f) && !std::isinf(v)) return false;
+      const float a = std::fabs(v);
+      if (std::isfinite(a) && a != 0.0f && !(a >= 0x1p-100f && a < 0x1p8f)) return false;
     }
   return true;
 }
@@ -183,6 +185,7 @@ enum class RowForm {
   AsIs,        // the stored rows (F32, BF16, F16)
   WidenBf16,   // bf16 -> fp32 into a per-thread buffer
   Fp8,         // Fp8Row descriptors: the fp8 micro-kernel reads the codes in place
+  Fp8Bf16,     // Fp8Row descriptors with the codes widened to bf16 (q * 2^8) in a per-thread buffer
   DequantFp8,  // fp8 -> dequantized fp32 into a per-thread buffer (dequant_fn)
 };
 
@@ -209,6 +212,15 @@ struct WeightRows {
       case RowForm::Fp8: {
         thread_local Fp8Row desc[kMaxNR];
         desc[slot] = fp8(n);
+        return &desc[slot];
+      }
+      case RowForm::Fp8Bf16: {
+        thread_local Fp8Row desc[kMaxNR];
+        thread_local std::vector<uint16_t> wide;
+        wide.resize(size_t(kMaxNR) * size_t(K));
+        desc[slot] = fp8(n);
+        desc[slot].wide = &wide[size_t(slot) * size_t(K)];
+        fp8_to_bf16_avx512(desc[slot].q, K, &wide[size_t(slot) * size_t(K)]);
         return &desc[slot];
       }
       default: break;
@@ -242,10 +254,11 @@ Plan choose(const TensorView& W, int64_t T) {
   if (W.dtype == DType::F8_E4M3) {
     // Few tokens: the fp8 kernel, reading one byte per weight. More: each tile's rows dequantized
     // once per token block (exact) and the fp32 kernel -- the conversion leaves the inner loop.
-    const bool fold = fp8_scales_fold(W);
-    if (fold) {
+    // bf16 compute: the same split, the "-rows" kernel reading rows widened to bf16.
+    if (fp8_scales_fold(W)) {
       const Micro m = select_micro(DType::F8_E4M3);
-      if (m.fn && (m.x_bf16 || T <= kStreamT)) return {m, RowForm::Fp8};
+      if (m.fn && T <= kStreamT) return {m, RowForm::Fp8};
+      if (m.fn && m.x_bf16) return {avx512_bf16_fp8_rows_micro(), RowForm::Fp8Bf16};
     }
     const Micro f = select_micro(DType::F32);
     const bool avx = std::string(f.name) == "avx512";
@@ -350,8 +363,9 @@ ComputeMode compute_mode() { return g_mode; }
 void set_kernel_path(KernelPath p) { g_path = p; }
 
 std::string kernel_description() {
-  return std::string(select_micro(DType::BF16).name) + " for bf16 weights, " + select_micro(DType::F32).name +
-         " for f32 (CPU: " + cpu_features_string() + ")";
+  const Micro f8 = select_micro(DType::F8_E4M3);
+  return std::string(select_micro(DType::BF16).name) + " for bf16 weights, " + (f8.fn ? f8.name : "dequantized rows") +
+         " for fp8, " + select_micro(DType::F32).name + " for f32 (CPU: " + cpu_features_string() + ")";
 }
 
 void matmul(const float* x, int64_t T, const TensorView& W, float* y, const float* bias) {
@@ -362,8 +376,30 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
   const Micro& m = plan.m;
   const Activations a(x, T, K, m.x_bf16);
   const WeightRows rows(W, plan.form, plan.dequant);
-  const int R = T <= kStreamT ? 1 : kMaxNR;  // weight rows per tile
+  const int R = T <= kStreamT ? m.stream_rows : kMaxNR;  // weight rows per tile
   const int64_t tiles = (N + R - 1) / R;
+  if (T <= kStreamT && R > 1) {
+    // Few tokens, several rows per tile (Micro::stream_rows): rows far apart, tile t holds rows
+    // t, t + tiles, t + 2 tiles ... -- a thread's tiles then read R sequential runs of rows.
+    // (Adjacent rows side by side were measured far slower on Zen 4 -- fp8, one thread, cold:
+    // 2 adjacent rows 6 GB/s, 1 row 9, 2 rows N/2 apart 15.)
+    drive(
+        m, a, T, tiles, R, K,
+        [&](int64_t tile, const void** w) {
+          int nr = 0;
+          for (; nr < R && tile + nr * tiles < N; nr++) w[nr] = rows.row(tile + nr * tiles, nr);
+          return nr;
+        },
+        [&](int64_t t0, int mr, int64_t tile, int nr, const float* out) {
+          for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) {
+              const int64_t n = tile + j * tiles;
+              y[(t0 + i) * N + n] = out[i * nr + j] + (bias ? bias[n] : 0.0f);
+            }
+        },
+        [](int64_t, int, int) {});
+    return;
+  }
   drive(
       m, a, T, tiles, R, K,
       [&](int64_t tile, const void** w) {
@@ -415,6 +451,30 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   const size_t row_bytes = size_t(K) * dtype_size(Wg.dtype);
   const WeightRows g(Wg, plan.form, plan.dequant);
   const WeightRows u(Wu, plan.form, plan.dequant);
+  if (T <= kStreamT && m.stream_rows > 1) {
+    // Few tokens, several rows per tile (Micro::stream_rows, the fp8 kernels): a tile holds gate
+    // and up rows of the same columns, P = stream_rows / 2 columns far apart (t, t + tiles, ...;
+    // see matmul above): 2P sequential runs of rows per thread, silu(g) * u formed in the store.
+    const int P = m.stream_rows / 2;
+    const int64_t tiles = (I + P - 1) / P;
+    drive(
+        m, a, T, tiles, 2 * P, K,
+        [&](int64_t tile, const void** w) {
+          int nc = 0;
+          for (; nc < P && tile + nc * tiles < I; nc++) {
+            w[2 * nc] = g.row(tile + nc * tiles, 2 * nc);
+            w[2 * nc + 1] = u.row(tile + nc * tiles, 2 * nc + 1);
+          }
+          return 2 * nc;
+        },
+        [&](int64_t t0, int mr, int64_t tile, int nr, const float* out) {
+          for (int i = 0; i < mr; i++)
+            for (int c = 0; c < nr / 2; c++)
+              h[(t0 + i) * I + tile + c * tiles] = silu(out[i * nr + 2 * c]) * out[i * nr + 2 * c + 1];
+        },
+        [](int64_t, int, int) {});
+    return;
+  }
   if (T <= kStreamT) {
     // Few tokens: one weight row per tile (see kStreamT), in blocks of kCols columns: the block's
     // gate rows, then its up rows -- two sequential runs of kCols rows -- into g and u, then

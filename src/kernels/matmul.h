@@ -10,10 +10,27 @@
 // K blocking. So a row's bits never depend on the rows that share the call.
 //
 // Paths, chosen once per process from the CPU (cpu_features.h):
-//   avx512       16 fp32 lanes, FMA; weights F32 or BF16 converted on the fly
+//   avx512       16 fp32 lanes, FMA; weights F32, BF16 or F8_E4M3 converted on the fly
 //   avx512-bf16  --compute bf16: activations rounded to bf16, vdpbf16ps (32 bf16 pairs per
-//                instruction) on BF16 weights; F32 weights keep the avx512 path
+//                instruction) on BF16 and F8_E4M3 weights; F32 weights keep the avx512 path
 //   generic      GCC vector extensions, any x86-64 (AVX2 or baseline), and every F16 weight
+//
+// F8_E4M3 weights (FP8 checkpoints: e4m3 codes and a 128 x 128 block scale grid, TensorView::
+// scale; one without a scale is refused): the codes are read in place, one byte per weight.
+//   fp32 compute (the default): EXACT -- bit for bit matmul on an F32 tensor holding the
+//     dequantized weights fp8e4m3_to_f32(q) * s (TensorView::at, what transformers' dequantized
+//     goldens hold). Each weight is dequantized with one rounding of q * s and then goes through
+//     the F32 kernel's own arithmetic: in registers at <= 8 tokens (four weight rows per tile),
+//     beyond that a tile's rows dequantized once per token block into a per-thread buffer.
+//   bf16 compute: a true bf16 path -- codes widened exactly to bf16, vdpbf16ps over each 128-wide
+//     block into block accumulators, each block's sum times its scale in fp32 (matmul_micro.h).
+//     Batch-invariant like the rest. Against the exact path the only inexact step is the
+//     activations' rounding to bf16: |y - y_exact| <= 2^-8 sum_k |x_k w_k| (2^-9 per product
+//     plus both paths' fp32 rounding; tests/kernels/fp8_matmul_test.cc holds it to that).
+//   On the generic path, with blocks other than 128, or with scales outside [2^-100, 2^8) (none
+//   in real checkpoints), rows are dequantized into a per-thread buffer and the fp32 kernel runs:
+//   exact in either mode. The fast kernels read the NaN codes 0x7f / 0xff as 480 (checkpoints
+//   never hold them); the row dequantizers give NaN, as TensorView::at.
 #pragma once
 
 #include <cstdint>

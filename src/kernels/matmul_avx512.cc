@@ -22,7 +22,9 @@ namespace epmoe {
 namespace {
 
 #define EPMOE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define EPMOE_AVX512_LAMBDA __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma")))
 #define EPMOE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512bf16")))
+#define EPMOE_AVX512BF16_LAMBDA __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma,avx512bf16")))
 
 template <DType D>
 EPMOE_AVX512 inline __m512 load_w16(const void* w, int64_t k) {
@@ -181,21 +183,28 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
   __m512 acc[MR][NR];
   acc_start<MR, NR>(acc, k0, accm);
   const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
+  auto step = [&](int64_t k, const __m512(&sc)[NR]) EPMOE_AVX512_LAMBDA {
+    __m512 wr[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = _mm512_mul_ps(fp8_bits16(r[j]->q + k), sc[j]);
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      const __m512 xr = _mm512_loadu_ps(x[i] + k);
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xr, wr[j], acc[i][j]);
+    }
+  };
   for (int64_t k = k0; k < ke;) {
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m512 sc[NR];
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p120f);
-    for (; k < be; k += 16) {
-      __m512 wr[NR];
-      #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++) wr[j] = _mm512_mul_ps(fp8_bits16(r[j]->q + k), sc[j]);
-      #pragma GCC unroll 4
-      for (int i = 0; i < MR; i++) {
-        const __m512 xr = _mm512_loadu_ps(x[i] + k);
-        #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xr, wr[j], acc[i][j]);
-      }
+    if (be - k == kFp8Block) {  // a whole block: straight-line code, no inner loop exit to predict
+      #pragma GCC unroll 8
+      for (int s = 0; s < 8; s++) step(k + 16 * s, sc);
+      k = be;
+    } else {
+      for (; k < be; k += 16) step(k, sc);
     }
   }
   if (k1 < K) return acc_save<MR, NR>(acc, accm);
@@ -206,6 +215,111 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
       },
       out);
 }
+
+// ---- F8_E4M3 weights, bf16 compute (matmul_micro.h) ----
+
+// 32 codes -> bf16 of q * 2^8, exact. Sign-extended to 16 bits and shifted left 4, the code's
+// exponent e lands on bf16's exponent field (bits 7..10), its mantissa under bf16's (bits 4..6),
+// its sign on bit 15 (the extension filled bits 11..15: masked); bit 14 set makes the exponent
+// 128 + e, i.e. the value (1 + m/8) 2^(e+1) = q 2^8 (127 - 7 + 8 = 128: an OR, no carry). The
+// subnormals (e = 0: m 2^-9, times 2^8 = m/2) come from an 8-entry table, their sign ORed back.
+EPMOE_AVX512BF16 inline __m512i fp8_to_bf16x32(const uint8_t* q) {
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m512i t = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(int16_t(0x87F0)),
+                                              _mm512_set1_epi16(0x4000), 0xEA);  // (a & b) | c
+  const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));      // exponent 0
+  alignas(64) static constexpr uint16_t kHalves[32] = {0, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4020, 0x4040, 0x4060};  // m / 2
+  const __m512i halves = _mm512_load_si512(kHalves);
+  const __m512i r = _mm512_mask_permutexvar_epi16(t, sub, w, halves);
+  return _mm512_ternarylogic_epi32(r, w, _mm512_set1_epi16(int16_t(0x8000)), 0xF8);  // a | (b & c)
+}
+
+// The tile's columns [j0, j0 + NR) of a tile nr_all wide (acc and out keep the whole tile's
+// layout): 2 x MR x NR accumulators (block lanes and row lanes), so a 4 x 4 tile runs as two
+// 4 x 2 halves -- the same per-element arithmetic, only the registers differ.
+template <int MR, int NR, bool kWide>
+EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const Fp8Row* const* r, int64_t K, int64_t k0, int64_t k1,
+                                    float* accm, float* out, int nr_all) {
+  __m512 tot[MR][NR];
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++)
+      tot[i][j] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(accm + (i * nr_all + j) * 16);
+  const int64_t kv = K / 32 * 32, ke = k1 < kv ? k1 : kv;
+  auto step = [&](int64_t k, __m512 (&bacc)[MR][NR]) EPMOE_AVX512BF16_LAMBDA {
+    __m512bh wv[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++)
+      wv[j] = (__m512bh)(kWide ? _mm512_loadu_si512(r[j]->wide + k) : fp8_to_bf16x32(r[j]->q + k));
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x[i] + k);
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) bacc[i][j] = _mm512_dpbf16_ps(bacc[i][j], xv, wv[j]);
+    }
+  };
+  for (int64_t k = k0; k < ke;) {
+    const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
+    __m512 bacc[MR][NR];
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) bacc[i][j] = _mm512_setzero_ps();
+    if (be - k == kFp8Block) {  // a whole block: straight-line code
+      #pragma GCC unroll 4
+      for (int s = 0; s < 4; s++) step(k + 32 * s, bacc);
+    } else {
+      for (int64_t kk = k; kk < be; kk += 32) step(kk, bacc);
+    }
+    k = be;
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+      const __m512 sc = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p-8f);
+      #pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) tot[i][j] = _mm512_fmadd_ps(bacc[i][j], sc, tot[i][j]);
+    }
+  }
+  if (k1 < K) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) _mm512_storeu_ps(accm + (i * nr_all + j) * 16, tot[i][j]);
+    return;
+  }
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+      float s = reduce16(tot[i][j]);
+      for (int64_t k = kv; k < K; k++)
+        s += bf16_to_f32(x[i][k]) *
+             (fp8_times_2m120(r[j]->q[k]) * (fp8_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+      out[i * nr_all + j] = s;
+    }
+}
+
+template <bool kWide>
+struct Fp8Bf16 {
+  template <int MR, int NR>
+  struct K {
+    static void fn(int, int, const void* const* xv, const void* const* wv, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                   float* out) {
+      const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
+      const Fp8Row* const* r = reinterpret_cast<const Fp8Row* const*>(wv);
+      if constexpr (NR <= 2) {
+        fp8_bf16_part<MR, NR, kWide>(x, r, Kd, k0, k1, acc, out, NR);
+      } else {
+        fp8_bf16_part<MR, 2, kWide>(x, r, Kd, k0, k1, acc, out, NR);
+        fp8_bf16_part<MR, NR - 2, kWide>(x, r + 2, Kd, k0, k1, acc ? acc + 32 : nullptr, out + 2, NR);
+      }
+    }
+  };
+};
+template <int MR, int NR>
+using Fp8Bf16Codes = Fp8Bf16<false>::K<MR, NR>;
+template <int MR, int NR>
+using Fp8Bf16Rows = Fp8Bf16<true>::K<MR, NR>;
 
 // Runtime (mr, nr) -> the instantiation. Each instantiation does the same per-element work.
 template <template <int, int> class K>
@@ -260,7 +374,10 @@ Micro avx512_micro(DType w) {
   switch (w) {
     case DType::F32: return {&Table<F32KF32>::call, false, true, "avx512"};
     case DType::BF16: return {&Table<F32KBF16>::call, false, true, "avx512"};
-    case DType::F8_E4M3: return {&Table<Fp8K>::call, false, true, "avx512"};
+    // Four rows per few-token tile: four independent FMA chains per token (one row's chain, an
+    // FMA every 4 cycles, is slower than DRAM at one byte per weight). Measured on Zen 4, 8 cold
+    // fp8 experts at one token: 1 row 4.7 ms, 2 rows 3.1, 4 rows 3.1; at 8 tokens 17.4 / 13.3 / 8.8.
+    case DType::F8_E4M3: return {&Table<Fp8K>::call, false, true, "avx512", 4};
     default: return {};
   }
 }
@@ -285,8 +402,17 @@ EPMOE_AVX512 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst) {
 }
 
 Micro avx512_bf16_micro(DType w) {
+  // Two rows per few-token tile (same experiment: 1 row 2.0 ms, 2 rows 1.5, 4 rows 1.7 at one
+  // token; at 8 tokens 8.5 / 6.1 / 6.0).
+  if (w == DType::F8_E4M3) return {&Table<Fp8Bf16Codes>::call, true, true, "avx512-bf16", 2};
   if (w != DType::BF16) return {};
   return {&Table<Bf16K>::call, true, true, "avx512-bf16"};
+}
+
+Micro avx512_bf16_fp8_rows_micro() { return {&Table<Fp8Bf16Rows>::call, true, true, "avx512-bf16"}; }
+
+EPMOE_AVX512BF16 void fp8_to_bf16_avx512(const uint8_t* q, int64_t K, uint16_t* dst) {
+  for (int64_t k = 0; k + 32 <= K; k += 32) _mm512_storeu_si512(dst + k, fp8_to_bf16x32(q + k));
 }
 
 }  // namespace epmoe

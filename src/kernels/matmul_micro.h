@@ -29,6 +29,7 @@ struct Micro {
   bool x_bf16 = false;  // the kernel wants activations rounded to bf16 (row pointers to uint16_t)
   bool k_blocks = false;  // honours [k0, k1) and acc; otherwise it must be called with k0 = 0, k1 = K
   const char* name = "";
+  int stream_rows = 1;  // weight rows per tile at few tokens (matmul.cc kStreamT), <= kMaxNR
 };
 
 // F8_E4M3 weights (128 x 128 block-scaled). The fp8 micro-kernels read the codes in place -- one
@@ -47,6 +48,7 @@ struct Fp8Row {
   const uint8_t* q;     // K codes
   const void* scale;    // the row's block scales, one per kFp8Block columns, F32 or BF16
   bool scale_bf16;
+  const uint16_t* wide = nullptr;  // bf16-compute kernel on widened rows: fp8_to_bf16 of q
 };
 // The code's fp32 bits times 2^-120 (the first step above) and block b's folded scale.
 inline float fp8_times_2m120(uint8_t b) {
@@ -63,6 +65,21 @@ inline float fp8_block_scale(const Fp8Row& r, int64_t b) {
 using Fp8DequantFn = void (*)(const Fp8Row& r, int64_t K, float* dst);
 void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst);
 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst);  // only call when cpu_features().avx512
+
+// bf16 compute (ComputeMode::BF16) on F8_E4M3 weights: activations rounded to bf16, every code
+// an exact bf16 (of q * 2^8, a normal bf16 even for the e4m3 subnormals, which vdpbf16ps would
+// flush as they stand), vdpbf16ps over each 128-wide block into block lane-accumulators that
+// start at zero, each block's lanes then times its scale * 2^-8 added into the row's fp32 lanes
+// (one FMA per block), the lanes reduced as everywhere, and the K tail beyond the last 32-wide
+// step added in fp32 (x_k * the dequantized weight). A block never straddles a K block of the
+// driver (K blocks are multiples of 128). The fast kernels need every scale s of the rows with
+// 2^-100 <= |s| < 2^8, or s = 0, or s not finite (fp8_scales_fold in matmul.cc); else rows are
+// dequantized and the exact fp32 path runs.
+//
+// dst[k] = bf16 bits of q[k] * 2^8 for k in [0, K / 32 * 32): the rows that the "-rows" kernel
+// reads (large T: each tile's rows converted once per token block, not once per micro-tile).
+void fp8_to_bf16_avx512(const uint8_t* q, int64_t K, uint16_t* dst);  // only when cpu_features().avx512_bf16
+Micro avx512_bf16_fp8_rows_micro();  // Fp8Row::wide set; only when cpu_features().avx512_bf16
 
 // Per weight dtype; nullptr when the path does not handle that dtype. For F8_E4M3 the weight row
 // pointers are Fp8Row*, with all scales of the rows foldable (see above).

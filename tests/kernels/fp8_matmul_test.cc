@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -110,6 +111,21 @@ TEST(Fp8, ConversionOfAll256Codes) {
           }
         }
       }
+}
+
+// The bf16-compute kernels' widening: every code to the bf16 of q * 2^8 (exact, normal).
+TEST(Fp8, WideningToBf16OfAll256Codes) {
+  if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
+  std::vector<uint8_t> codes(256 + 31);
+  for (size_t c = 0; c < codes.size(); c++) codes[c] = uint8_t(c);
+  std::vector<uint16_t> out(codes.size(), 0xdead);
+  fp8_to_bf16_avx512(codes.data(), int64_t(codes.size()), out.data());
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN codes: no special care on this path
+    EXPECT_EQ(double(bf16_to_f32(out[size_t(c)])), std::ldexp(e4m3_plain(uint8_t(c)), 8)) << c;
+    EXPECT_EQ(out[size_t(c)] >> 15, c >> 7) << c;
+  }
+  for (size_t c = 256; c < codes.size(); c++) EXPECT_EQ(out[c], 0xdead) << "wrote past K / 32 * 32";
 }
 
 // A weight [N, K]: fp32 values quantized per 128 x 128 block to e4m3 codes and a scale grid
@@ -255,6 +271,33 @@ TEST_P(Fp8Paths, MatchesReference) {
     }
 }
 
+// bf16 compute against the exact fp32 path: activations rounded to bf16 are the only inexact
+// step before the fp32 accumulation (codes and block scales are exact), so the difference stays
+// within 2^-8 sum_k |x_k w_k| (2^-9 per product plus the two paths' fp32 rounding).
+TEST_P(Fp8Paths, Bf16ModeWithinBf16RoundingOfExact) {
+  if (GetParam().mode != ComputeMode::BF16) GTEST_SKIP() << "bf16 mode only";
+  std::mt19937 rng(26);
+  for (const Shape& sh : kShapes)
+    for (int64_t T : {1, 3, 8, 9, 64}) {
+      Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
+      const std::vector<float> x = randn(rng, T * sh.K);
+      std::vector<float> y(size_t(T * sh.N), NAN), exact(y.size());
+      matmul(x.data(), T, w.view, y.data());
+      {
+        ComputeModeScope f32(ComputeMode::F32);
+        matmul(x.data(), T, w.view, exact.data());
+      }
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < sh.N; n++) {
+          double mag = 0;
+          for (int64_t k = 0; k < sh.K; k++) mag += std::fabs(double(x[size_t(t * sh.K + k)]) * w.deq[size_t(n * sh.K + k)]);
+          const size_t i = size_t(t * sh.N + n);
+          ASSERT_NEAR(y[i], exact[i], std::ldexp(mag, -8) + 1e-30)
+              << "N=" << sh.N << " K=" << sh.K << " T=" << T << " t=" << t << " n=" << n;
+        }
+    }
+}
+
 // A row's bits do not depend on the rows sharing the call (T = 1 ... 100, any position in a tile,
 // one-row tiles or 4 x 4 tiles), nor on the thread count, nor on whether the weight is a row slice
 // of a larger one (the slice keeps the scale grid of the whole through BlockScale::row0).
@@ -315,8 +358,9 @@ TEST_P(Fp8Paths, SwigluEqualsTwoMatmulsAndDequantizedSwiglu) {
       }
 }
 
-// Scales the fp8 kernels cannot fold into 2^120 (|s| >= 2^8) take the row dequantizer's two
-// multiplies: still exact, in both modes (a bf16 kernel, if any, checks the same way).
+// Scales the fp8 kernels cannot fold (|s| >= 2^8 into 2^120; |s| < 2^-100 into 2^-8) send the
+// weight to the row dequantizer (two multiplies where needed) and the fp32 kernel: exact, in
+// either compute mode.
 TEST_P(Fp8Paths, LargeScalesStayExact) {
   std::mt19937 rng(25);
   Fp8Weight w(144, 192, DType::F32, rng);
@@ -326,12 +370,12 @@ TEST_P(Fp8Paths, LargeScalesStayExact) {
   for (int64_t T : {1, 9, 40}) {
     const std::vector<float> x = randn(rng, T * 192);
     std::vector<float> y(size_t(T * 144)), want(y.size());
+    matmul(x.data(), T, w.view, y.data());
     {
       ComputeModeScope exact(ComputeMode::F32);
-      matmul(x.data(), T, w.view, y.data());
       matmul(x.data(), T, w.f32, want.data());
-      ASSERT_TRUE(same_bits(y, want)) << "T=" << T;
     }
+    ASSERT_TRUE(same_bits(y, want)) << "T=" << T;
   }
 }
 
@@ -344,8 +388,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, Fp8Paths,
 // T = 1 on the in-place fp8 kernel, one code per row: y[n] = x[0] * w[n, 0] exactly, for every
 // non-NaN code (the kernel's own conversion, subnormal codes and -0 included).
 TEST(Fp8, KernelConversionOfEveryCode) {
-  for (KernelPath p : {KernelPath::Generic, KernelPath::Auto}) {
+  for (const auto& [p, mode] : {std::pair{KernelPath::Generic, ComputeMode::F32}, std::pair{KernelPath::Auto, ComputeMode::F32},
+                                 std::pair{KernelPath::Auto, ComputeMode::BF16}}) {
     set_kernel_path(p);
+    set_compute_mode(mode);
     for (float s : {1.f, 0.0123f, 0x1p-20f}) {
       const int64_t N = 256, K = 40;  // two 16-wide steps and a tail of 8
       std::vector<uint8_t> q(size_t(N * K), 0);
@@ -364,11 +410,13 @@ TEST(Fp8, KernelConversionOfEveryCode) {
       matmul(x.data(), 1, v, y.data());
       for (int64_t n = 0; n < N; n++) {
         if ((n & 0x7f) == 0x7f) continue;
-        EXPECT_EQ(double(y[size_t(n)]), double(float(e4m3_plain(uint8_t(n)) * s))) << "code " << n << " scale " << s;
+        EXPECT_EQ(double(y[size_t(n)]), double(float(e4m3_plain(uint8_t(n)) * s)))
+            << "code " << n << " scale " << s << (mode == ComputeMode::BF16 ? " bf16 compute" : "");
       }
     }
   }
   set_kernel_path(KernelPath::Auto);
+  set_compute_mode(ComputeMode::F32);
 }
 
 TEST(Fp8, RefusesWeightWithoutScale) {
