@@ -244,6 +244,56 @@ void test_split_linear(int K, int N, bool bf16_weights, bool swiglu) {
         "split_linear K=" + std::to_string(K) + ": row 37 alone == in a batch of 70 (bits)");
 }
 
+// split_linear_grouped (latent attention's per-head W_UK^T and W_UV): group g's rows through its
+// N rows of W, scattered to row t * G + g, are the bits of a dense split_linear of that group
+// alone; and a row's bits do not depend on how many rows each group has (batch invariance).
+void test_split_linear_grouped(int K, int N, int G, bool bf16_weights) {
+  const int M = 37;
+  std::vector<float> x = randu(size_t(G) * M * K), w = randu(size_t(G) * N * K, 0.2f);
+  if (bf16_weights)
+    for (auto& v : w) v = round_bf16(v);
+  SplitWeight all_w;
+  all_w.init(w, G * N, K);
+  std::vector<int32_t> rows(size_t(G) * M);
+  for (int g = 0; g < G; g++)
+    for (int t = 0; t < M; t++) rows[size_t(g) * M + t] = t * G + g;
+  DeviceArray<float> dx, dy(size_t(M) * G * N), dg(size_t(M) * N);
+  DeviceArray<int32_t> drows;
+  DeviceArray<bf16> xs;
+  dx.upload(x);
+  drows.upload(rows);
+  split_linear_grouped(all_w, G, dx.data(), K, M, xs, dy.data(), N, drows.data(), stream());
+  const std::vector<float> got = dy.download(size_t(M) * G * N);
+  bool same = true;
+  for (int g = 0; g < G; g++) {
+    SplitWeight one;
+    one.init(std::vector<float>(w.begin() + long(g) * N * K, w.begin() + long(g + 1) * N * K), N, K);
+    if (one.P != all_w.P) continue;  // (the planes follow the values: compare like with like)
+    split_linear(one, dx.data() + size_t(g) * M * K, K, M, xs, dg.data(), nullptr, Epilogue::Store, stream());
+    const std::vector<float> ref = dg.download(size_t(M) * N);
+    for (int t = 0; t < M; t++)
+      same &= std::memcmp(&got[(size_t(t) * G + g) * N], &ref[size_t(t) * N], size_t(N) * 4) == 0;
+  }
+  // One row per group: the same bits as in the batch of M.
+  std::vector<float> x1(size_t(G) * K);
+  for (int g = 0; g < G; g++)
+    std::copy_n(&x[(size_t(g) * M + 5) * K], K, &x1[size_t(g) * K]);
+  std::vector<int32_t> rows1(static_cast<size_t>(G));
+  for (int g = 0; g < G; g++) rows1[size_t(g)] = g;
+  DeviceArray<float> dx1;
+  DeviceArray<int32_t> drows1;
+  dx1.upload(x1);
+  drows1.upload(rows1);
+  split_linear_grouped(all_w, G, dx1.data(), K, 1, xs, dy.data(), N, drows1.data(), stream());
+  const std::vector<float> one_row = dy.download(size_t(G) * N);
+  const bool inv = std::memcmp(one_row.data(), &got[size_t(5) * G * N], size_t(G) * N * 4) == 0;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "split_linear_grouped K=%d N=%d G=%d %s weights (P=%d%s): == per-group split_linear %s, "
+                "row alone == in a batch %s", K, N, G, bf16_weights ? "bf16" : "fp32", all_w.P,
+                all_w.periodic ? ", stored once" : "", same ? "bits" : "DIFFERS", inv ? "bits" : "DIFFERS");
+  check(same && inv, buf);
+}
+
 template <class TA>
 void test_batch_invariance() {
   const int K = 2048, N = 768, M = 300;
@@ -739,6 +789,12 @@ TEST(GpuGemm, SplitLinear) {
       test_split_linear(K, 130, bw, false);
       test_split_linear(K, 96, bw, true);
     }
+}
+
+TEST(GpuGemm, SplitLinearGrouped) {
+  REQUIRE_GPU();
+  for (int K : {16, 24, 136, 512})
+    for (bool bw : {true, false}) test_split_linear_grouped(K, K == 512 ? 128 : 40, 4, bw);
 }
 
 TEST(GpuRouting, SoftmaxTopK) {
