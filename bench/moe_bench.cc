@@ -1,10 +1,15 @@
 // The MoE layer at Qwen3-30B-A3B shape (hidden 2048, 128 experts, top-8, expert intermediate
-// 768, bf16 weights) against the machine's own limits, measured in the same run:
+// 768, bf16 weights, and the same layer from FP8 experts: e4m3 codes with a bf16 128 x 128 scale
+// grid, as Qwen3-30B-A3B-FP8 ships them) against the machine's own limits, measured in the same
+// run:
 //   - read bandwidth (STREAM-like sum over 1 GB), peak fp32 FMA and peak bf16 dot-product rates;
 //   - each row: time, tokens/s, GB/s of distinct expert bytes read, GFLOP/s, the ratio to the
 //     limit that binds it (bandwidth or compute, whichever gives the longer floor), and the ratio
-//     to a plain baseline: per-expert OpenBLAS sgemm on fp32 copies of the weights.
-// Experts are cold: 1.2 GB of weights and fresh random routing every iteration (L3 is 32 MB).
+//     to a plain baseline: per-expert OpenBLAS sgemm on fp32 copies of the weights (bf16 rows);
+//   - fp8 rows: the same, and the fp8 / bf16 speed ratio on the same inputs and routings (decode
+//     is bandwidth-bound: one byte per weight instead of two should approach 2x).
+// Experts are cold: 1.2 GB of bf16 weights (0.6 GB fp8) and fresh random routing every iteration
+// (L3 is 32 MB).
 // With --model DIR (e.g. from `epmoe synth --like qwen3-30b-a3b --layers 4`), also decode and
 // prefill tokens/s of the whole model. Figures are printed, never asserted.
 #include <cblas.h>
@@ -137,9 +142,65 @@ void make_experts(Experts& x) {
   for (int e = 0; e < E; e++) {
     const uint16_t* base = &x.bf16[per * size_t(e)];
     SwigluWeights s;
-    s.gate = {DType::BF16, {I, H}, base, "gate"};
-    s.up = {DType::BF16, {I, H}, base + size_t(I) * H, "up"};
-    s.down = {DType::BF16, {H, I}, base + size_t(2) * I * H, "down"};
+    s.gate = {DType::BF16, {I, H}, base, "gate", {}};
+    s.up = {DType::BF16, {I, H}, base + size_t(I) * H, "up", {}};
+    s.down = {DType::BF16, {H, I}, base + size_t(2) * I * H, "down", {}};
+    x.w.experts[e] = s;
+  }
+}
+
+// The same layer from FP8 experts: e4m3 codes and a bf16 scale grid per 128 x 128 block.
+struct Fp8Experts {
+  std::vector<uint8_t> q;        // [E][gate I*H | up I*H | down H*I]
+  std::vector<uint16_t> scales;  // [E][gate grid | up grid | down grid], bf16
+  MoeLayerWeights w;
+  static constexpr int kGrid = (I / 128) * (H / 128);  // 6 x 16 (gate, up) or 16 x 6 (down)
+  size_t per_expert() const { return size_t(3) * I * H; }
+  double bytes_per_expert() const { return double(per_expert()) + 3.0 * kGrid * 2; }
+};
+
+// Round to the nearest e4m3 code (ties to even), |v| <= 448.
+uint8_t e4m3_encode(float v) {
+  static const std::vector<float> mags = [] {
+    std::vector<float> m;
+    for (int c = 0; c <= 0x7e; c++) m.push_back(fp8e4m3_to_f32(uint8_t(c)));
+    return m;
+  }();
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::min(std::fabs(v), 448.0f);
+  const int hi = int(std::lower_bound(mags.begin(), mags.end(), a) - mags.begin());
+  if (hi == 0 || mags[size_t(hi)] == a) return sign | uint8_t(hi);
+  const float dlo = a - mags[size_t(hi - 1)], dhi = mags[size_t(hi)] - a;
+  return sign | uint8_t(dlo < dhi || (dlo == dhi && (hi - 1) % 2 == 0) ? hi - 1 : hi);
+}
+
+void make_fp8_experts(Fp8Experts& x) {
+  // Codes of gaussian weights quantized with amax / 448 (amax ~ 4.5 sigma), drawn from a pool
+  // (the values do not matter for speed, their distribution over the codes might).
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> g(0.f, 448.f / 4.5f);
+  std::vector<uint8_t> pool(size_t(1) << 20);
+  for (auto& c : pool) c = e4m3_encode(g(rng));
+  const size_t per = x.per_expert();
+  x.q.resize(per * E);
+  for (size_t i = 0; i < x.q.size(); i += 4096) {
+    const size_t off = size_t(rng() % (pool.size() - 4096));
+    std::memcpy(&x.q[i], &pool[off], std::min<size_t>(4096, x.q.size() - i));
+  }
+  x.scales.resize(size_t(3) * Fp8Experts::kGrid * E);
+  for (auto& s : x.scales) s = f32_to_bf16(0.035f / 448.f * (0.75f + float(rng() >> 40) / 16777216.0f * 0.5f));
+  for (int e = 0; e < E; e++) {
+    const uint8_t* base = &x.q[per * size_t(e)];
+    const uint16_t* sg = &x.scales[size_t(3) * Fp8Experts::kGrid * size_t(e)];
+    auto view = [](const uint8_t* d, int64_t n, int64_t k, const uint16_t* grid, const char* name) {
+      TensorView v{DType::F8_E4M3, {n, k}, d, name, {}};
+      v.scale = BlockScale{grid, DType::BF16, n / 128, k / 128, 0, 128};
+      return v;
+    };
+    SwigluWeights s;
+    s.gate = view(base, I, H, sg, "gate");
+    s.up = view(base + size_t(I) * H, I, H, sg + Fp8Experts::kGrid, "up");
+    s.down = view(base + size_t(2) * I * H, H, I, sg + 2 * Fp8Experts::kGrid, "down");
     x.w.experts[e] = s;
   }
 }
@@ -241,14 +302,16 @@ void model_throughput(const std::string& dir, ComputeMode mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int64_t> sizes = {1, 8, 32, 128, 512, 2048};
+  std::vector<int64_t> sizes = {1, 2, 8, 32, 128, 512, 2048};
   std::string model;
   bool baseline = true;
+  bool fp8 = true;
   std::string only;  // --compute f32|bf16: one mode only
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model = argv[++i];
     else if (a == "--no-baseline") baseline = false;
+    else if (a == "--no-fp8") fp8 = false;
     else if (a == "--compute" && i + 1 < argc && (std::string(argv[i + 1]) == "f32" || std::string(argv[i + 1]) == "bf16"))
       only = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) {
@@ -260,7 +323,8 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? s.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: moe_bench [--tokens 1,8,32,128,512,2048] [--compute f32|bf16] [--model DIR] [--no-baseline]\n");
+      std::fprintf(stderr, "usage: moe_bench [--tokens 1,2,8,32,128,512,2048] [--compute f32|bf16] [--model DIR] [--no-baseline] "
+                   "[--no-fp8]\n");
       return 2;
     }
   }
@@ -274,17 +338,22 @@ int main(int argc, char** argv) {
 
   Experts x;
   make_experts(x);
+  Fp8Experts x8;
+  if (fp8) make_fp8_experts(x8);
   Placement p = Placement::make_default(E, 1, 0);
   RoutingConfig rc;
   rc.num_experts = E;
   rc.top_k = K;
   CpuExpertRunner experts(x.w, p, /*rank=*/0, H);
+  CpuExpertRunner experts8(x8.w, p, /*rank=*/0, H);
   auto be = make_local_backend(Device::Cpu, p);
   const double expert_bytes = double(x.per_expert()) * 2;
-  std::printf("\nMoE layer: hidden %d, %d experts, top-%d, intermediate %d, bf16 weights (%.1f MB per expert), cold\n", H, E, K,
-              I, expert_bytes / 1e6);
-  std::printf("%-7s %6s %10s %10s %8s %9s %-9s %7s %12s\n", "compute", "tokens", "time ms", "tokens/s", "GB/s",
-              "GFLOP/s", "bound", "ratio", "vs OpenBLAS");
+  std::printf("\nMoE layer: hidden %d, %d experts, top-%d, intermediate %d, bf16 weights (%.1f MB per expert)", H, E, K, I,
+              expert_bytes / 1e6);
+  if (fp8) std::printf(" and fp8 (%.1f MB per expert, bf16 128x128 scales)", x8.bytes_per_expert() / 1e6);
+  std::printf(", cold\n");
+  std::printf("%-7s %-7s %6s %10s %10s %8s %9s %-9s %7s %12s %9s\n", "compute", "weights", "tokens", "time ms", "tokens/s",
+              "GB/s", "GFLOP/s", "bound", "ratio", "vs OpenBLAS", "fp8/bf16");
   for (ComputeMode mode : {ComputeMode::F32, ComputeMode::BF16}) {
     if (mode == ComputeMode::BF16 && !cpu.avx512_bf16) continue;
     if (!only.empty() && only != (mode == ComputeMode::BF16 ? "bf16" : "f32")) continue;
@@ -300,29 +369,40 @@ int main(int argc, char** argv) {
       double distinct = 0;
       for (auto& r : routes) distinct += r.distinct;
       distinct /= iters;
-      {  // one untimed pass on its own routing: first-call allocations and the pool's wake-up
-        RouteSample warm = random_routing(T, rng);
-        MoeTokens tok;
-        tok.T = T, tok.H = H, tok.K = K, tok.x = in.data(), tok.physical = warm.ids.data(), tok.weights = warm.w.data();
-        be->run(tok, experts, y.data());
-      }
-      const double t = median_time(iters, [&](int i) {
-        std::vector<int32_t> phys = routes[size_t(i)].ids;
-        MoeTokens tok;
-        tok.T = T, tok.H = H, tok.K = K, tok.x = in.data(), tok.physical = phys.data(),
-        tok.weights = routes[size_t(i)].w.data();
-        be->run(tok, experts, y.data());
-      });
+      auto layer = [&](CpuExpertRunner& runner) {
+        {  // one untimed pass on its own routing: first-call allocations and the pool's wake-up
+          RouteSample warm = random_routing(T, rng);
+          MoeTokens tok;
+          tok.T = T, tok.H = H, tok.K = K, tok.x = in.data(), tok.physical = warm.ids.data(), tok.weights = warm.w.data();
+          be->run(tok, runner, y.data());
+        }
+        return median_time(iters, [&](int i) {
+          std::vector<int32_t> phys = routes[size_t(i)].ids;
+          MoeTokens tok;
+          tok.T = T, tok.H = H, tok.K = K, tok.x = in.data(), tok.physical = phys.data(),
+          tok.weights = routes[size_t(i)].w.data();
+          be->run(tok, runner, y.data());
+        });
+      };
+      const double t = layer(experts);
       double tb = 0;
       if (baseline && mode == ComputeMode::F32)
         tb = median_time(iters, [&](int i) { baseline_layer(x, in.data(), T, routes[size_t(i)], y.data()); });
-      const double bytes = distinct * expert_bytes, flops = double(T) * K * 3 * 2 * H * I;
-      const double t_mem = bytes / (bw * 1e9), t_cmp = peak > 0 ? flops / (peak * 1e9) : 0;
-      const bool mem_bound = t_mem >= t_cmp;
-      std::printf("%-7s %6lld %10.2f %10.1f %8.1f %9.1f %-9s %6.0f%% %12s\n", mode == ComputeMode::BF16 ? "bf16" : "f32",
-                  (long long)T, t * 1e3, double(T) / t, bytes / t / 1e9, flops / t / 1e9, mem_bound ? "memory" : "compute",
-                  100.0 * (mem_bound ? t_mem : t_cmp) / t,
-                  tb > 0 ? (std::to_string(tb / t).substr(0, 5) + "x faster").c_str() : "-");
+      const double flops = double(T) * K * 3 * 2 * H * I;
+      auto row = [&](const char* weights, double time, double per_expert, const std::string& vs_blas, const std::string& vs_bf16) {
+        const double bytes = distinct * per_expert;
+        const double t_mem = bytes / (bw * 1e9), t_cmp = peak > 0 ? flops / (peak * 1e9) : 0;
+        const bool mem_bound = t_mem >= t_cmp;
+        std::printf("%-7s %-7s %6lld %10.2f %10.1f %8.1f %9.1f %-9s %6.0f%% %12s %9s\n",
+                    mode == ComputeMode::BF16 ? "bf16" : "f32", weights, (long long)T, time * 1e3, double(T) / time,
+                    bytes / time / 1e9, flops / time / 1e9, mem_bound ? "memory" : "compute",
+                    100.0 * (mem_bound ? t_mem : t_cmp) / time, vs_blas.c_str(), vs_bf16.c_str());
+      };
+      row("bf16", t, expert_bytes, tb > 0 ? std::to_string(tb / t).substr(0, 5) + "x faster" : "-", "-");
+      if (fp8) {
+        const double t8 = layer(experts8);
+        row("fp8", t8, x8.bytes_per_expert(), "-", std::to_string(t / t8).substr(0, 4) + "x");
+      }
     }
   }
   set_compute_mode(ComputeMode::F32);
