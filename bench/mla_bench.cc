@@ -7,8 +7,9 @@
 //     W_UV per head;
 //   - per head (what an engine without absorption caches): k = [k_nope | k_rope] and v per head
 //     per token (heads x (qk_head_dim + v_head_dim) floats), scores over k, context over v.
-// Both use the kernels of model.cc (kernels/vec.h dot and axpy, matmul for the absorption) and
-// fp32 caches. Printed: KV bytes per token and layer, time per decode step, and the ratio.
+// The latent form is model.cc's own code (latent_attention, the absorption and W_UV matmuls); the
+// per-head form is a plain loop per head with the same vector kernels (kernels/vec.h dot and
+// axpy), as model.cc's standard attention runs. Both caches fp32. Printed: KV bytes per token and layer, time per decode step, and the ratio.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/vec.h"
+#include "model/model.h"
 #include "util/threads.h"
 
 using namespace epmoe;
@@ -55,20 +57,9 @@ double latent_step(const Shape& s, int64_t ctx, const std::vector<float>& cache,
       matmul(&q[size_t(h * qk)], 1, ukh, &qc[size_t(h * W)]);
       std::copy(&q[size_t(h * qk + s.nope)], &q[size_t(h * qk + qk)], &qc[size_t(h * W + C)]);
     }
-    // Row-major over the cache as model.cc: a row is read once for all heads.
-    std::vector<float> p(size_t(s.heads) * size_t(ctx));
-    parallel_for((ctx + 15) / 16, std::max(1, 256 / s.heads), [&](int64_t b, int64_t e) {
-      for (int64_t j = b * 16; j < std::min(ctx, e * 16); j++)
-        for (int h = 0; h < s.heads; h++) p[size_t(h * ctx + j)] = dot(&qc[size_t(h * W)], &cache[size_t(j * W)], W) * 0.1f;
-    });
-    parallel_for(s.heads, 1, [&](int64_t hb, int64_t he) {
-      for (int64_t h = hb; h < he; h++) {
-        softmax(&p[size_t(h * ctx)], ctx);
-        std::fill(&ctxl[size_t(h * C)], &ctxl[size_t((h + 1) * C)], 0.f);
-      }
-      for (int64_t j = 0; j < ctx; j++)
-        for (int64_t h = hb; h < he; h++) axpy(p[size_t(h * ctx + j)], &cache[size_t(j * W)], &ctxl[size_t(h * C)], C);
-    });
+    std::vector<float> p;
+    latent_attention(qc.data(), s.heads, W, C, ctx, 16, [&](int64_t blk) { return &cache[size_t(blk * 16 * W)]; },
+                     0.1f, ctxl.data(), p);
     for (int h = 0; h < s.heads; h++) {
       TensorView uvh;
       uvh.dtype = DType::F32;

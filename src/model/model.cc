@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "kernels/matmul.h"
 #include "kernels/vec.h"
@@ -163,6 +164,43 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   matmul(ctx.data(), T, a.o, out);
 }
 
+void latent_attention(const float* q_abs, int heads, int64_t W, int64_t C, int64_t len, int64_t B,
+                      const std::function<const float*(int64_t)>& block_rows, float scale, float* ctx,
+                      std::vector<float>& p) {
+  // Every head reads the same cache rows, so the loops run row-major: a row is read once for all
+  // heads (scores: split over the key blocks; context: split over the heads, keys in order).
+  // Each score is one matmul element and each context sums its keys in ascending order: the bits
+  // depend neither on the split nor on the batch.
+  p.resize(static_cast<size_t>(heads * len));  // p[h * len + j]
+  parallel_for((len + B - 1) / B, std::max<int64_t>(1, 64 / heads), [&](int64_t b, int64_t e) {
+    // Scores of a block of keys for every head: one matmul of the absorbed queries [heads, W]
+    // with the block's rows [cnt, W] (its per-element order depends on neither count,
+    // kernels/matmul.h).
+    std::vector<float> sb(static_cast<size_t>(heads * B));
+    for (int64_t blk = b; blk < e; blk++) {
+      const int64_t j0 = blk * B, cnt = std::min(B, len - j0);
+      TensorView keys;
+      keys.dtype = DType::F32;
+      keys.shape = {cnt, W};
+      keys.data = block_rows(blk);
+      keys.name = "latent cache block";
+      matmul(q_abs, heads, keys, sb.data());
+      for (int h = 0; h < heads; h++)
+        for (int64_t r = 0; r < cnt; r++) p[size_t(h * len + j0 + r)] = sb[size_t(h * cnt + r)] * scale;
+    }
+  });
+  parallel_for(heads, 1, [&](int64_t hb, int64_t he) {
+    for (int64_t h = hb; h < he; h++) {
+      softmax(&p[size_t(h * len)], len);
+      std::fill(ctx + h * C, ctx + (h + 1) * C, 0.f);
+    }
+    for (int64_t j = 0; j < len; j++) {
+      const float* r = block_rows(j / B) + (j % B) * W;
+      for (int64_t h = hb; h < he; h++) axpy(p[size_t(h * len + j)], r, ctx + h * C, C);
+    }
+  });
+}
+
 void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
                           const float* x, int64_t T, float* out) const {
   const MlaWeights& w = w_.layers[size_t(l)].attn.mla;
@@ -227,33 +265,14 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
     }
     // Causal attention over the cache, keys in position order whatever blocks hold them. Every
     // head reads the same cache rows, so the loops run row-major: a row is read once for all
-    // heads (scores: split over the keys; context: split over the heads, keys in order). Each
-    // score is one dot product and each context sums its keys in ascending order, as a loop per
-    // head would: the bits do not depend on the split.
+    // heads (scores: split over the key blocks; context: split over the heads, keys in order).
+    // Each score is one matmul element and each context sums its keys in ascending order: the
+    // bits depend neither on the split nor on the batch.
     std::vector<float> p;
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t len = base + i + 1;
-      const float* q_i = &qc[size_t((t0 + i) * Hq * W)];
-      p.resize(static_cast<size_t>(Hq * len));  // p[h * len + j]
-      auto row = [&](int64_t j) { return kv_row(k_, W, l, table[size_t(j / B)], j % B); };
-      parallel_for((len + B - 1) / B, std::max<int64_t>(1, 256 / Hq), [&](int64_t b, int64_t e) {
-        for (int64_t blk = b; blk < e; blk++)
-          for (int64_t j = blk * B; j < std::min(len, (blk + 1) * B); j++) {
-            const float* r = row(j);
-            for (int h = 0; h < Hq; h++) p[size_t(h * len + j)] = dot(q_i + h * W, r, W) * scale;
-          }
-      });
-      parallel_for(Hq, 1, [&](int64_t hb, int64_t he) {
-        for (int64_t h = hb; h < he; h++) {
-          softmax(&p[size_t(h * len)], len);
-          std::fill(&ctx[size_t(((t0 + i) * Hq + h) * C)], &ctx[size_t(((t0 + i) * Hq + h + 1) * C)], 0.f);
-        }
-        for (int64_t j = 0; j < len; j++) {
-          const float* r = row(j);
-          for (int64_t h = hb; h < he; h++) axpy(p[size_t(h * len + j)], r, &ctx[size_t(((t0 + i) * Hq + h) * C)], C);
-        }
-      });
-    }
+    for (int64_t i = 0; i < n; i++)
+      latent_attention(&qc[size_t((t0 + i) * Hq * W)], Hq, W, C, base + i + 1, B,
+                       [&](int64_t blk) { return kv_row(k_, W, l, table[size_t(blk)], 0); }, scale,
+                       &ctx[size_t((t0 + i) * Hq * C)], p);
   }
 
   // Values: each head's latent context through its W_UV rows of kv_b_proj, then o_proj.
