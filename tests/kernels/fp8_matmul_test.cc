@@ -226,9 +226,11 @@ struct Shape {
 const Shape kShapes[] = {{144, 192}, {130, 136}, {50, 256}, {7, 17}, {33, 300}, {20, 1100}};
 const int64_t kTs[] = {1, 2, 3, 8, 9, 33, 64, 100};
 
+// The fp32 (exact) compute mode on each path.
+class Fp8Exact : public Fp8Paths {};
+
 // fp32 compute: the fp8 matmul is the F32 matmul of the dequantized weights, bit for bit.
-TEST_P(Fp8Paths, Fp32ModeBitEqualToDequantizedF32) {
-  if (GetParam().mode != ComputeMode::F32) GTEST_SKIP() << "exact mode only";
+TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
   std::mt19937 rng(21);
   for (DType sd : {DType::F32, DType::BF16})
     for (const Shape& sh : kShapes) {
@@ -274,8 +276,9 @@ TEST_P(Fp8Paths, MatchesReference) {
 // bf16 compute against the exact fp32 path: activations rounded to bf16 are the only inexact
 // step before the fp32 accumulation (codes and block scales are exact), so the difference stays
 // within 2^-8 sum_k |x_k w_k| (2^-9 per product plus the two paths' fp32 rounding).
-TEST_P(Fp8Paths, Bf16ModeWithinBf16RoundingOfExact) {
-  if (GetParam().mode != ComputeMode::BF16) GTEST_SKIP() << "bf16 mode only";
+TEST(Fp8, Bf16ComputeWithinBf16RoundingOfExact) {
+  if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
+  ComputeModeScope bf16(ComputeMode::BF16);
   std::mt19937 rng(26);
   for (const Shape& sh : kShapes)
     for (int64_t T : {1, 3, 8, 9, 64}) {
@@ -379,6 +382,10 @@ TEST_P(Fp8Paths, LargeScalesStayExact) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Paths, Fp8Exact,
+                         ::testing::Values(PathMode{KernelPath::Generic, ComputeMode::F32, "generic"},
+                                           PathMode{KernelPath::Auto, ComputeMode::F32, "auto"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 INSTANTIATE_TEST_SUITE_P(Paths, Fp8Paths,
                          ::testing::Values(PathMode{KernelPath::Generic, ComputeMode::F32, "generic"},
                                            PathMode{KernelPath::Auto, ComputeMode::F32, "auto"},
