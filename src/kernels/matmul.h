@@ -23,10 +23,13 @@
 //     the F32 kernel's own arithmetic: in registers at <= 8 tokens (four weight rows per tile),
 //     beyond that a tile's rows dequantized once per token block into a per-thread buffer.
 //   bf16 compute: a true bf16 path -- codes widened exactly to bf16, vdpbf16ps over each 128-wide
-//     block into block accumulators, each block's sum times its scale in fp32 (matmul_micro.h).
+//     block into block accumulators, each block's sum times its scale in fp32 (matmul_micro.h),
+//     two weight rows per tile at <= 8 tokens, rows widened once per token block beyond.
 //     Batch-invariant like the rest. Against the exact path the only inexact step is the
 //     activations' rounding to bf16: |y - y_exact| <= 2^-8 sum_k |x_k w_k| (2^-9 per product
-//     plus both paths' fp32 rounding; tests/kernels/fp8_matmul_test.cc holds it to that).
+//     plus both paths' fp32 rounding; tests/kernels/fp8_matmul_test.cc holds it to that). Decode
+//     runs near DRAM bandwidth; compute-bound prefill pays one FMA per four vdpbf16ps for the
+//     scales (bench/moe_bench: ~0.75x the tokens/s of bf16 weights at 512+ tokens).
 //   On the generic path, with blocks other than 128, or with scales outside [2^-100, 2^8) (none
 //   in real checkpoints), rows are dequantized into a per-thread buffer and the fp32 kernel runs:
 //   exact in either mode. The fast kernels read the NaN codes 0x7f / 0xff as 480 (checkpoints
