@@ -228,15 +228,16 @@ EPMOE_AVX512BF16 inline __m512i fp8_to_bf16x32(const uint8_t* q) {
   const __m512i t = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(int16_t(0x87F0)),
                                               _mm512_set1_epi16(0x4000), 0xEA);  // (a & b) | c
   const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));      // exponent 0
-  alignas(64) static constexpr uint16_t kHalves[32] = {0, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4020, 0x4040, 0x4060};  // m / 2
+  // m / 2 for m = 0..7, as bf16
+  alignas(64) static constexpr uint16_t kHalves[32] = {0, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4020, 0x4040, 0x4060};
   const __m512i halves = _mm512_load_si512(kHalves);
   const __m512i r = _mm512_mask_permutexvar_epi16(t, sub, w, halves);
   return _mm512_ternarylogic_epi32(r, w, _mm512_set1_epi16(int16_t(0x8000)), 0xF8);  // a | (b & c)
 }
 
-// The tile's columns [j0, j0 + NR) of a tile nr_all wide (acc and out keep the whole tile's
-// layout): 2 x MR x NR accumulators (block lanes and row lanes), so a 4 x 4 tile runs as two
-// 4 x 2 halves -- the same per-element arithmetic, only the registers differ.
+// NR columns of a tile nr_all wide (the caller offsets r, acc and out to the first; acc and out
+// keep the whole tile's layout): 2 x MR x NR accumulators (block lanes and row lanes), so a 4 x 4
+// tile runs as two 4 x 2 halves -- the same per-element arithmetic, only the registers differ.
 template <int MR, int NR, bool kWide>
 EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const Fp8Row* const* r, int64_t K, int64_t k0, int64_t k1,
                                     float* accm, float* out, int nr_all) {
