@@ -221,7 +221,7 @@ template void attention<bf16>(const AttnArgs&, bf16*, cudaStream_t);
 
 void mla_latent_cache(const MlaLatentArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
-  EPMOE_ASSERT(a.dr % 2 == 0 && a.dr / 2 <= 32 * 64, "mla: rope dims");
+  EPMOE_ASSERT(a.dr % 2 == 0, "mla: qk_rope_head_dim " + std::to_string(a.dr) + " is not even");
   mla_latent_kernel<<<unsigned(a.T), 128, 0, s>>>(a);
   EPMOE_CUDA_LAUNCHED();
 }
