@@ -115,7 +115,9 @@ if ((ngpu >= 2)); then
   done
   # epmoe check on GPUs: every fixture, both compute modes; redundant experts and a capacity of
   # 3 tokens per round (several lowlatency rounds) on the first.
-  for name in qwen3moe-tiny qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny; do
+  for name in qwen3moe-tiny qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny \
+              deepseek-v2-lite-tiny deepseek-v2-tiny deepseek-v3-tiny glm4moe-lite-tiny qwen3moe-fp8-tiny \
+              deepseek-v3-fp8-tiny; do
     for c in bf16 f32; do
       step "check_2gpu_${name}_$c" 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --compute $c \
         --model tests/data/$name --json "$out/check_2gpu_${name}_$c.json"

@@ -21,10 +21,6 @@ inline std::vector<std::string> mla_fixtures() {
   return {"deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny", "glm4moe-lite-tiny"};
 }
 inline std::vector<std::string> fp8_fixtures() { return {"qwen3moe-fp8-tiny", "deepseek-v3-fp8-tiny"}; }
-// What the GPU model runs so far (latent attention, YaRN and FP8 are CPU-only: docs/models.md).
-inline std::vector<std::string> gpu_model_fixtures() {
-  return {"qwen3moe-tiny", "qwen3moe-tiny-mixed-bf16", "qwen3moe-tiny-v5", "qwen2moe-tiny", "glm4moe-tiny", "mixtral-tiny"};
-}
 inline std::vector<std::string> all_model_fixtures() {
   return {"qwen3moe-tiny", "qwen3moe-tiny-mixed-bf16", "qwen3moe-tiny-v5", "qwen2moe-tiny", "glm4moe-tiny", "mixtral-tiny",
           "deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny", "glm4moe-lite-tiny", "qwen3moe-fp8-tiny",
