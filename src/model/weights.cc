@@ -104,6 +104,10 @@ void load_experts(const Loader& ld, const MoeNames& n, const std::string& pfx, c
   const std::string fused_gu = pfx + "experts.gate_up_proj", fused_d = pfx + "experts.down_proj";
   if (ld.ckpt.contains(fused_gu)) {
     TensorView gu = ld.ckpt.get(fused_gu), d = ld.ckpt.get(fused_d);
+    for (const TensorView* t : {&gu, &d})
+      if (t->dtype == DType::F8_E4M3)
+        throw InputError("tensor '" + t->name + "' is F8_E4M3 in transformers v5's fused expert layout; FP8 experts " +
+                         "are supported in the hub's per-expert layout (experts.E.gate_proj.weight + weight_scale_inv)");
     if (gu.rank() != 3 || gu.shape[0] != E || gu.shape[1] != 2 * I || gu.shape[2] != H)
       throw InputError("tensor '" + fused_gu + "' has shape " + gu.shape_str() + ", expected [" + std::to_string(E) +
                        ", " + std::to_string(2 * I) + ", " + std::to_string(H) + "]");
