@@ -263,11 +263,8 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
       std::memcpy(kv_row(k_, W, l, table[size_t((base + i) / B)], (base + i) % B), &kv[size_t(t * W)],
                   sizeof(float) * size_t(W));
     }
-    // Causal attention over the cache, keys in position order whatever blocks hold them. Every
-    // head reads the same cache rows, so the loops run row-major: a row is read once for all
-    // heads (scores: split over the key blocks; context: split over the heads, keys in order).
-    // Each score is one matmul element and each context sums its keys in ascending order: the
-    // bits depend neither on the split nor on the batch.
+    // Causal attention of each new token over the cache up to and including itself, keys in
+    // position order whatever blocks hold them.
     std::vector<float> p;
     for (int64_t i = 0; i < n; i++)
       latent_attention(&qc[size_t((t0 + i) * Hq * W)], Hq, W, C, base + i + 1, B,
