@@ -5,10 +5,18 @@
 // inputs (uniform-ish routing), L2 flushed before every replay, the layer as one CUDA graph,
 // median of the replays. Also each stage alone (its own graph), to show where the time goes.
 //
-//   gpu_moe_bench [--out FILE.tsv] [--iters N] [--m 1,8,64,...]
+// Then the same layer with the experts of an FP8 block-quantized checkpoint on the fp8 tensor
+// cores (moe/cuda/experts.cuh Fp8ExpertRunner: e4m3 codes + a scale per row and 128-block, rows
+// in fp32 quantized per token and 128-channel group, fp8 MMAs, h quantized again, fp32 slots),
+// beside the bf16 layer: time, ratio, the bytes of expert weights each reads.
+//
+//   gpu_moe_bench [--out FILE.tsv] [--iters N] [--m 1,8,64,...] [--precision bf16|fp8|both]
+//                 [--fp8-out FILE.tsv]
 //
 // Printed, never asserted. Ceilings for the floor: 4.3 TB/s and 790 TFLOP/s (KINDS.md, measured
 // on an H200 of this workplace); the copy ceiling is re-measured here and printed beside them.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -41,6 +49,9 @@ struct Bench {
   DeviceArray<uint64_t> gids;
   RoutingConfig rc;
   int M = 0;
+  // The fp8 layer: the same router, routing and combine; the experts in e4m3.
+  Fp8ExpertRunner f8;
+  DeviceArray<float> slots_f, y8;
 
   Bench() {
     w.H = H, w.I = I, w.p0 = 0, w.n_local = E;
@@ -65,6 +76,25 @@ struct Bench {
     rc.top_k = K;
     rc.norm_topk_prob = true;
   }
+
+  // Codes uniform in value over [-448, 448] times a scale of 0.04 / 448 (gate/up) and 0.06 / 448
+  // (down), each row and block its own scale within +-10 %: the bf16 weights' distribution.
+  void init_fp8() {
+    f8.init(H, I, 0, E);
+    fill_fp8(f8.w1.data(), size_t(E) * 2 * I * f8.Hp, 21);
+    fill_fp8(f8.w2.data(), size_t(E) * H * f8.Ip, 22);
+    auto scales = [](size_t n, float base, uint64_t seed) {
+      std::vector<float> v(n);
+      for (auto& f : v) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        f = base / 448.0f * (0.9f + 0.2f * float(seed >> 40) / 16777216.0f);
+      }
+      return v;
+    };
+    f8.s1.upload(scales(size_t(E) * (f8.Hp / kFp8Block) * 2 * I, 0.04f, 5));
+    f8.s2.upload(scales(size_t(E) * (f8.Ip / kFp8Block) * H, 0.06f, 6));
+  }
+  static void fill_fp8(uint8_t* p, size_t n, uint64_t seed);
 
   void setup(int m) {
     M = m;  // (hint() below reads M)
@@ -154,7 +184,47 @@ struct Bench {
     stage_gemm2();
     stage_combine();
   }
+  // The bf16 experts alone: plan + gate/up + down.
+  void experts_bf16() {
+    stage_plan();
+    stage_gemm1();
+    stage_gemm2();
+  }
+  // The fp8 experts alone: plan, quantize x, gate/up, quantize h, down (the runner of the model).
+  void experts_fp8() {
+    slots_f.reserve(size_t(M) * K * H);
+    ExpertJobs j;
+    j.x = x.data();
+    j.x_stride = H;
+    j.phys = phys.data();
+    j.phys_stride = K;
+    j.rows = M;
+    j.K = K;
+    f8.run(j, slots_f.data());
+  }
+  void layer_fp8() {
+    y8.reserve(size_t(M) * H);
+    stage_router();
+    stage_route();
+    experts_fp8();
+    combine_slots(slots_f.data(), nullptr, wts.data(), M, H, K, 1.0f, y8.data(), stream());
+  }
 };
+
+__global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) / 16777216.0f * 2.0f - 1.0f;
+    p[i] = __nv_cvt_float_to_fp8(u * 448.0f, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+void Bench::fill_fp8(uint8_t* p, size_t n, uint64_t seed) {
+  fill_fp8_kernel<<<sm_count() * 8, 256, 0, stream()>>>(p, n, seed);
+  EPMOE_CUDA_LAUNCHED();
+}
 
 DeviceArray<unsigned char> g_flush;
 constexpr size_t kFlushBytes = size_t(512) << 20;
@@ -223,16 +293,62 @@ double copy_bandwidth() {
   return 2.0 * double(n) / (us * 1e-6);
 }
 
+// The fp8 layer beside the bf16 one, M by M in the same process: whole layer (one graph, L2
+// flushed, median), the experts alone, the distinct experts' weight bytes each reads.
+void run_fp8(Bench& b, const std::vector<int>& Ms, int iters, const std::string& out) {
+  b.init_fp8();
+  const double bf16_expert = 3.0 * H * I * 2, fp8_expert = double(b.f8.expert_bytes());
+  FILE* f = out.empty() ? nullptr : std::fopen(out.c_str(), "w");
+  if (f)
+    std::fprintf(f, "M\tdistinct\tbf16_us\tfp8_us\tratio\tbf16_experts_us\tfp8_experts_us\tbf16_weight_bytes\t"
+                    "fp8_weight_bytes\tfp8_weight_GBps\tdeterministic\n");
+  std::printf("\nfp8 experts (e4m3 codes + fp32 scales per row and 128-block, %.0f bytes per expert against %.0f in bf16)\n",
+              fp8_expert, bf16_expert);
+  std::printf("\n| M | distinct | bf16 layer us | fp8 layer us | fp8 / bf16 | bf16 experts us | fp8 experts us | "
+              "bf16 weights MB | fp8 weights MB | fp8 weights GB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int M : Ms) {
+    b.setup(M);
+    for (int w = 0; w < 3; w++) b.layer(), b.layer_fp8();
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    auto g16 = capture([&] { b.layer(); });
+    auto g8 = capture([&] { b.layer_fp8(); });
+    auto e16 = capture([&] { b.experts_bf16(); });
+    auto e8 = capture([&] { b.experts_fp8(); });
+    const double us16 = time_graph(g16, iters), us8 = time_graph(g8, iters);
+    const double ex16 = time_graph(e16, iters), ex8 = time_graph(e8, iters);
+    std::vector<float> y1 = b.y8.download(size_t(M) * H);
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(g8, stream()));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    std::vector<float> y2 = b.y8.download(size_t(M) * H);
+    bool finite = true;
+    for (float v : y1) finite &= std::isfinite(v);
+    const bool same = std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0 && finite;
+    std::vector<int32_t> ph = b.phys.download(size_t(M) * K);
+    const size_t distinct = std::set<int32_t>(ph.begin(), ph.end()).size();
+    const double w16 = double(distinct) * bf16_expert, w8 = double(distinct) * fp8_expert;
+    std::printf("| %d | %zu | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f |%s\n", M, distinct, us16, us8,
+                us8 / us16, ex16, ex8, w16 / 1e6, w8 / 1e6, w8 / (ex8 * 1e-6) / 1e9, same ? "" : " NOT DETERMINISTIC/FINITE");
+    if (f)
+      std::fprintf(f, "%d\t%zu\t%.2f\t%.2f\t%.3f\t%.2f\t%.2f\t%.6g\t%.6g\t%.1f\t%d\n", M, distinct, us16, us8, us8 / us16,
+                   ex16, ex8, w16, w8, w8 / (ex8 * 1e-6) / 1e9, same);
+    for (auto* g : {g16, g8, e16, e8}) cudaGraphExecDestroy(g);
+  }
+  if (f) std::fclose(f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out;
+  std::string out, fp8_out, precision = "both";
   int iters = 30;
   std::vector<int> Ms = {1, 8, 64, 256, 1024, 4096};
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (a == "--fp8-out" && i + 1 < argc) fp8_out = argv[++i];
+    else if (a == "--precision" && i + 1 < argc) precision = argv[++i];
     else if (a == "--m" && i + 1 < argc) {
       Ms.clear();
       std::string s = argv[++i];
@@ -244,6 +360,10 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (precision != "bf16" && precision != "fp8" && precision != "both") {
+    std::fprintf(stderr, "gpu_moe_bench: --precision bf16|fp8|both, not %s\n", precision.c_str());
+    return 2;
+  }
   try {
     init_device(0);
     g_flush.reserve(kFlushBytes);
@@ -251,47 +371,51 @@ int main(int argc, char** argv) {
     std::printf("device-to-device copy: cudaMemcpy %.2f TB/s, 16-byte copy kernel %.2f TB/s (read + write); "
                 "ceilings used: %.1f TB/s, %.0f TFLOP/s\n", bw / 1e12, bwk / 1e12, kBw / 1e12, kFlops / 1e12);
     Bench b;
-    FILE* f = out.empty() ? nullptr : std::fopen(out.c_str(), "w");
-    if (f)
-      std::fprintf(f, "M\tus\tbytes\tflops\tfloor_us\tratio\tdistinct\trouter_us\troute_us\tplan_us\tgemm1_us\tgemm2_us\tcombine_us\tdeterministic\n");
-    std::printf("\n| M | us | distinct experts | bytes | FLOPs | floor us | / floor | router | route | plan | gate+up | down | combine |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int M : Ms) {
-      b.setup(M);
-      for (int w = 0; w < 3; w++) b.layer();  // grows buffers, sets kernel attributes
-      EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-      auto ge = capture([&] { b.layer(); });
-      const double us = time_graph(ge, iters);
-      // Determinism at scale: two replays give the same bits.
-      std::vector<float> y1 = b.y.download(size_t(M) * H);
-      EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, stream()));
-      EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-      std::vector<float> y2 = b.y.download(size_t(M) * H);
-      bool finite = true;
-      for (float v : y1) finite &= std::isfinite(v);
-      const bool same = std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0 && finite;
-      std::vector<int32_t> ph = b.phys.download(size_t(M) * K);
-      std::set<int32_t> distinct(ph.begin(), ph.end());
-      const double bytes = double(distinct.size()) * 3.0 * H * I * 2 + double(M) * H * (2 + 4);
-      const double flops = 2.0 * M * K * 3.0 * H * I;
-      const double floor_us = std::max(bytes / kBw, flops / kFlops) * 1e6;
-      double st[6];
-      void (Bench::*stages[6])() = {&Bench::stage_router, &Bench::stage_route, &Bench::stage_plan,
-                                    &Bench::stage_gemm1, &Bench::stage_gemm2, &Bench::stage_combine};
-      for (int s = 0; s < 6; s++) {
-        auto gs = capture([&] { (b.*stages[s])(); });
-        st[s] = time_graph(gs, iters);
-        cudaGraphExecDestroy(gs);
-      }
-      cudaGraphExecDestroy(ge);
-      std::printf("| %d | %.1f | %zu | %.3g | %.3g | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |%s\n", M, us,
-                  distinct.size(), bytes, flops, floor_us, us / floor_us, st[0], st[1], st[2], st[3], st[4], st[5],
-                  same ? "" : " NOT DETERMINISTIC/FINITE");
+    const bool do_bf16 = precision != "fp8", do_fp8 = precision != "bf16";
+    if (do_bf16) {
+      FILE* f = out.empty() ? nullptr : std::fopen(out.c_str(), "w");
       if (f)
-        std::fprintf(f, "%d\t%.2f\t%.6g\t%.6g\t%.2f\t%.3f\t%zu\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%d\n", M, us, bytes,
-                     flops, floor_us, us / floor_us, distinct.size(), st[0], st[1], st[2], st[3], st[4], st[5], same);
+        std::fprintf(f, "M\tus\tbytes\tflops\tfloor_us\tratio\tdistinct\trouter_us\troute_us\tplan_us\tgemm1_us\tgemm2_us\tcombine_us\tdeterministic\n");
+      std::printf("\n| M | us | distinct experts | bytes | FLOPs | floor us | / floor | router | route | plan | gate+up | down | combine |\n");
+      std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      for (int M : Ms) {
+        b.setup(M);
+        for (int w = 0; w < 3; w++) b.layer();  // grows buffers, sets kernel attributes
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        auto ge = capture([&] { b.layer(); });
+        const double us = time_graph(ge, iters);
+        // Determinism at scale: two replays give the same bits.
+        std::vector<float> y1 = b.y.download(size_t(M) * H);
+        EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, stream()));
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        std::vector<float> y2 = b.y.download(size_t(M) * H);
+        bool finite = true;
+        for (float v : y1) finite &= std::isfinite(v);
+        const bool same = std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0 && finite;
+        std::vector<int32_t> ph = b.phys.download(size_t(M) * K);
+        std::set<int32_t> distinct(ph.begin(), ph.end());
+        const double bytes = double(distinct.size()) * 3.0 * H * I * 2 + double(M) * H * (2 + 4);
+        const double flops = 2.0 * M * K * 3.0 * H * I;
+        const double floor_us = std::max(bytes / kBw, flops / kFlops) * 1e6;
+        double st[6];
+        void (Bench::*stages[6])() = {&Bench::stage_router, &Bench::stage_route, &Bench::stage_plan,
+                                      &Bench::stage_gemm1, &Bench::stage_gemm2, &Bench::stage_combine};
+        for (int s = 0; s < 6; s++) {
+          auto gs = capture([&] { (b.*stages[s])(); });
+          st[s] = time_graph(gs, iters);
+          cudaGraphExecDestroy(gs);
+        }
+        cudaGraphExecDestroy(ge);
+        std::printf("| %d | %.1f | %zu | %.3g | %.3g | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |%s\n", M, us,
+                    distinct.size(), bytes, flops, floor_us, us / floor_us, st[0], st[1], st[2], st[3], st[4], st[5],
+                    same ? "" : " NOT DETERMINISTIC/FINITE");
+        if (f)
+          std::fprintf(f, "%d\t%.2f\t%.6g\t%.6g\t%.2f\t%.3f\t%zu\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%d\n", M, us, bytes,
+                       flops, floor_us, us / floor_us, distinct.size(), st[0], st[1], st[2], st[3], st[4], st[5], same);
+      }
+      if (f) std::fclose(f);
     }
-    if (f) std::fclose(f);
+    if (do_fp8) run_fp8(b, Ms, iters, fp8_out);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_moe_bench: %s\n", e.what());
     return 1;

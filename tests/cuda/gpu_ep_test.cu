@@ -135,12 +135,20 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
   std::vector<std::vector<int32_t>> seqs;
   for (int s = 0; s < gold.sequences(); s++) seqs.push_back(gold.ids("seq" + std::to_string(s) + ".all_ids"));
   const int E = cfg.routing.num_experts;
-  for (bool f32 : {false, true}) {
+  // bf16, f32 and, for FP8 checkpoints, bf16 with the routed experts on the fp8 tensor cores
+  // (GpuFp8Compute::TensorCore: batch-invariant too, so 1 vs R GPUs must agree bit for bit).
+  std::vector<std::pair<bool, bool>> modes = {{false, false}, {true, false}};
+  if (cfg.quant.fp8) modes.push_back({false, true});
+  for (auto [f32, fp8_tc] : modes) {
+    GpuModelOptions mo;
+    mo.f32 = f32;
+    mo.fp8 = fp8_tc ? GpuFp8Compute::TensorCore : GpuFp8Compute::Dequant;
+    const char* mode = f32 ? "f32" : fp8_tc ? "bf16 fp8-tc" : "bf16";
     for (int red : {0, 2}) {
       Placement ref_pl = Placement::make_default(E, 1, red);
       std::vector<std::vector<float>> ref;
       {
-        auto refm = make_gpu_model(cfg, ckpt, ref_pl, 0, f32);
+        auto refm = make_gpu_model(cfg, ckpt, ref_pl, 0, mo);
         auto local = make_local_backend(Device::Cuda, ref_pl);
         auto all = run_scenarios(*refm, *local, g, seqs, /*local_all=*/true);
         // Keep what this rank will compute: A (rank 0 only), then B+C of this rank.
@@ -149,7 +157,7 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
         for (size_t i = 0; i < per; i++) ref.push_back(all[1 + size_t(me) * per + i]);
       }
       Placement pl = Placement::make_default(E, R, red);
-      auto m = make_gpu_model(cfg, ckpt, pl, me, f32);
+      auto m = make_gpu_model(cfg, ckpt, pl, me, mo);
       std::vector<std::pair<std::string, int>> variants;
       for (auto& n : backend_names(Device::Cuda)) variants.push_back({n, 128});
       variants.push_back({"lowlatency", 3});
@@ -177,13 +185,13 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
           for (size_t i = 0; i < faulty.size(); i++) f.add(faulty[i], ref[i]);
           const int differs = int(g.allreduce_sum(f.identical ? 0 : 1));
           caught = differs > 0 ? "caught" : "MISSED";
-          EXPECT_GT(differs, 0) << fx << (f32 ? " f32" : " bf16") << " redundant " << red
+          EXPECT_GT(differs, 0) << fx << " " << mode << " redundant " << red
                                 << ": an injected double reduce left the logits unchanged";
         }
-        EXPECT_EQ(bad, 0) << fx << (f32 ? " f32" : " bf16") << " redundant " << red << " " << name << " cap " << cap
+        EXPECT_EQ(bad, 0) << fx << " " << mode << " redundant " << red << " " << name << " cap " << cap
                           << ": " << bad << " rank(s) differ from 1 GPU, max |diff| " << worst;
         char buf[300];
-        std::snprintf(buf, sizeof buf, "| %s | %s | %d | %s%s | %s | %.3g | %s |", fx.c_str(), f32 ? "f32" : "bf16",
+        std::snprintf(buf, sizeof buf, "| %s | %s | %d | %s%s | %s | %.3g | %s |", fx.c_str(), mode,
                       red, name.c_str(), cap != 128 ? " (cap 3)" : "", bad ? "NO" : "yes", worst, caught.c_str());
         g_rows.push_back(buf);
       }

@@ -9,6 +9,10 @@
 //             block output, log-probabilities of every position, greedy ids where the golden
 //             top-2 margin exceeds 0.1, incremental decoding == full recompute (bits), a batch of
 //             two sequences == each alone (bits), two runs == same bits
+//   fp8       per-token-group quantization == the host's bits; the fp8 GEMM against a double
+//             reference of its own arithmetic and against the dequantized product, the same bits
+//             for every tile shape and for a row alone or in M = 7, 64, 300; the fp8 expert runner;
+//             the FP8 fixtures with fp8 tensor-core experts against the goldens (stated tolerance)
 //   kv pool   the paged KV cache: the same logits bits for blocks of 16, 1 and 5 tokens (one pass,
 //             and incremental next to another sequence); a fork decoding other tokens == fresh
 //             sequences (copy on write), every block back at the end; beyond the pool: KvPoolFull
@@ -34,6 +38,7 @@
 #include "io/checkpoint.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/split_linear.cuh"
 #include "engine/sampling.h"
 #include "model/cuda/gpu_model.h"
@@ -738,12 +743,504 @@ void test_pool_full(const std::string& name) {
   check(ran, name + ": a 32-token prompt fills the 32-token pool");
 }
 
+// ---------------------------------------------------------------------------------------------
+// FP8 tolerances (docs/gpu.md, "FP8 on the tensor cores"; measured values there).
+// The fp8 GEMM against a double reference of its own arithmetic (the same e4m3 codes and scales):
+// max |err| / sum of the terms' magnitudes (Store), rel L2 (SwiGLU).
+// Measured on an H200: at most 1.5e-7 (the MMA's block sums behave as fp32 sums).
+constexpr double kFp8TightTol = 1e-6;
+// Against the dequantized product (unquantized activations): rel L2 -- e4m3's 3 significand bits.
+// Measured 2.5e-2 .. 3.8e-2 (one GEMM), 4.2e-2 (the runner: x and h both quantized).
+constexpr double kFp8DequantTol = 6e-2;
+// The FP8 fixtures' goldens with the tensor-core experts: |dlogit| per position, 90th percentile,
+// and the share of positions whose argmax agrees.
+// Measured: p90 0.68-0.72 (qwen3moe-fp8-tiny), 0.31 (deepseek-v3-fp8-tiny); agreement 83-87 %.
+constexpr double kFp8GoldenP90 = 1.0;
+constexpr double kFp8GoldenAgree = 0.8;
+
+// ---------------------------------------------------------------------------------------------
+// FP8 on the tensor cores (kernels/cuda/gemm_fp8.cuh, moe/cuda/experts.cuh Fp8ExpertRunner).
+
+// Random e4m3 weights [G][N][Kp] (zero codes past K; every code but NaN, so magnitudes from the
+// subnormals to 448) with one scale per (row, 128-block), k-block-major per group.
+struct Fp8Weights {
+  int G = 0, N = 0, K = 0, Kp = 0, KB = 0;
+  std::vector<uint8_t> codes;  // [G][N][Kp]
+  std::vector<float> scale;    // [G][KB][N]
+  Fp8Weights(int g, int n, int k)
+      : G(g), N(n), K(k), Kp(fp8_padded(k)), KB(fp8_padded(k) / kFp8Block), codes(size_t(g) * n * Kp, 0),
+        scale(size_t(g) * KB * n) {
+    for (int gg = 0; gg < G; gg++)
+      for (int r = 0; r < N; r++)
+        for (int c = 0; c < K; c++) {
+          uint8_t v;
+          do v = uint8_t(rng()); while ((v & 0x7f) == 0x7f);
+          codes[(size_t(gg) * N + r) * Kp + c] = v;
+        }
+    for (auto& s : scale) s = float(0.5 + double(rng() % 1000) / 1000.0) * 0.3f / 448.0f;
+  }
+  float code(int g, int n, int k) const { return fp8e4m3_to_f32(codes[(size_t(g) * N + n) * Kp + k]); }
+  float sc(int g, int n, int b) const { return scale[(size_t(g) * KB + b) * N + n]; }
+};
+
+// Rows of activations with magnitudes over four decades, one 128-group of row 3 all zero.
+std::vector<float> fp8_test_rows(int rows, int K) {
+  auto x = randu(size_t(rows) * K);
+  for (int r = 0; r < rows; r++)
+    for (int k = 0; k < K; k++) x[size_t(r) * K + k] *= std::pow(10.0f, float(r % 5) - 2.0f);
+  if (rows > 3)
+    for (int k = 0; k < std::min(K, kFp8Block); k++) x[size_t(3) * K + k] = 0.f;
+  return x;
+}
+
+// sglang's per_token_group_quant_fp8 on the host: s = max(amax, 1e-10) / 448, q = e4m3(x / s).
+void host_quant_row(const float* x, int K, uint8_t* q, float* s) {
+  const int KB = ceil_div(K, kFp8Block);
+  for (int b = 0; b < KB; b++) {
+    float amax = 0.f;
+    for (int k = b * kFp8Block; k < std::min(K, (b + 1) * kFp8Block); k++) amax = std::max(amax, std::fabs(x[k]));
+    s[b] = std::max(amax, 1e-10f) / kFp8Max;
+    for (int k = b * kFp8Block; k < (b + 1) * kFp8Block; k++) q[k] = k < K ? f32_to_fp8e4m3_host(x[k] / s[b]) : 0;
+  }
+}
+
+// Device quantization == the host's, bit for bit (codes and scales), for fp32 and bf16 rows.
+void test_fp8_quantize(int rows, int K) {
+  const int Kp = fp8_padded(K), KB = Kp / kFp8Block;
+  auto fx = fp8_test_rows(rows, K);
+  fx[5] = 1e30f;  // saturates nothing: the scale follows amax
+  std::vector<uint8_t> hq(size_t(rows) * Kp);
+  std::vector<float> hs(size_t(rows) * KB);
+  for (int r = 0; r < rows; r++) host_quant_row(&fx[size_t(r) * K], K, &hq[size_t(r) * Kp], &hs[size_t(r) * KB]);
+  DeviceArray<float> dx;
+  dx.upload(fx);
+  DeviceArray<uint8_t> dq(size_t(rows) * Kp);
+  DeviceArray<float> ds(size_t(rows) * KB);
+  EPMOE_CUDA_CHECK(cudaMemset(dq.data(), 0x55, size_t(rows) * Kp));
+  quantize_rows_fp8(dx.data(), K, rows, nullptr, K, dq.data(), Kp, ds.data(), KB, stream());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto gq = dq.download(size_t(rows) * Kp);
+  const auto gs = ds.download(size_t(rows) * KB);
+  size_t bad_q = 0, bad_s = 0;
+  for (size_t i = 0; i < gq.size(); i++) bad_q += gq[i] != hq[i];
+  for (size_t i = 0; i < gs.size(); i++) bad_s += std::memcmp(&gs[i], &hs[i], 4) != 0;
+  // bf16 rows: the same function of the widened values.
+  std::vector<float> fb(fx.size());
+  for (size_t i = 0; i < fx.size(); i++) fb[i] = round_bf16(fx[i]);
+  for (int r = 0; r < rows; r++) host_quant_row(&fb[size_t(r) * K], K, &hq[size_t(r) * Kp], &hs[size_t(r) * KB]);
+  DeviceArray<bf16> dxb;
+  dxb.upload(to_dev_type<bf16>(fx));
+  quantize_rows_fp8(dxb.data(), K, rows, nullptr, K, dq.data(), Kp, ds.data(), KB, stream());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto gq2 = dq.download(size_t(rows) * Kp);
+  const auto gs2 = ds.download(size_t(rows) * KB);
+  for (size_t i = 0; i < gq2.size(); i++) bad_q += gq2[i] != hq[i];
+  for (size_t i = 0; i < gs2.size(); i++) bad_s += std::memcmp(&gs2[i], &hs[i], 4) != 0;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "quantize_rows_fp8 %d rows K=%d (fp32 and bf16 rows): %zu code and %zu scale mismatches "
+                "with the host's per_token_group_quant_fp8", rows, K, bad_q, bad_s);
+  check(bad_q == 0 && bad_s == 0, buf);
+}
+
+// The grouped fp8 GEMM (gather, scatter, empty groups, K tails, SwiGLU) against
+//   (a) a double reference of the same quantized arithmetic: the device's activation codes and
+//       scales, sum over blocks of P_b * fp32(sa * sw) -- error bounded relative to the sum of
+//       the terms' magnitudes (Store) / rel L2 (SwiGLU);
+//   (b) the dequantized product: unquantized activations times fp32(code * scale) weights, in
+//       double -- the activation quantization's error, rel L2;
+// and the same bits for each tile shape.
+void test_fp8_gemm(int K, int N, bool swiglu, double* tight_out, double* deq_out) {
+  const std::vector<int> sizes = {0, 1, 17, 64, 0, 130, 5};
+  const int G = int(sizes.size());
+  std::vector<int32_t> off{0};
+  for (int s : sizes) off.push_back(off.back() + s);
+  const int rows = off.back(), src_rows = rows + 7;
+  Fp8Weights W(G, N, K);
+  const int Kp = W.Kp, KB = W.KB;
+  auto fx = fp8_test_rows(src_rows, K);
+  DeviceArray<float> dx;
+  dx.upload(fx);
+  DeviceArray<uint8_t> dq(size_t(src_rows) * Kp), dw;
+  DeviceArray<float> ds(size_t(src_rows) * KB), dws;
+  quantize_rows_fp8(dx.data(), K, src_rows, nullptr, K, dq.data(), Kp, ds.data(), KB, stream());
+  dw.upload(W.codes);
+  dws.upload(W.scale);
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto q = dq.download(size_t(src_rows) * Kp);
+  const auto qs = ds.download(size_t(src_rows) * KB);
+  std::vector<int32_t> a_rows(static_cast<size_t>(rows)), c_rows(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; r++) a_rows[size_t(r)] = int32_t((r * 7 + 3) % src_rows);
+  for (int r = 0; r < rows; r++) c_rows[size_t(r)] = int32_t((r * 13 + 5) % rows);
+  const int NC = swiglu ? N / 2 : N;
+  std::vector<double> ref(size_t(rows) * NC), mag(size_t(rows) * NC), deq(size_t(rows) * NC);
+  for (int g = 0; g < G; g++)
+    for (int r = off[size_t(g)]; r < off[size_t(g) + 1]; r++) {
+      const int src = a_rows[size_t(r)];
+      std::vector<double> y(static_cast<size_t>(N)), m(static_cast<size_t>(N)), yd(static_cast<size_t>(N));
+      for (int n = 0; n < N; n++) {
+        double chain = 0, absum = 0, dd = 0;
+        for (int b = 0; b < KB; b++) {
+          double P = 0, Pa = 0;
+          for (int k = b * kFp8Block; k < std::min(K, (b + 1) * kFp8Block); k++) {
+            const double t = double(fp8e4m3_to_f32(q[size_t(src) * Kp + k])) * W.code(g, n, k);
+            P += t;
+            Pa += std::fabs(t);
+            dd += double(fx[size_t(src) * K + k]) * double(W.code(g, n, k) * W.sc(g, n, b));
+          }
+          const float s = qs[size_t(src) * KB + b] * W.sc(g, n, b);  // fp32, as the kernel
+          chain += P * s;
+          absum += Pa * std::fabs(s);
+        }
+        y[size_t(n)] = chain, m[size_t(n)] = absum, yd[size_t(n)] = dd;
+      }
+      const size_t o = size_t(c_rows[size_t(r)]) * NC;
+      auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+      for (int c = 0; c < NC; c++) {
+        ref[o + c] = swiglu ? silu(y[size_t(2 * c)]) * y[size_t(2 * c + 1)] : y[size_t(c)];
+        deq[o + c] = swiglu ? silu(yd[size_t(2 * c)]) * yd[size_t(2 * c + 1)] : yd[size_t(c)];
+        mag[o + c] = m[size_t(c)];
+      }
+    }
+  DeviceArray<int32_t> doff, dar, dcr;
+  doff.upload(off);
+  dar.upload(a_rows);
+  dcr.upload(c_rows);
+  DeviceArray<float> dc(size_t(rows) * NC);
+  std::vector<std::vector<float>> outs;
+  for (int hint : {8, 48, 200}) {  // the three tile shapes
+    EPMOE_CUDA_CHECK(cudaMemset(dc.data(), 0xff, sizeof(float) * size_t(rows) * NC));  // NaN poison
+    Fp8GemmArgs a;
+    a.g.A = dq.data();
+    a.g.lda = Kp;
+    a.g.a_rows = dar.data();
+    a.g.B = dw.data();
+    a.g.ldb = Kp;
+    a.g.b_group_stride = int64_t(N) * Kp;
+    a.g.offsets = doff.data();
+    a.g.G = G;
+    a.g.rows_hint = hint;
+    a.g.N = N;
+    a.g.K = Kp;
+    a.g.C = dc.data();
+    a.g.ldc = NC;
+    a.g.c_rows = dcr.data();
+    a.a_scale = ds.data();
+    a.a_scale_ld = KB;
+    a.b_scale = dws.data();
+    a.b_scale_group_stride = int64_t(KB) * N;
+    gemm_fp8(a, swiglu ? Epilogue::SwiGLU : Epilogue::Store, stream());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    outs.push_back(dc.download(size_t(rows) * NC));
+  }
+  double tight = 0;
+  if (swiglu) {
+    tight = rel_err(outs[0], ref);
+  } else {
+    for (size_t i = 0; i < ref.size(); i++) {
+      const double e = std::fabs(double(outs[0][i]) - ref[i]) / std::max(mag[i], 1e-300);
+      tight = std::isfinite(outs[0][i]) ? std::max(tight, e) : INFINITY;
+    }
+  }
+  const double dq_err = rel_err(outs[0], deq);
+  *tight_out = std::max(*tight_out, tight);
+  *deq_out = std::max(*deq_out, dq_err);
+  bool same = true;
+  for (size_t i = 1; i < outs.size(); i++) same &= std::memcmp(outs[i].data(), outs[0].data(), outs[0].size() * 4) == 0;
+  char buf[300];
+  std::snprintf(buf, sizeof buf, "gemm_fp8 K=%d N=%d %s: vs the quantized arithmetic in double %s %.2e (tol %.0e); vs "
+                "the dequantized product rel %.2e (tol %.0e)", K, N, swiglu ? "swiglu" : "store",
+                swiglu ? "rel" : "max |err| / sum |terms|", tight, kFp8TightTol, dq_err, kFp8DequantTol);
+  check(tight <= kFp8TightTol && dq_err <= kFp8DequantTol, buf);
+  check(same, "gemm_fp8 K=" + std::to_string(K) + ": same bits for every tile shape (16, 64, 128 rows)");
+}
+
+// A dense row alone == the same row inside batches of 7, 64 and 300 (each tile shape).
+void test_fp8_batch_invariance() {
+  const int K = 2048, N = 768, M = 300, row = 137;
+  const int Kp = fp8_padded(K), KB = Kp / kFp8Block;
+  Fp8Weights W(1, N, K);
+  auto fx = fp8_test_rows(M, K);
+  DeviceArray<float> dx;
+  dx.upload(fx);
+  DeviceArray<uint8_t> dq(size_t(M) * Kp), dw;
+  DeviceArray<float> ds(size_t(M) * KB), dws, dc(size_t(M) * N);
+  quantize_rows_fp8(dx.data(), K, M, nullptr, K, dq.data(), Kp, ds.data(), KB, stream());
+  dw.upload(W.codes);
+  dws.upload(W.scale);
+  auto run = [&](int m) {
+    const int start = std::clamp(row - (m - 1) / 2, 0, M - m);
+    Fp8GemmArgs a;
+    a.g.A = dq.data() + size_t(start) * Kp;
+    a.g.lda = Kp;
+    a.g.B = dw.data();
+    a.g.ldb = Kp;
+    a.g.M = m;
+    a.g.N = N;
+    a.g.K = Kp;
+    a.g.C = dc.data();
+    a.g.ldc = N;
+    a.a_scale = ds.data() + size_t(start) * KB;
+    a.a_scale_ld = KB;
+    a.b_scale = dws.data();
+    a.b_scale_group_stride = 0;
+    gemm_fp8(a, Epilogue::Store, stream());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto c = dc.download(size_t(m) * N);
+    return std::vector<float>(c.begin() + size_t(row - start) * N, c.begin() + size_t(row - start + 1) * N);
+  };
+  const auto alone = run(1);
+  for (int m : {7, 64, M}) {
+    const auto in = run(m);
+    check(std::memcmp(alone.data(), in.data(), sizeof(float) * N) == 0,
+          "gemm_fp8: row " + std::to_string(row) + " alone == inside M = " + std::to_string(m) + " (bits, tile height " +
+              std::to_string(gemm_tile_m(m)) + ")");
+  }
+}
+
+// A checkpoint-like expert: e4m3 codes [rows, cols] with a [ceil(rows/128), ceil(cols/128)] grid.
+struct Fp8Tensor {
+  std::vector<uint8_t> codes;
+  std::vector<float> grid;
+  TensorView view;
+  Fp8Tensor(int rows, int cols, const std::string& name) {
+    codes.resize(size_t(rows) * cols);
+    for (auto& c : codes)
+      do c = uint8_t(rng()); while ((c & 0x7f) == 0x7f || (c & 0x78) > 0x60);  // |v| <= 2^5 * 1.875
+    grid.resize(size_t(ceil_div(rows, 128)) * ceil_div(cols, 128));
+    for (auto& s : grid) s = float(0.5 + double(rng() % 1000) / 1000.0) * 0.02f;
+    view.dtype = DType::F8_E4M3;
+    view.shape = {rows, cols};
+    view.data = codes.data();
+    view.name = name;
+    view.scale.data = grid.data();
+    view.scale.dtype = DType::F32;
+    view.scale.rows = ceil_div(rows, 128);
+    view.scale.cols = ceil_div(cols, 128);
+  }
+  double at(int r, int c) const { return double(view.at(int64_t(r) * view.shape[1] + c)); }
+};
+
+// The fp8 expert runner (plan, quantization, both GEMMs) against the dequantized experts in double
+// (rel L2, the activation quantization's error), slot and compact modes, ids of other ranks in
+// the rows; and a row alone == the same row among `rows` (bits).
+void test_fp8_runner(int rows, int K, double* err_out) {
+  const int H = 200, I = 136, P = 6, p0 = 2, n_local = 3;  // both padded: 256
+  std::vector<Fp8Tensor> gate, up, down;  // (reserved: each view points into its own codes)
+  gate.reserve(P), up.reserve(P), down.reserve(P);
+  for (int e = 0; e < P; e++) {
+    gate.emplace_back(I, H, "gate" + std::to_string(e));
+    up.emplace_back(I, H, "up" + std::to_string(e));
+    down.emplace_back(H, I, "down" + std::to_string(e));
+  }
+  Fp8ExpertRunner runner;
+  runner.init(H, I, p0, n_local);
+  for (int q = 0; q < n_local; q++) runner.upload(q, gate[size_t(p0 + q)].view, up[size_t(p0 + q)].view, down[size_t(p0 + q)].view);
+  auto fx = randu(size_t(rows) * H);
+  std::vector<int32_t> phys(size_t(rows) * K);
+  for (auto& q : phys) q = int32_t(rng() % P);
+  DeviceArray<float> dx, dout(size_t(rows) * K * H), dout1(size_t(K) * H);
+  dx.upload(fx);
+  DeviceArray<int32_t> dp, base(size_t(rows) + 1);
+  dp.upload(phys);
+  auto expert_ref = [&](int pe, const float* x, std::vector<double>& y) {
+    std::vector<double> h(static_cast<size_t>(I));
+    for (int j = 0; j < I; j++) {
+      double a = 0, b = 0;
+      for (int q = 0; q < H; q++) {
+        a += double(x[q]) * gate[size_t(pe)].at(j, q);
+        b += double(x[q]) * up[size_t(pe)].at(j, q);
+      }
+      h[size_t(j)] = a / (1 + std::exp(-a)) * b;
+    }
+    y.assign(size_t(H), 0);
+    for (int q = 0; q < H; q++)
+      for (int j = 0; j < I; j++) y[size_t(q)] += h[size_t(j)] * down[size_t(pe)].at(q, j);
+  };
+  std::vector<float> slots_full;
+  for (bool compact : {false, true}) {
+    EPMOE_CUDA_CHECK(cudaMemset(dout.data(), 0, sizeof(float) * size_t(rows) * K * H));
+    ExpertJobs j;
+    j.x = dx.data();
+    j.x_stride = H;
+    j.phys = dp.data();
+    j.phys_stride = K;
+    j.rows = rows;
+    j.K = K;
+    j.compact = compact;
+    j.row_base = base.data();
+    runner.run(j, dout.data());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    auto got = dout.download(size_t(rows) * K * H);
+    if (!compact) slots_full = got;
+    auto rb = base.download(size_t(rows) + 1);
+    std::vector<float> g_sel;
+    std::vector<double> r_sel;
+    int idx = 0;
+    bool base_ok = true;
+    for (int r = 0; r < rows; r++) {
+      base_ok &= rb[size_t(r)] == idx;
+      for (int k = 0; k < K; k++) {
+        const int pe = phys[size_t(r * K + k)];
+        if (pe < p0 || pe >= p0 + n_local) continue;
+        const size_t orow = compact ? size_t(idx) : size_t(r * K + k);
+        idx++;
+        if (r % std::max(1, rows / 64) != 0) continue;  // the double reference on a sample of rows
+        std::vector<double> y;
+        expert_ref(pe, &fx[size_t(r) * H], y);
+        for (int q = 0; q < H; q++) {
+          g_sel.push_back(got[orow * H + size_t(q)]);
+          r_sel.push_back(y[size_t(q)]);
+        }
+      }
+    }
+    base_ok &= rb[size_t(rows)] == idx;
+    const double e = rel_err(g_sel, r_sel);
+    *err_out = std::max(*err_out, e);
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "fp8 expert runner %s, %d rows x %d slots (H 200, I 136: partial blocks): %d jobs, "
+                  "rel err %.2e vs the dequantized experts (tol %.0e), row_base %s",
+                  compact ? "compact" : "slots", rows, K, idx, e, kFp8DequantTol, base_ok ? "ok" : "WRONG");
+    check(e < kFp8DequantTol && base_ok, buf);
+  }
+  // Row 'rows / 2' alone: the same output bits in each of its local slots.
+  const int r0 = rows / 2;
+  ExpertJobs j1;
+  j1.x = dx.data() + size_t(r0) * H;
+  j1.x_stride = H;
+  j1.phys = dp.data() + size_t(r0) * K;
+  j1.phys_stride = K;
+  j1.rows = 1;
+  j1.K = K;
+  runner.run(j1, dout1.data());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto one = dout1.download(size_t(K) * H);
+  bool same = true;
+  int local = 0;
+  for (int k = 0; k < K; k++) {
+    const int pe = phys[size_t(r0 * K + k)];
+    if (pe < p0 || pe >= p0 + n_local) continue;
+    local++;
+    same &= std::memcmp(&one[size_t(k) * H], &slots_full[(size_t(r0) * K + k) * H], sizeof(float) * H) == 0;
+  }
+  check(same, "fp8 expert runner: row " + std::to_string(r0) + " alone == among " + std::to_string(rows) + " rows (" +
+                  std::to_string(local) + " local slots, bits)");
+}
+
+// The FP8 fixtures with GpuFp8Compute::TensorCore against transformers' goldens (fp32 forwards of
+// the dequantized weights: they do not model the activations' e4m3 rounding): max |dlogit| per
+// position (90th percentile and worst), max |dlogprob|, argmax agreement, the MoE block; and the
+// bit-for-bit properties of every path: incremental == full, batch == alone, rerun == first.
+struct Fp8GoldenRow {
+  std::string fixture, compute;
+  double p90 = 0, worst = 0, dlogprob = 0, agree = 0, block_rel = 0;
+  size_t positions = 0;
+  bool inc_bits = false, batch_bits = false, det_bits = false;
+};
+std::vector<Fp8GoldenRow> g_fp8_rows;
+
+Fp8GoldenRow test_fixture_fp8(const std::string& name, bool f32) {
+  Fp8GoldenRow row;
+  row.fixture = name;
+  row.compute = f32 ? "f32" : "bf16";
+  ModelConfig cfg = load_model_config(test::fixture(name));
+  Checkpoint ckpt(test::fixture(name));
+  Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
+  GpuModelOptions opt;
+  opt.f32 = f32;
+  opt.fp8 = GpuFp8Compute::TensorCore;
+  std::unique_ptr<LanguageModel> model = make_gpu_model(cfg, ckpt, pl, 0, opt);
+  LanguageModel& m = *model;
+  auto be = make_local_backend(Device::Cuda, pl);
+  test::Golden g(name);
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  for (int l = 0; l < cfg.num_layers; l++) {
+    const std::string k = "seq0.model.layers." + std::to_string(l) + ".mlp.";
+    if (!g.has(k + "in")) continue;
+    auto in = g.f32(k + "in"), want = g.f32(k + "out");
+    const int64_t T = int64_t(in.size()) / H;
+    std::vector<uint64_t> gids(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; t++) gids[size_t(t)] = uint64_t(t);
+    std::vector<float> got(in.size());
+    m.mlp_block(l, in.data(), T, gids.data(), *be, got.data());
+    row.block_rel = std::max(row.block_rel, rel_err(got, std::vector<double>(want.begin(), want.end())));
+  }
+  std::vector<float> per_pos;
+  int agree = 0;
+  std::vector<std::vector<int32_t>> all_ids;
+  std::vector<std::vector<float>> full;
+  for (int s = 0; s < g.sequences(); s++) {
+    const std::string p = "seq" + std::to_string(s) + ".";
+    auto ids = g.ids(p + "all_ids");
+    all_ids.push_back(ids);
+    Sequence seq = m.new_sequence(0);
+    auto logits = m.forward({&seq}, {ids}, *be, true)[0];
+    full.push_back(logits);
+    auto want = g.f32(p + "logits");
+    auto a = log_softmax(logits, V), b = log_softmax(want, V);
+    for (size_t r = 0; r * size_t(V) < logits.size(); r++) {
+      float d = 0;
+      for (int64_t v = 0; v < V; v++) {
+        const size_t i = r * size_t(V) + size_t(v);
+        d = std::max(d, std::fabs(logits[i] - want[i]));
+        row.dlogprob = std::max(row.dlogprob, double(std::fabs(a[i] - b[i])));
+      }
+      per_pos.push_back(d);
+      agree += argmax(&logits[r * size_t(V)], V) == argmax(&want[r * size_t(V)], V);
+    }
+  }
+  std::sort(per_pos.begin(), per_pos.end());
+  row.positions = per_pos.size();
+  row.p90 = per_pos[per_pos.size() * 9 / 10];
+  row.worst = per_pos.back();
+  row.agree = double(agree) / double(per_pos.size());
+  {
+    auto& ids = all_ids.back();
+    Sequence inc = m.new_sequence(0);
+    const size_t prefix = ids.size() / 2;
+    auto got = m.forward({&inc}, {{ids.begin(), ids.begin() + long(prefix)}}, *be, true)[0];
+    for (size_t i = prefix; i < ids.size(); i++) {
+      auto l = m.forward({&inc}, {{ids[i]}}, *be, true)[0];
+      got.insert(got.end(), l.begin(), l.end());
+    }
+    row.inc_bits = same_bits(got, full.back());
+  }
+  if (all_ids.size() >= 2) {
+    Sequence a = m.new_sequence(0), b = m.new_sequence(1);
+    auto both = m.forward({&a, &b}, {all_ids[0], all_ids[1]}, *be, true);
+    row.batch_bits = same_bits(both[0], full[0]) && same_bits(both[1], full[1]);
+  } else {
+    row.batch_bits = true;
+  }
+  {
+    Sequence again = m.new_sequence(0);
+    row.det_bits = same_bits(m.forward({&again}, {all_ids[0]}, *be, true)[0], full[0]);
+  }
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "%s fp8 tensor cores, --compute %s: |dlogit| per position p90 %.3g (tol %.2g), worst "
+                "%.3g; max |dlogprob| %.3g; argmax agrees at %.0f%% of %zu positions (tol %.0f%%); MoE block rel %.2e",
+                name.c_str(), row.compute.c_str(), row.p90, kFp8GoldenP90, row.worst, row.dlogprob, 100 * row.agree,
+                row.positions, 100 * kFp8GoldenAgree, row.block_rel);
+  check(row.p90 > 1e-4 && row.p90 <= kFp8GoldenP90 && row.agree >= kFp8GoldenAgree, buf);
+  check(row.inc_bits, name + " fp8 tensor cores --compute " + row.compute + ": incremental decoding == full recompute (bits)");
+  check(row.batch_bits, name + " fp8 tensor cores --compute " + row.compute + ": two sequences in a batch == each alone (bits)");
+  check(row.det_bits, name + " fp8 tensor cores --compute " + row.compute + ": a second run == the first (bits)");
+  return row;
+}
+
 // The golden rows of the run, for the summary table.
 std::vector<Row> g_rows;
 
 class SummaryTable : public ::testing::Environment {
  public:
   void TearDown() override {
+    if (!g_fp8_rows.empty()) {
+      std::printf("\n| fixture (fp8 tensor cores) | compute | MoE block rel | |dlogit| p90 | worst | max |dlogprob| | argmax agrees | inc==full | batch==alone | rerun |\n");
+      std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      for (auto& r : g_fp8_rows)
+        std::printf("| %s | %s | %.2e | %.3g | %.3g | %.3g | %.0f%% of %zu | %s | %s | %s |\n", r.fixture.c_str(),
+                    r.compute.c_str(), r.block_rel, r.p90, r.worst, r.dlogprob, 100 * r.agree, r.positions,
+                    r.inc_bits ? "bits" : "NO", r.batch_bits ? "bits" : "NO", r.det_bits ? "bits" : "NO");
+    }
     if (g_rows.empty()) return;
     std::printf("\n| fixture | compute | MoE/MLP block max abs (rel) | max |dlogprob| (where) | median | max |dlogit| | greedy | inc==full | batch==alone | rerun |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
@@ -850,6 +1347,54 @@ TEST(GpuExperts, RunnerMultiBlockPlan) {
   REQUIRE_GPU();
   test_runner<bf16>(3000, 4);
   test_runner<float>(2100, 4);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// FP8 on the tensor cores.
+
+TEST(GpuFp8, QuantizeIsPerTokenGroupQuantFp8) {
+  REQUIRE_GPU();
+  test_fp8_quantize(50, 200);
+  test_fp8_quantize(9, 2048);
+}
+
+TEST(GpuFp8, GemmAgainstReferences) {
+  REQUIRE_GPU();
+  double tight = 0, deq = 0;
+  for (int K : {128, 200, 2048}) {
+    test_fp8_gemm(K, 130, false, &tight, &deq);
+    test_fp8_gemm(K, 96, true, &tight, &deq);
+  }
+  std::printf("gemm_fp8: worst vs its own arithmetic %.2e, worst vs the dequantized product %.2e\n", tight, deq);
+}
+
+TEST(GpuFp8, BatchInvariance) {
+  REQUIRE_GPU();
+  test_fp8_batch_invariance();
+}
+
+TEST(GpuFp8, ExpertRunner) {
+  REQUIRE_GPU();
+  double e = 0;
+  test_fp8_runner(50, 3, &e);
+  test_fp8_runner(3000, 4, &e);
+}
+
+TEST(GpuFp8, FixturesWithinStatedTolerance) {
+  REQUIRE_GPU();
+  for (const std::string& name : test::fp8_fixtures())
+    for (bool f32 : {false, true}) g_fp8_rows.push_back(test_fixture_fp8(name, f32));
+}
+
+TEST(GpuFp8, RefusedWithoutFp8Experts) {
+  REQUIRE_GPU();
+  ModelConfig cfg = load_model_config(test::fixture("qwen3moe-tiny"));
+  Checkpoint ckpt(test::fixture("qwen3moe-tiny"));
+  Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
+  GpuModelOptions opt;
+  opt.fp8 = GpuFp8Compute::TensorCore;
+  EXPECT_THROW(make_gpu_model(cfg, ckpt, pl, 0, opt), InputError);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,8 +102,9 @@ struct Layer {
   DeviceArray<float> corr_bias;  // [E]
   bool has_corr_bias = false;
   ExpertWeightsGpu<T> experts;
-  std::unique_ptr<ExpertRunner> runner;    // ExpertRunnerGpu<T>, or SplitExpertRunner
+  std::unique_ptr<ExpertRunner> runner;    // ExpertRunnerGpu<T>, SplitExpertRunner or Fp8ExpertRunner
   SplitExpertRunner* split_runner = nullptr;  // bf16 mode, experts not exactly bf16
+  Fp8ExpertRunner* fp8_runner = nullptr;      // GpuFp8Compute::TensorCore
   Swiglu<T> shared;
   DeviceArray<float> shared_gate;  // [1, H]
   bool has_shared_gate = false;
@@ -133,6 +134,8 @@ struct GpuModel final : LanguageModel {
   // bf16 mode: the routed experts keep fp32 accuracy (their weights are not all exactly bf16:
   // a checkpoint stored in fp32); their rows then travel in fp32.
   bool split_experts = false;
+  // GpuFp8Compute::TensorCore: the routed experts stay in e4m3 (Fp8ExpertRunner), rows in fp32.
+  bool fp8_experts = false;
   DeviceArray<float> final_norm, inv_freq;
   DeviceArray<int32_t> rep_off, rep_list;
   // Scratch, grown to the largest forward seen.
@@ -208,6 +211,13 @@ struct GpuModel final : LanguageModel {
     L.experts.p0 = placement.first_local(rank);
     L.experts.n_local = placement.num_local(rank);
     const size_t n = size_t(L.experts.n_local), I = size_t(L.experts.I);
+    if (fp8_experts) {
+      auto r = std::make_unique<Fp8ExpertRunner>();
+      r->init(H, int(I), L.experts.p0, L.experts.n_local);
+      L.fp8_runner = r.get();
+      L.runner = std::move(r);
+      return;
+    }
     if (split_experts) {
       auto r = std::make_unique<SplitExpertRunner>();
       r->H = H, r->I = int(I), r->p0 = L.experts.p0, r->n_local = L.experts.n_local;
@@ -285,10 +295,25 @@ struct GpuModel final : LanguageModel {
   }
 
   // From the checkpoint.
-  GpuModel(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r, const KvOptions& kv) {
+  GpuModel(const ModelConfig& c, const Checkpoint& ckpt, const Placement& p, int r, const KvOptions& kv,
+           GpuFp8Compute fp8) {
     init_shapes(c, p, r);
     ModelWeights w = load_weights(c, ckpt, p.logical_owned_by(r));
-    if constexpr (kBf16) {
+    if (fp8 == GpuFp8Compute::TensorCore) {
+      // Every routed expert in e4m3 with 128-blocks of scales (a rank without experts asks the
+      // config, so that every rank of a group decides alike).
+      if (!c.quant.fp8 || c.quant.block != kFp8Block)
+        throw InputError(c.source + ": fp8 tensor-core experts need an FP8 block-quantized checkpoint "
+                         "(quantization_config fp8, 128 x 128 blocks)");
+      for (const LayerWeights& lw : w.layers)
+        for (const auto& [e, sw] : lw.moe.experts)
+          for (const TensorView* t : {&sw.gate, &sw.up, &sw.down})
+            if (!Fp8ExpertRunner::accepts(*t))
+              throw InputError(c.source + ": fp8 tensor-core experts need every routed expert in F8_E4M3 with "
+                               "128 x 128 block scales; " + t->name + " is " + std::string(dtype_name(t->dtype)));
+      fp8_experts = true;
+    }
+    if (kBf16 && !fp8_experts) {
       // Experts stored in anything but bf16 keep their precision (SplitExpertRunner).
       for (const LayerWeights& lw : w.layers)
         for (const auto& [e, sw] : lw.moe.experts)
@@ -346,6 +371,10 @@ struct GpuModel final : LanguageModel {
         for (int q = 0; q < L->experts.n_local; q++) {
           const int logical = p.logical_of[size_t(L->experts.p0 + q)];
           const SwigluWeights& sw = lw.moe.experts.at(logical);
+          if (fp8_experts) {
+            L->fp8_runner->upload(q, sw.gate, sw.up, sw.down);
+            continue;
+          }
           if (split_experts) {
             L->split_runner->upload(q, interleave_gate_up(sw.gate, sw.up), to_f32(sw.down));
             continue;
@@ -545,7 +574,7 @@ struct GpuModel final : LanguageModel {
     route(ra, s);
     MoeTokens tok;
     tok.device = Device::Cuda;
-    const bool bf16_rows = kBf16 && !split_experts;
+    const bool bf16_rows = kBf16 && !split_experts && !fp8_experts;
     tok.act = bf16_rows ? DType::BF16 : DType::F32;
     tok.T = T_;
     tok.H = H;
@@ -997,9 +1026,17 @@ void refuse_synthetic(const ModelConfig& cfg) {
 }  // namespace
 
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
+                                              const Placement& placement, int rank, const GpuModelOptions& opt) {
+  if (opt.f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, opt.kv, opt.fp8);
+  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, opt.kv, opt.fp8);
+}
+
+std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
                                               const Placement& placement, int rank, bool f32, const KvOptions& kv) {
-  if (f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, kv);
-  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, kv);
+  GpuModelOptions opt;
+  opt.f32 = f32;
+  opt.kv = kv;
+  return make_gpu_model(cfg, ckpt, placement, rank, opt);
 }
 
 std::unique_ptr<LanguageModel> make_synthetic_gpu_model(const ModelConfig& cfg, const Placement& placement, int rank,

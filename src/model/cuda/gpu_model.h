@@ -28,8 +28,29 @@
 
 namespace epmoe {
 
-// Non-expert weights and the experts `placement` gives to `rank`, from the checkpoint; f32:
-// --compute f32 (else bf16).
+// How the routed experts of an FP8 block-quantized checkpoint compute on the GPU (docs/gpu.md,
+// "FP8 on the tensor cores").
+enum class GpuFp8Compute {
+  // The default: dequantized on upload (code x block scale in fp32, the CPU's bits), then computed
+  // as an fp32 checkpoint's experts: the arithmetic of the CPU and of the goldens.
+  Dequant,
+  // Kept in e4m3 on the device (1 byte per weight + a scale per row and 128-block), activations
+  // quantized per token and 128-channel group to e4m3, fp8 tensor-core MMAs with the block scales
+  // applied in an fp32 accumulation (sglang's / vLLM's w8a8 block-fp8 MoE). Batch-invariant;
+  // needs every routed expert in F8_E4M3 with 128 x 128 scale blocks (InputError otherwise).
+  TensorCore,
+};
+
+struct GpuModelOptions {
+  bool f32 = false;  // --compute f32 (else bf16)
+  GpuFp8Compute fp8 = GpuFp8Compute::Dequant;
+  KvOptions kv;
+};
+
+// Non-expert weights and the experts `placement` gives to `rank`, from the checkpoint.
+std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
+                                              const Placement& placement, int rank, const GpuModelOptions& opt);
+// The same with the default FP8 handling; f32: --compute f32 (else bf16).
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
                                               const Placement& placement, int rank, bool f32,
                                               const KvOptions& kv = {});

@@ -1,5 +1,6 @@
 #include "moe/cuda/experts.cuh"
 
+#include <cstring>
 #include <type_traits>
 
 namespace epmoe::cuda {
@@ -82,6 +83,109 @@ void SplitExpertRunner::run(const ExpertJobs& j, void* out) {
   g2.ldc = H;
   g2.c_rows = plan_.c_rows.data();
   gemm<bf16, float>(g2, Epilogue::Store, stream());
+}
+
+void Fp8ExpertRunner::init(int H_, int I_, int p0_, int n_local_) {
+  H = H_, I = I_, p0 = p0_, n_local = n_local_;
+  Hp = fp8_padded(H), Ip = fp8_padded(I);
+  const size_t n = size_t(std::max(n_local, 0));
+  w1.reserve(n * size_t(2 * I) * size_t(Hp));
+  s1.reserve(n * size_t(Hp / kFp8Block) * size_t(2 * I));
+  w2.reserve(n * size_t(H) * size_t(Ip));
+  s2.reserve(n * size_t(Ip / kFp8Block) * size_t(H));
+}
+
+size_t Fp8ExpertRunner::expert_bytes() const {
+  return size_t(2 * I) * size_t(Hp) + size_t(H) * size_t(Ip) +
+         sizeof(float) * (size_t(Hp / kFp8Block) * size_t(2 * I) + size_t(Ip / kFp8Block) * size_t(H));
+}
+
+bool Fp8ExpertRunner::accepts(const TensorView& t) {
+  return t.dtype == DType::F8_E4M3 && t.rank() == 2 && !t.scale.empty() && t.scale.block == kFp8Block;
+}
+
+void Fp8ExpertRunner::upload(int q, const TensorView& gate, const TensorView& up, const TensorView& down) {
+  for (const TensorView* t : {&gate, &up, &down})
+    EPMOE_ASSERT(accepts(*t), "fp8 experts: " + t->name + " is not an F8_E4M3 weight with 128-blocks of scales");
+  EPMOE_ASSERT(gate.shape[0] == I && gate.shape[1] == H && up.shape == gate.shape && down.shape[0] == H &&
+                   down.shape[1] == I,
+               "fp8 experts: shapes of " + gate.name);
+  EPMOE_ASSERT(q >= 0 && q < n_local, "fp8 experts: expert index");
+  const int HB = Hp / kFp8Block, IB = Ip / kFp8Block;
+  // Codes row by row into zero-padded rows; scales expanded per row, k-block-major.
+  std::vector<uint8_t> c1(size_t(2 * I) * size_t(Hp), 0), c2(size_t(H) * size_t(Ip), 0);
+  std::vector<float> f1(size_t(HB) * size_t(2 * I)), f2(size_t(IB) * size_t(H));
+  const auto* g = static_cast<const uint8_t*>(gate.data);
+  const auto* u = static_cast<const uint8_t*>(up.data);
+  const auto* d = static_cast<const uint8_t*>(down.data);
+  for (int j = 0; j < I; j++) {
+    std::memcpy(&c1[size_t(2 * j) * size_t(Hp)], g + size_t(j) * size_t(H), size_t(H));
+    std::memcpy(&c1[size_t(2 * j + 1) * size_t(Hp)], u + size_t(j) * size_t(H), size_t(H));
+    for (int b = 0; b < HB; b++) {
+      f1[size_t(b) * size_t(2 * I) + size_t(2 * j)] = gate.scale.at(j, int64_t(b) * kFp8Block);
+      f1[size_t(b) * size_t(2 * I) + size_t(2 * j + 1)] = up.scale.at(j, int64_t(b) * kFp8Block);
+    }
+  }
+  for (int r = 0; r < H; r++) {
+    std::memcpy(&c2[size_t(r) * size_t(Ip)], d + size_t(r) * size_t(I), size_t(I));
+    for (int b = 0; b < IB; b++) f2[size_t(b) * size_t(H) + size_t(r)] = down.scale.at(r, int64_t(b) * kFp8Block);
+  }
+  EPMOE_CUDA_CHECK(cudaMemcpy(w1.data() + size_t(q) * c1.size(), c1.data(), c1.size(), cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(w2.data() + size_t(q) * c2.size(), c2.data(), c2.size(), cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(s1.data() + size_t(q) * f1.size(), f1.data(), f1.size() * sizeof(float),
+                              cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(s2.data() + size_t(q) * f2.size(), f2.data(), f2.size() * sizeof(float),
+                              cudaMemcpyHostToDevice));
+}
+
+void Fp8ExpertRunner::run(const ExpertJobs& j, void* out) {
+  if (!plan_.make(j, p0, n_local, /*tiled=*/true)) return;
+  const int64_t cap = j.rows * j.K;
+  const int HB = Hp / kFp8Block, IB = Ip / kFp8Block;
+  xq_.reserve(size_t(j.rows) * size_t(Hp));
+  xs_.reserve(size_t(j.rows) * size_t(HB));
+  h_.reserve(size_t(cap) * size_t(I));
+  hq_.reserve(size_t(cap) * size_t(Ip));
+  hs_.reserve(size_t(cap) * size_t(IB));
+  // Every source row is quantized (rows beyond a round's device count are never read by the GEMM).
+  quantize_rows_fp8(static_cast<const float*>(j.x), j.x_stride, j.rows, j.rows_dev, H, xq_.data(), Hp, xs_.data(),
+                    HB, stream());
+  Fp8GemmArgs g1;
+  plan_.apply(g1.g, n_local);
+  g1.g.A = xq_.data();
+  g1.g.lda = Hp;
+  g1.g.a_rows = plan_.a_rows.data();
+  g1.g.B = w1.data();
+  g1.g.ldb = Hp;
+  g1.g.b_group_stride = int64_t(2) * I * Hp;
+  g1.g.N = 2 * I;
+  g1.g.K = Hp;
+  g1.g.C = h_.data();
+  g1.g.ldc = I;
+  g1.a_scale = xs_.data();
+  g1.a_scale_ld = HB;
+  g1.b_scale = s1.data();
+  g1.b_scale_group_stride = int64_t(HB) * 2 * I;
+  gemm_fp8(g1, Epilogue::SwiGLU, stream());
+  // h rows are in job order (row r of the plan); only the plan's rows (offsets[n_local]) exist.
+  quantize_rows_fp8(h_.data(), I, cap, plan_.offsets.data() + n_local, I, hq_.data(), Ip, hs_.data(), IB, stream());
+  Fp8GemmArgs g2;
+  plan_.apply(g2.g, n_local);
+  g2.g.A = hq_.data();
+  g2.g.lda = Ip;
+  g2.g.B = w2.data();
+  g2.g.ldb = Ip;
+  g2.g.b_group_stride = int64_t(H) * Ip;
+  g2.g.N = H;
+  g2.g.K = Ip;
+  g2.g.C = out;
+  g2.g.ldc = H;
+  g2.g.c_rows = plan_.c_rows.data();
+  g2.a_scale = hs_.data();
+  g2.a_scale_ld = IB;
+  g2.b_scale = s2.data();
+  g2.b_scale_group_stride = int64_t(IB) * H;
+  gemm_fp8(g2, Epilogue::Store, stream());
 }
 
 namespace {

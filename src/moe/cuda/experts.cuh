@@ -10,7 +10,9 @@
 #include "ep/cuda/expert_plan.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/split_linear.cuh"
+#include "tensor/view.h"
 
 namespace epmoe::cuda {
 
@@ -65,6 +67,42 @@ class SplitExpertRunner final : public ExpertRunner {
   ExpertPlanGpu plan_;
   DeviceArray<float> h_;
   DeviceArray<bf16> xs_, hs_;
+};
+
+// The routed experts of an FP8 block-quantized checkpoint kept in fp8 on the device and computed on
+// the fp8 tensor cores (kernels/cuda/gemm_fp8.cuh; the opt-in GpuFp8Compute::TensorCore of
+// model/cuda/gpu_model.h): the checkpoint's e4m3 codes, one byte per weight, rows zero-padded to
+// whole 128-blocks, with their block scales expanded to one fp32 per (row, k block) -- about 3 % of
+// the codes' bytes -- so that gate and up rows interleave as in the other runners. A run quantizes
+// the source rows per token and 128-channel group, runs the fused gate+up GEMM with SwiGLU (h in
+// fp32), quantizes h the same way, and runs the down GEMM scattered to the output rows. Rows
+// arrive and leave in fp32. Not the dequantized weights' product: activations are rounded to e4m3
+// (3 significand bits), which the goldens of the FP8 fixtures do not model (docs/gpu.md).
+class Fp8ExpertRunner final : public ExpertRunner {
+ public:
+  int H = 0, I = 0, Hp = 0, Ip = 0, p0 = 0, n_local = 0;  // Hp, Ip: H and I padded to 128
+  DeviceArray<uint8_t> w1;  // [n_local][2I][Hp] e4m3, gate row j at 2j, up row j at 2j + 1
+  DeviceArray<float> s1;    // [n_local][Hp / 128][2I]: the scale of row n's k block b at [b][n]
+  DeviceArray<uint8_t> w2;  // [n_local][H][Ip]
+  DeviceArray<float> s2;    // [n_local][Ip / 128][H]
+
+  // Shapes and allocation (weights uninitialised: upload each expert, or fill them for benchmarks).
+  void init(int H_, int I_, int p0_, int n_local_);
+  // Expert q from a checkpoint's F8_E4M3 views with their block scales: gate, up [I, H], down [H, I].
+  void upload(int q, const TensorView& gate, const TensorView& up, const TensorView& down);
+  // Device bytes of the weights and scales of one expert.
+  size_t expert_bytes() const;
+  // Whether gate, up and down can be uploaded: F8_E4M3 with a scale grid of 128-blocks.
+  static bool accepts(const TensorView& t);
+
+  Device device() const override { return Device::Cuda; }
+  void run(const ExpertJobs& j, void* out) override;
+  const int32_t* offsets() const { return plan_.offsets.data(); }
+
+ private:
+  ExpertPlanGpu plan_;
+  DeviceArray<uint8_t> xq_, hq_;
+  DeviceArray<float> xs_, hs_, h_;
 };
 
 // moe/moe_layer.cc after the backend: v = routed + sigmoid(gate) * shared (gate nullptr: 1;

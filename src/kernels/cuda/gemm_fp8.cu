@@ -1,0 +1,372 @@
+#include "kernels/cuda/gemm_fp8.cuh"
+
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "tensor/dtype.h"
+
+namespace epmoe::cuda {
+
+namespace {
+
+__device__ inline float silu8(float g) { return g / (1.0f + expf(-g)); }
+
+__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ inline void cp_async16_fp8(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+}
+__device__ inline void cp_async4_fp8(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+}
+__device__ inline void cp_async_commit_fp8() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait_fp8() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 8x8 matrices of 16-bit elements = 8 rows of 16 bytes: for e4m3 data each thread receives 4
+// consecutive bytes of row lane / 4 at byte (lane % 4) * 4 -- exactly the A and B fragments of
+// m16n8k32 (the bf16 kernel's fragments of m16n8k16, byte for byte).
+__device__ inline void ldmatrix_x4_fp8(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+__device__ inline void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared-memory rows of one k block: 128 bytes = 8 chunks of 16, chunk c of row r at c ^ (r & 7)
+// (the 8 rows an ldmatrix phase reads hit 8 different bank groups), as the bf16 kernel.
+__device__ inline int swz8(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+__device__ inline void group_rows(const GemmArgs& p, int g, int& begin, int& rows) {
+  if (p.offsets) {
+    begin = p.offsets[g];
+    rows = p.offsets[g + 1] - begin;
+  } else {
+    begin = g * p.M;
+    rows = p.M;
+  }
+}
+
+template <int BM_, int BN_, int WM_, int WN_, int STAGES_, int MIN_CTAS_>
+struct Fp8Cfg {
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_, BK = kFp8Block;
+  static constexpr int MIN_CTAS = MIN_CTAS_;
+  static constexpr int NT = WM * WN * 32;
+  static constexpr int TM = BM / WM, TN = BN / WN;
+  static constexpr int MI = TM / 16, NI = TN / 8;
+  static constexpr int A_CH = BM * 8 / NT, B_CH = BN * 8 / NT;  // 16-byte chunks per thread per stage
+  static constexpr int STAGE_BYTES = (BM + BN) * BK + (BM + BN) * 4;  // codes + one scale per row
+  static constexpr int SMEM = STAGES * STAGE_BYTES;
+  static_assert(TM % 16 == 0 && TN % 16 == 0, "warp tile");
+  static_assert((BM * 8) % NT == 0 && (BN * 8) % NT == 0, "chunks per thread");
+  static_assert(NT >= BM && NT >= BN, "one scale per thread and stage");
+};
+
+template <class Cfg, bool SWIGLU>
+__global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const Fp8GemmArgs q) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, NT = Cfg::NT, STAGES = Cfg::STAGES;
+  constexpr int TM = Cfg::TM, TN = Cfg::TN, MI = Cfg::MI, NI = Cfg::NI, A_CH = Cfg::A_CH, B_CH = Cfg::B_CH;
+  const GemmArgs& p = q.g;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  uint8_t* sA = smem_raw;                          // [STAGES][BM][128]
+  uint8_t* sB = sA + STAGES * BM * BK;             // [STAGES][BN][128]
+  float* sSa = reinterpret_cast<float*>(sB + STAGES * BN * BK);  // [STAGES][BM]
+  float* sSb = sSa + STAGES * BM;                                  // [STAGES][BN]
+
+  int row_begin, rows, group, m_first, m_end;
+  if (p.tiles) {
+    if (int(blockIdx.y) >= *p.num_tiles) return;
+    group = p.tiles[2 * blockIdx.y];
+    m_first = p.tiles[2 * blockIdx.y + 1] / BM;
+    m_end = m_first + 1;
+  } else {
+    group = blockIdx.y;
+    m_first = blockIdx.z;
+    m_end = 0x7fffffff;
+  }
+  const int m_step = p.tiles ? 1 : int(gridDim.z);
+  group_rows(p, group, row_begin, rows);
+  if (m_first * BM >= rows) return;
+  const int n0 = blockIdx.x * BN;
+  const int K = p.K, KT = K / BK;
+  const uint8_t* A = static_cast<const uint8_t*>(p.A);
+  const uint8_t* B = static_cast<const uint8_t*>(p.B) + int64_t(group) * p.b_group_stride;
+  const float* SB = q.b_scale + int64_t(group) * q.b_scale_group_stride;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
+
+  const uint8_t* b_src[B_CH];
+  int b_off[B_CH];
+  bool b_ok[B_CH];
+#pragma unroll
+  for (int i = 0; i < B_CH; i++) {
+    const int idx = tid + i * NT, r = idx >> 3, c = idx & 7;
+    b_ok[i] = n0 + r < p.N;
+    b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb + c * 16;
+    b_off[i] = swz8(r, c);
+  }
+  // Thread tid < BN copies the scale of weight row n0 + tid.
+  const bool sb_ok = tid < BN && n0 + tid < p.N;
+  const float* sb_src = SB + (sb_ok ? n0 + tid : 0);
+
+  for (int mt = m_first; mt < m_end && mt * BM < rows; mt += m_step) {
+    const int m0 = mt * BM;
+    const uint8_t* a_src[A_CH];
+    int a_off[A_CH];
+    bool a_ok[A_CH];
+#pragma unroll
+    for (int i = 0; i < A_CH; i++) {
+      const int idx = tid + i * NT, r = idx >> 3, c = idx & 7;
+      a_ok[i] = m0 + r < rows;
+      int src = row_begin + m0 + r;
+      if (a_ok[i] && p.a_rows) src = p.a_rows[src];
+      a_src[i] = A + int64_t(a_ok[i] ? src : 0) * p.lda + c * 16;
+      a_off[i] = swz8(r, c);
+    }
+    // Thread tid < BM copies the scale of A row m0 + tid.
+    bool sa_ok = tid < BM && m0 + tid < rows;
+    const float* sa_src = q.a_scale;
+    if (sa_ok) {
+      int src = row_begin + m0 + tid;
+      if (p.a_rows) src = p.a_rows[src];
+      sa_src = q.a_scale + int64_t(src) * q.a_scale_ld;
+    }
+    auto load_stage = [&](int stage, int kt) {
+      const int k0 = kt * BK;
+      uint8_t* da = sA + stage * BM * BK;
+      uint8_t* db = sB + stage * BN * BK;
+#pragma unroll
+      for (int i = 0; i < A_CH; i++) cp_async16_fp8(da + a_off[i], a_ok[i] ? a_src[i] + k0 : A, a_ok[i] ? 16 : 0);
+#pragma unroll
+      for (int i = 0; i < B_CH; i++) cp_async16_fp8(db + b_off[i], b_ok[i] ? b_src[i] + k0 : B, b_ok[i] ? 16 : 0);
+      if (tid < BM) cp_async4_fp8(sSa + stage * BM + tid, sa_ok ? sa_src + kt : q.a_scale, sa_ok ? 4 : 0);
+      if (tid < BN) cp_async4_fp8(sSb + stage * BN + tid, sb_ok ? sb_src + int64_t(kt) * p.N : SB, sb_ok ? 4 : 0);
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+      for (int j = 0; j < NI; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) load_stage(s, s);
+      cp_async_commit_fp8();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+      cp_async_wait_fp8<STAGES - 2>();
+      __syncthreads();
+      const int nk = kt + STAGES - 1;
+      if (nk < KT) load_stage(nk % STAGES, nk);
+      cp_async_commit_fp8();
+      const int st = kt % STAGES;
+      const uint8_t* a = sA + st * BM * BK;
+      const uint8_t* b = sB + st * BN * BK;
+      // The block's products, accumulated from zero on the tensor cores.
+      float blk[MI][NI][4];
+#pragma unroll
+      for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) blk[i][j][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < BK / 32; ks++) {
+        uint32_t af[MI][4];
+        uint32_t bfr[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+          const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
+          ldmatrix_x4_fp8(af[mi], a + swz8(r, c));
+        }
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; nj++) {
+          const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
+          uint32_t t[4];
+          ldmatrix_x4_fp8(t, b + swz8(r, c));
+          bfr[2 * nj][0] = t[0];
+          bfr[2 * nj][1] = t[1];
+          bfr[2 * nj + 1][0] = t[2];
+          bfr[2 * nj + 1][1] = t[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+          for (int ni = 0; ni < NI; ni++) mma_e4m3(blk[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+      }
+      // acc += blk * (sa * sw), in fp32, block after block.
+      const float* sa = sSa + st * BM;
+      const float* sb = sSb + st * BN;
+      float ra[MI][2], rb[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) ra[mi][h] = sa[wm * TM + mi * 16 + (lane >> 2) + h * 8];
+#pragma unroll
+      for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) rb[ni][e] = sb[wn * TN + ni * 8 + (lane & 3) * 2 + e];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            acc[mi][ni][e] = fmaf(blk[mi][ni][e], __fmul_rn(ra[mi][e >> 1], rb[ni][e & 1]), acc[mi][ni][e]);
+    }
+    cp_async_wait_fp8<0>();
+    __syncthreads();  // the next m-tile's copies overwrite these stages
+
+    float* C = static_cast<float*>(p.C);
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int lr = wm * TM + mi * 16 + (lane >> 2) + h * 8;
+        if (m0 + lr >= rows) continue;
+        const int r = row_begin + m0 + lr;
+        const int64_t orow = p.c_rows ? p.c_rows[r] : r;
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+          const int col = n0 + wn * TN + ni * 8 + (lane & 3) * 2;
+          const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+          if constexpr (SWIGLU) {
+            if (col + 1 < p.N) C[orow * p.ldc + col / 2] = silu8(v0) * v1;
+          } else {
+            if (col < p.N) C[orow * p.ldc + col] = v0;
+            if (col + 1 < p.N) C[orow * p.ldc + col + 1] = v1;
+          }
+        }
+      }
+  }
+}
+
+// The m-tile heights are gemm()'s (gemm_tile_m), so one plan serves both kernels. k blocks of 128
+// bytes: a stage holds as many k values as two of the bf16 kernel's.
+// Two accumulator sets per output (the running sum and the block's products): warps of 32 x 32
+// outputs keep them at 64 registers, so Medium runs two CTAs of 8 warps per SM and Large one of 16
+// (64 x 32 per warp, as the bf16 kernel's Large, took 255 registers and spilled).
+using Small8 = Fp8Cfg<16, 64, 1, 4, 6, 1>;
+using Medium8 = Fp8Cfg<64, 128, 2, 4, 4, 2>;
+using Large8 = Fp8Cfg<128, 128, 4, 4, 4, 1>;
+
+template <class Cfg>
+void launch_fp8(const Fp8GemmArgs& q, Epilogue ep, cudaStream_t stream) {
+  const GemmArgs& a = q.g;
+  const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
+  dim3 grid(ceil_div(a.N, Cfg::BN), a.G, std::max(1, std::min(ceil_div(per_group, Cfg::BM), 65535)));
+  if (a.tiles) {
+    EPMOE_ASSERT(a.max_tiles <= 65535, "gemm_fp8: too many tiles");
+    grid = dim3(ceil_div(a.N, Cfg::BN), std::max(1, a.max_tiles), 1);
+  }
+  static const bool ready = [] {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          Cfg::SMEM));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          Cfg::SMEM));
+    return true;
+  }();
+  (void)ready;
+  if (ep == Epilogue::SwiGLU) fp8_gemm_kernel<Cfg, true><<<grid, Cfg::NT, Cfg::SMEM, stream>>>(q);
+  else fp8_gemm_kernel<Cfg, false><<<grid, Cfg::NT, Cfg::SMEM, stream>>>(q);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+// One warp per (row, group of 128 channels): 4 channels per lane.
+template <class TX>
+__global__ void quantize_fp8_kernel(const TX* x, int64_t ldx, int64_t rows, const int32_t* rows_dev, int K, int KB,
+                                    uint8_t* q, int64_t ldq, float* s, int64_t lds) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int64_t n = rows_dev ? lmin(rows, int64_t(*rows_dev)) : rows;
+  if (w >= n * KB) return;
+  const int64_t r = w / KB;
+  const int b = int(w % KB);
+  const int k0 = b * kFp8Block + lane * 4;
+  float v[4];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    v[i] = k0 + i < K ? to_f32(x[r * ldx + k0 + i]) : 0.f;
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  amax = warp_max(amax);
+  const float scale = __fdiv_rn(fmaxf(amax, 1e-10f), kFp8Max);
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t c = __nv_cvt_float_to_fp8(__fdiv_rn(v[i], scale), __NV_SATFINITE, __NV_E4M3);
+    packed |= (c & 0xffu) << (8 * i);
+  }
+  *reinterpret_cast<uint32_t*>(q + r * ldq + k0) = packed;
+  if (lane == 0) s[r * lds + b] = scale;
+}
+
+}  // namespace
+
+void gemm_fp8(const Fp8GemmArgs& q, Epilogue ep, cudaStream_t stream) {
+  const GemmArgs& a = q.g;
+  EPMOE_ASSERT(a.N > 0 && a.K > 0 && a.G >= 1, "gemm_fp8: empty shape");
+  EPMOE_ASSERT(a.K % kFp8Block == 0 && a.lda % 16 == 0 && a.ldb % 16 == 0 && a.b_group_stride % 16 == 0,
+               "gemm_fp8: K must be a multiple of 128 (rows zero-padded) and rows 16-byte aligned, K = " +
+                   std::to_string(a.K));
+  EPMOE_ASSERT(!a.bias && !a.b_k_twice, "gemm_fp8: no bias, no b_k_twice");
+  EPMOE_ASSERT(q.a_scale && q.b_scale, "gemm_fp8: scales missing");
+  if (ep == Epilogue::SwiGLU) EPMOE_ASSERT(a.N % 2 == 0, "gemm_fp8: SwiGLU needs an even N");
+  if (!a.offsets && a.M == 0) return;
+  const int rows = a.offsets ? a.rows_hint : a.M;
+  EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm_fp8: tiles of another height");
+  static_assert(Small8::BM == 16 && Medium8::BM == 64 && Large8::BM == 128, "the m-tile heights of gemm_tile_m");
+  const int tm = gemm_tile_m(rows);
+  if (tm == Small8::BM) launch_fp8<Small8>(q, ep, stream);
+  else if (tm == Medium8::BM) launch_fp8<Medium8>(q, ep, stream);
+  else launch_fp8<Large8>(q, ep, stream);
+}
+
+template <class TX>
+void quantize_rows_fp8(const TX* x, int64_t ldx, int64_t rows, const int32_t* rows_dev, int K, uint8_t* q,
+                       int64_t ldq, float* s, int64_t lds, cudaStream_t stream) {
+  if (rows == 0) return;
+  const int KB = ceil_div(K, kFp8Block);
+  EPMOE_ASSERT(ldq % 4 == 0 && ldq >= int64_t(KB) * kFp8Block && lds >= KB, "quantize_rows_fp8: row strides");
+  const int64_t warps = rows * KB;
+  const int64_t blocks = (warps * 32 + 255) / 256;
+  EPMOE_ASSERT(blocks < (int64_t(1) << 31), "quantize_rows_fp8: too many rows");
+  quantize_fp8_kernel<TX><<<unsigned(blocks), 256, 0, stream>>>(x, ldx, rows, rows_dev, K, KB, q, ldq, s, lds);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template void quantize_rows_fp8<float>(const float*, int64_t, int64_t, const int32_t*, int, uint8_t*, int64_t, float*,
+                                       int64_t, cudaStream_t);
+template void quantize_rows_fp8<bf16>(const bf16*, int64_t, int64_t, const int32_t*, int, uint8_t*, int64_t, float*,
+                                      int64_t, cudaStream_t);
+
+uint8_t f32_to_fp8e4m3_host(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const double a = std::fabs(double(f));
+  if (a >= 448.0) return sign | 0x7e;  // saturated (satfinite)
+  // The codes 0x00..0x7e are increasing in value: the last one not above a, and the next.
+  int lo = 0;
+  while (lo < 0x7e && double(fp8e4m3_to_f32(uint8_t(lo + 1))) <= a) lo++;
+  if (lo == 0x7e) return sign | 0x7e;
+  const double vl = fp8e4m3_to_f32(uint8_t(lo)), vh = fp8e4m3_to_f32(uint8_t(lo + 1));
+  int c = lo;
+  if (a - vl > vh - a || (a - vl == vh - a && (lo & 1))) c = lo + 1;  // nearest, ties to the even code
+  return sign | uint8_t(c);
+}
+
+}  // namespace epmoe::cuda
