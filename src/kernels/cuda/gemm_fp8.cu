@@ -256,12 +256,15 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
 
 // The m-tile heights are gemm()'s (gemm_tile_m), so one plan serves both kernels. k blocks of 128
 // bytes: a stage holds as many k values as two of the bf16 kernel's.
-// Two accumulator sets per output (the running sum and the block's products): warps of 32 x 32
-// outputs keep them at 64 registers, so Medium runs two CTAs of 8 warps per SM and Large one of 16
-// (64 x 32 per warp, as the bf16 kernel's Large, took 255 registers and spilled).
+// Two accumulator sets per output (the running sum and the block's products): 128 fp32 registers
+// per thread at 32 x 64 or 64 x 32 outputs per warp, so one CTA per SM of 4 (Medium) or 8 (Large)
+// warps, up to 255 registers (ptxas: 255, 40-72 bytes of stack). Measured slower on an H200
+// (gpu_moe_bench, M = 1024 / 4096: 698 / 2062 us against 644 / 2032): warps of 32 x 32 with two
+// CTAs per SM (Medium) or 16 warps (Large) under 128 registers, which spilled more; the same with
+// the block products of one 16-row slice live at a time (866 / 2420 us).
 using Small8 = Fp8Cfg<16, 64, 1, 4, 6, 1>;
-using Medium8 = Fp8Cfg<64, 128, 2, 4, 4, 2>;
-using Large8 = Fp8Cfg<128, 128, 4, 4, 4, 1>;
+using Medium8 = Fp8Cfg<64, 128, 2, 2, 4, 1>;
+using Large8 = Fp8Cfg<128, 128, 2, 4, 4, 1>;
 
 template <class Cfg>
 void launch_fp8(const Fp8GemmArgs& q, Epilogue ep, cudaStream_t stream) {
