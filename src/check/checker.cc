@@ -90,7 +90,7 @@ CheckResult run_check(const CheckOptions& o) {
   ReferenceRun ref;
   if (o.reference == "local") {
     const Placement solo = Placement::make_default(E, 1, 0);
-    auto ref_model = make_model(device, cfg, ckpt, solo, 0, ctx.compute);
+    auto ref_model = make_model(device, cfg, ckpt, solo, 0, ctx.compute, {}, ctx.fp8_compute);
     auto local = make_local_backend(device, solo);
     std::mt19937_64 rng(o.seed);
     std::vector<uint64_t> ids;
@@ -109,7 +109,7 @@ CheckResult run_check(const CheckOptions& o) {
     gen = 0;
   }
 
-  auto model = make_model(device, cfg, ckpt, place, me, ctx.compute);
+  auto model = make_model(device, cfg, ckpt, place, me, ctx.compute, {}, ctx.fp8_compute);
   for (size_t i = 0; i < names.size(); i++) {
     CheckRow row;
     row.backend = names[i];

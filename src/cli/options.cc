@@ -59,6 +59,13 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
                  "else f32 is used). cuda: bf16 (default: bf16 tensor cores, fp32-grade products outside the routed "
                  "experts) or f32")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd.add_option("--fp8-compute", o.fp8_compute,
+                 "Routed experts of an FP8 checkpoint. dequant (default): exact, code x block scale in fp32 -- the "
+                 "arithmetic of the goldens, on both devices. tensor-core (cuda only): e4m3 weights kept on the GPU "
+                 "(half the bytes), activations quantized per token and 128-channel group, fp8 tensor-core products; "
+                 "faster at decode, not bit-near the goldens (docs/gpu.md)")
+      ->check(CLI::IsMember({"dequant", "tensor-core"}))
+      ->capture_default_str();
   cmd.add_option("--kv-cache-tokens", o.kv_cache_tokens,
                  "Token positions of the paged KV cache per rank, allocated at start (0: a quarter of the available "
                  "memory on the CPU, 40% of the free GPU memory; at most 1M). Requests wait until their blocks fit; "
@@ -88,6 +95,7 @@ EngineOptions engine_options(const RunOptions& o) {
   e.comm_timeout = o.comm_timeout;
   e.check_weights = o.check_weights;
   e.compute = o.compute;
+  e.fp8_compute = o.fp8_compute;
   e.threads = o.threads;
   e.forward.check_numerics = o.check_numerics;
   e.kv.tokens = o.kv_cache_tokens;

@@ -65,15 +65,27 @@ Placement make_placement(const EngineOptions& o, int E, int R) {
 
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
                                           const Placement& placement, int rank, const std::string& compute,
-                                          const KvOptions& kv) {
+                                          const KvOptions& kv, const std::string& fp8_compute) {
+  if (fp8_compute != "dequant" && fp8_compute != "tensor-core")
+    throw InputError("--fp8-compute '" + fp8_compute + "': expected dequant or tensor-core");
   switch (device) {
     case Device::Cpu:
+      if (fp8_compute != "dequant")
+        throw InputError("--fp8-compute " + fp8_compute +
+                         ": the fp8 tensor-core path exists on --device cuda only (the CPU dequantizes fp8 weights "
+                         "per 128-block inside its kernels)");
       return std::make_unique<Model>(cfg, ckpt, placement, rank,
                                      resolve_compute(device, compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32,
                                      kv);
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
-      return make_gpu_model(cfg, ckpt, placement, rank, resolve_compute(device, compute) == "f32", kv);
+    {
+      GpuModelOptions opt;
+      opt.f32 = resolve_compute(device, compute) == "f32";
+      opt.fp8 = fp8_compute == "tensor-core" ? GpuFp8Compute::TensorCore : GpuFp8Compute::Dequant;
+      opt.kv = kv;
+      return make_gpu_model(cfg, ckpt, placement, rank, opt);
+    }
 #else
       (void)compute;
       (void)kv;
@@ -98,7 +110,7 @@ Runtime make_runtime(const EngineOptions& o) {
   // The backend before the weights: a bad name or an unsupported pair costs no loading.
   rt.backend = make_backend(o.backend, o.device, *rt.group, rt.placement, o.backend_options);
   if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(me));
-  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute, o.kv);
+  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute, o.kv, o.fp8_compute);
   return rt;
 }
 

@@ -28,6 +28,9 @@ struct EngineOptions {
   bool check_weights = false;  // scan the weights this rank loads for NaN/Inf
   // The run context: compute mode (given to the model), threads (the process's pool), checks.
   std::string compute;  // f32 | bf16 | "" (the device's default: cpu f32, cuda bf16)
+  // FP8 checkpoints' routed experts: dequant (exact, the default) | tensor-core (cuda only:
+  // e4m3 weights and activations on the fp8 tensor cores, docs/gpu.md run 13).
+  std::string fp8_compute = "dequant";
   int threads = 0;      // CPU worker threads per rank (0: the cores available)
   ForwardOptions forward;
   KvOptions kv;         // the paged KV cache's pool (--kv-cache-tokens)
@@ -50,7 +53,7 @@ Placement make_placement(const EngineOptions& o, int num_experts, int ranks);
 // The model of `device` with the experts `placement` gives to `rank`, and its KV pool.
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
                                           const Placement& placement, int rank, const std::string& compute,
-                                          const KvOptions& kv = {});
+                                          const KvOptions& kv = {}, const std::string& fp8_compute = "dequant");
 
 struct Runtime {
   Device device = Device::Cpu;

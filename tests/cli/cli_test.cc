@@ -176,3 +176,24 @@ INSTANTIATE_TEST_SUITE_P(Families, SynthLikeFixture,
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// The fp8 tensor-core path exists on GPUs only: asked for on the CPU it is refused (exit 2)
+// with the reason, before any weight is read; the default is the exact dequantizing path.
+TEST(Cli, Fp8TensorCoreComputeIsRefusedOnTheCpu) {
+  const std::string m = " --model " + test::fixture("qwen3moe-fp8-tiny") + " --prompt-ids 1,2,3 --max-new-tokens 2";
+  auto refused = test::run_command(test::epmoe() + " generate --fp8-compute tensor-core" + m);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--fp8-compute tensor-core: the fp8 tensor-core path exists on --device cuda only"),
+            std::string::npos)
+      << refused.output;
+  auto exact = test::run_command(test::epmoe() + " generate --fp8-compute dequant" + m);
+  auto plain = test::run_command(test::epmoe() + " generate" + m);
+  EXPECT_EQ(exact.exit_code, 0) << exact.output;
+  EXPECT_EQ(exact.output, plain.output);
+}
+
+}  // namespace
+}  // namespace epmoe
