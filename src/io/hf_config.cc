@@ -136,15 +136,23 @@ void parse_rope(const Fields& f, ModelConfig& c) {
       y.original_max_position_embeddings = int(orig);
       y.beta_fast = num("beta_fast", 32.0);
       y.beta_slow = num("beta_slow", 1.0);
+      // Rotation counts: the correction range divides by them (0 would make every frequency NaN).
+      if (!(y.beta_fast > 0)) f.bad(key + ".beta_fast", "must be positive");
+      if (!(y.beta_slow > 0)) f.bad(key + ".beta_slow", "must be positive");
       y.mscale = num("mscale", 0.0);
       y.mscale_all_dim = num("mscale_all_dim", 0.0);
       y.truncate = r.boolean_or("truncate", true);
+      if (y.mscale_all_dim != 0.0 && !(yarn_mscale(y.factor, y.mscale_all_dim) > 0))
+        f.bad(key + ".mscale_all_dim", "gives a non-positive softmax correction (0.1 * m * ln(factor) + 1 <= 0)");
       // transformers: the given attention_factor, else mscale(f, mscale) / mscale(f, mscale_all_dim)
       // when both are set, else mscale(f, 1).
       if (r.has("attention_factor")) y.attention_factor = num("attention_factor", 1.0);
       else if (y.mscale != 0.0 && y.mscale_all_dim != 0.0)
         y.attention_factor = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
       else y.attention_factor = yarn_mscale(y.factor, 1.0);
+      if (!(y.attention_factor > 0) || !std::isfinite(y.attention_factor))
+        f.bad(key + ".attention_factor", "must be a positive number (from mscale / mscale_all_dim: " +
+                                             std::to_string(y.attention_factor) + ")");
     } else if (type != "default") {
       f.bad(key, "has rope type '" + type + "'; supported: default, yarn");
     }
@@ -207,6 +215,10 @@ void parse_mla(const Fields& f, ModelConfig& c) {
   m.qk_rope_head_dim = f.positive("qk_rope_head_dim");
   m.v_head_dim = f.positive("v_head_dim");
   m.rope_interleave = f.boolean_or("rope_interleave", true);
+  // Sums and products of these dims index tensors: bounded far above any real model (DeepSeek-V3:
+  // 1536, 512, 128, 64, 128) and far below int overflow.
+  for (const char* k : {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"})
+    if (f.has(k) && f.integer(k) > 65536) f.bad(k, "must be at most 65536, got " + f.j[k].dump());
   if (m.qk_rope_head_dim % 2) f.bad("qk_rope_head_dim", "must be even for rotary embeddings");
   if (f.has("head_dim") && f.integer("head_dim") != m.qk_rope_head_dim && f.integer("head_dim") != m.qk_head_dim())
     f.bad("head_dim", "(" + f.j["head_dim"].dump() + ") disagrees with qk_nope_head_dim + qk_rope_head_dim (" +

@@ -201,6 +201,20 @@ TEST(HfConfig, DeepSeekFamiliesParseTheirLatentAttentionRoutersAndLayers) {
   EXPECT_EQ(parse_model_config(j, "c").sparse_layer, (std::vector<bool>{false, false, true, false, true}));
 }
 
+TEST(HfConfig, YarnAndLatentDimsThatWouldComputeGarbageAreRefused) {
+  json base = json::parse(std::ifstream(test::fixture("deepseek-v3-tiny") + "/config.json"));
+  json j = base;
+  j["rope_scaling"]["beta_fast"] = 0;  // the correction range divides by it
+  EXPECT_NE(error_of(j).find("'rope_scaling.beta_fast' must be positive"), std::string::npos) << error_of(j);
+  j = base;
+  j["rope_scaling"]["mscale_all_dim"] = -5.0;  // 0.1 * -5 * ln(40) + 1 < 0
+  EXPECT_NE(error_of(j).find("'rope_scaling.mscale_all_dim' gives a non-positive softmax correction"), std::string::npos)
+      << error_of(j);
+  j = base;
+  j["kv_lora_rank"] = 1 << 29;  // sums with the rope dim must not overflow
+  EXPECT_NE(error_of(j).find("'kv_lora_rank' must be at most 65536"), std::string::npos) << error_of(j);
+}
+
 TEST(HfConfig, YarnWithoutMscalesUsesTheDefaultAttentionFactor) {
   json j = json::parse(std::ifstream(test::fixture("deepseek-v3-tiny") + "/config.json"));
   j["rope_scaling"].erase("mscale");
