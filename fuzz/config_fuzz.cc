@@ -17,7 +17,25 @@ void check_config(const ModelConfig& c) {
   FUZZ_REQUIRE(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0, "sizes are positive");
   FUZZ_REQUIRE(c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
                "kv heads divide the query heads");
-  FUZZ_REQUIRE(c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim is positive and even");
+  if (c.mla.enabled()) {
+    // Latent attention: rope covers the qk_rope_head_dim slice only (pairs), so the nope part and
+    // the whole head may be odd; every head reads the one latent row.
+    const MlaConfig& m = c.mla;
+    FUZZ_REQUIRE(m.kv_lora_rank > 0 && m.qk_nope_head_dim > 0 && m.v_head_dim > 0 && m.q_lora_rank >= 0,
+                 "latent dims are positive");
+    FUZZ_REQUIRE(m.qk_rope_head_dim > 0 && m.qk_rope_head_dim % 2 == 0, "the rope slice is even");
+    FUZZ_REQUIRE(c.head_dim == m.qk_nope_head_dim + m.qk_rope_head_dim && c.rotary_dim == m.qk_rope_head_dim,
+                 "head_dim is nope + rope, the rotary dim the rope slice");
+    FUZZ_REQUIRE(c.num_kv_heads == c.num_heads, "every head reads the latent");
+  } else {
+    FUZZ_REQUIRE(c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim is positive and even");
+  }
+  if (c.yarn.enabled) {
+    FUZZ_REQUIRE(c.yarn.factor >= 1 && c.yarn.original_max_position_embeddings > 0, "yarn factor and context");
+    FUZZ_REQUIRE(c.yarn.beta_fast > 0 && c.yarn.beta_slow > 0, "yarn rotation counts are positive");
+    FUZZ_REQUIRE(std::isfinite(c.yarn.attention_factor) && c.yarn.attention_factor > 0, "yarn attention factor");
+    FUZZ_REQUIRE(std::isfinite(c.softmax_scale()) && c.softmax_scale() > 0, "softmax scale");
+  }
   FUZZ_REQUIRE(c.rotary_dim > 0 && c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim,
                "the rotary dimension is even and within head_dim");
   FUZZ_REQUIRE(std::isfinite(c.rope_theta) && c.rope_theta > 0, "rope theta is a positive number");
