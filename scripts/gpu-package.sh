@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the CUDA targets on this machine and gathers what a GPU machine needs into .gpu/ (listed
-# in .git/info/exclude): stripped binaries, and the shared libraries they use that such a machine
+# in .gitignore): stripped binaries, and the shared libraries they use that such a machine
 # lacks (OpenMPI, PCRE2, utf8proc and their dependencies; libc, libstdc++ and NCCL are found there).
 #   bash scripts/gpu-package.sh          # then carry .gpu to the GPU machine and run scripts/gpu-test.sh
 set -euo pipefail

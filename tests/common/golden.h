@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -11,7 +13,14 @@
 
 namespace epmoe::test {
 
-inline std::string data_dir() { return EPMOE_TEST_DATA; }
+// EPMOE_TEST_DATA from the environment, else the checkout the binary was built from, else
+// tests/data under the working directory: the GPU tests run on another machine, from the root of
+// a copy of the checkout at another path (scripts/gpu-test.sh), where the built-in path is absent.
+inline std::string data_dir() {
+  if (const char* e = std::getenv("EPMOE_TEST_DATA"); e && *e) return e;
+  if (std::filesystem::is_directory(EPMOE_TEST_DATA)) return EPMOE_TEST_DATA;
+  return "tests/data";
+}
 inline std::string fixture(const std::string& name) { return data_dir() + "/" + name; }
 
 // The model fixtures with goldens, by folder name.
