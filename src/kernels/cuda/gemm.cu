@@ -2,18 +2,25 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/mma_ptx.cuh"
+
 namespace epmoe::cuda {
 
 namespace {
 
-__device__ inline float silu_f(float g) { return g / (1.0f + expf(-g)); }
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::group_range;
+using ptx::ldmatrix_x4;
+using ptx::smem_u32;
 
 template <class TC, bool SWIGLU>
 __device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
   TC* C = static_cast<TC*>(p.C);
   if constexpr (SWIGLU) {
     // col is even: (gate, up) of output column col / 2.
-    if (col + 1 < p.N) C[orow * p.ldc + col / 2] = from_f32<TC>(silu_f(v0) * v1);
+    if (col + 1 < p.N) C[orow * p.ldc + col / 2] = from_f32<TC>(ptx::silu(v0) * v1);
   } else {
     if (p.bias) {
       if (col < p.N) v0 += p.bias[col];
@@ -24,39 +31,12 @@ __device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, floa
   }
 }
 
-__device__ inline void group_range(const GemmArgs& p, int g, int& begin, int& rows) {
-  if (p.offsets) {
-    begin = p.offsets[g];
-    rows = p.offsets[g + 1] - begin;
-  } else {  // G groups of M rows each (G = 1: a dense GEMM)
-    begin = g * p.M;
-    rows = p.M;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // bf16 tensor-core kernel (sm_80+ mma.sync; runs on sm_90a).
 //
 // Tile BM x BN x 64, WM x WN warps, each warp a (BM/WM) x (BN/WN) tile of m16n8k16 MMAs. Shared
 // memory rows are 64 bf16 = 128 bytes = 8 chunks of 16 bytes; chunk c of row r is stored at
 // chunk c ^ (r & 7), so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
-
-__device__ inline uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
 
 __device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

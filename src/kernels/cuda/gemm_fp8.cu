@@ -4,36 +4,19 @@
 
 #include <cmath>
 
+#include "kernels/cuda/mma_ptx.cuh"
 #include "tensor/dtype.h"
 
 namespace epmoe::cuda {
 
 namespace {
 
-__device__ inline float silu8(float g) { return g / (1.0f + expf(-g)); }
-
-__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ inline void cp_async16_fp8(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
-}
-__device__ inline void cp_async4_fp8(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
-}
-__device__ inline void cp_async_commit_fp8() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait_fp8() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// 8x8 matrices of 16-bit elements = 8 rows of 16 bytes: for e4m3 data each thread receives 4
-// consecutive bytes of row lane / 4 at byte (lane % 4) * 4 -- exactly the A and B fragments of
-// m16n8k32 (the bf16 kernel's fragments of m16n8k16, byte for byte).
-__device__ inline void ldmatrix_x4_fp8(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
-}
+using ptx::cp_async16;
+using ptx::cp_async4;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::group_range;
+using ptx::ldmatrix_x4;
 
 __device__ inline void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -46,16 +29,6 @@ __device__ inline void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t 
 // Shared-memory rows of one k block: 128 bytes = 8 chunks of 16, chunk c of row r at c ^ (r & 7)
 // (the 8 rows an ldmatrix phase reads hit 8 different bank groups), as the bf16 kernel.
 __device__ inline int swz8(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-__device__ inline void group_rows(const GemmArgs& p, int g, int& begin, int& rows) {
-  if (p.offsets) {
-    begin = p.offsets[g];
-    rows = p.offsets[g + 1] - begin;
-  } else {
-    begin = g * p.M;
-    rows = p.M;
-  }
-}
 
 template <int BM_, int BN_, int WM_, int WN_, int STAGES_, int MIN_CTAS_>
 struct Fp8Cfg {
@@ -95,7 +68,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
     m_end = 0x7fffffff;
   }
   const int m_step = p.tiles ? 1 : int(gridDim.z);
-  group_rows(p, group, row_begin, rows);
+  group_range(p, group, row_begin, rows);
   if (m_first * BM >= rows) return;
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = K / BK;
@@ -146,11 +119,11 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
       uint8_t* da = sA + stage * BM * BK;
       uint8_t* db = sB + stage * BN * BK;
 #pragma unroll
-      for (int i = 0; i < A_CH; i++) cp_async16_fp8(da + a_off[i], a_ok[i] ? a_src[i] + k0 : A, a_ok[i] ? 16 : 0);
+      for (int i = 0; i < A_CH; i++) cp_async16(da + a_off[i], a_ok[i] ? a_src[i] + k0 : A, a_ok[i] ? 16 : 0);
 #pragma unroll
-      for (int i = 0; i < B_CH; i++) cp_async16_fp8(db + b_off[i], b_ok[i] ? b_src[i] + k0 : B, b_ok[i] ? 16 : 0);
-      if (tid < BM) cp_async4_fp8(sSa + stage * BM + tid, sa_ok ? sa_src + kt : q.a_scale, sa_ok ? 4 : 0);
-      if (tid < BN) cp_async4_fp8(sSb + stage * BN + tid, sb_ok ? sb_src + int64_t(kt) * p.N : SB, sb_ok ? 4 : 0);
+      for (int i = 0; i < B_CH; i++) cp_async16(db + b_off[i], b_ok[i] ? b_src[i] + k0 : B, b_ok[i] ? 16 : 0);
+      if (tid < BM) cp_async4(sSa + stage * BM + tid, sa_ok ? sa_src + kt : q.a_scale, sa_ok ? 4 : 0);
+      if (tid < BN) cp_async4(sSb + stage * BN + tid, sb_ok ? sb_src + int64_t(kt) * p.N : SB, sb_ok ? 4 : 0);
     };
 
     float acc[MI][NI][4];
@@ -164,14 +137,14 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
       if (s < KT) load_stage(s, s);
-      cp_async_commit_fp8();
+      cp_async_commit();
     }
     for (int kt = 0; kt < KT; kt++) {
-      cp_async_wait_fp8<STAGES - 2>();
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
       const int nk = kt + STAGES - 1;
       if (nk < KT) load_stage(nk % STAGES, nk);
-      cp_async_commit_fp8();
+      cp_async_commit();
       const int st = kt % STAGES;
       const uint8_t* a = sA + st * BM * BK;
       const uint8_t* b = sB + st * BN * BK;
@@ -190,13 +163,13 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
           const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
-          ldmatrix_x4_fp8(af[mi], a + swz8(r, c));
+          ldmatrix_x4(af[mi], a + swz8(r, c));
         }
 #pragma unroll
         for (int nj = 0; nj < NI / 2; nj++) {
           const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
           uint32_t t[4];
-          ldmatrix_x4_fp8(t, b + swz8(r, c));
+          ldmatrix_x4(t, b + swz8(r, c));
           bfr[2 * nj][0] = t[0];
           bfr[2 * nj][1] = t[1];
           bfr[2 * nj + 1][0] = t[2];
@@ -227,7 +200,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
           for (int e = 0; e < 4; e++)
             acc[mi][ni][e] = fmaf(blk[mi][ni][e], __fmul_rn(ra[mi][e >> 1], rb[ni][e & 1]), acc[mi][ni][e]);
     }
-    cp_async_wait_fp8<0>();
+    cp_async_wait<0>();
     __syncthreads();  // the next m-tile's copies overwrite these stages
 
     float* C = static_cast<float*>(p.C);
@@ -244,7 +217,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
           const int col = n0 + wn * TN + ni * 8 + (lane & 3) * 2;
           const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
           if constexpr (SWIGLU) {
-            if (col + 1 < p.N) C[orow * p.ldc + col / 2] = silu8(v0) * v1;
+            if (col + 1 < p.N) C[orow * p.ldc + col / 2] = ptx::silu(v0) * v1;
           } else {
             if (col < p.N) C[orow * p.ldc + col] = v0;
             if (col + 1 < p.N) C[orow * p.ldc + col + 1] = v1;
