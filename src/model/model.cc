@@ -6,6 +6,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/vec.h"
+#include "model/model_rope.h"
 #include "moe/moe_layer.h"
 #include "util/error.h"
 #include "util/threads.h"
@@ -13,20 +14,6 @@
 namespace epmoe {
 
 namespace {
-
-// The model's rope: default or YaRN frequencies, half-split or interleaved pairs (MLA).
-Rope make_rope(const ModelConfig& c) {
-  std::vector<float> inv_freq;
-  if (c.yarn.enabled) {
-    const int orig = c.yarn.original_max_position_embeddings;
-    inv_freq = yarn_inv_freq(c.rotary_dim, c.rope_theta, c.yarn.factor, orig, c.yarn.beta_fast, c.yarn.beta_slow,
-                             c.yarn.truncate);
-  } else {
-    inv_freq = Rope(c.head_dim, c.rotary_dim, c.rope_theta).inv_freq;
-  }
-  return Rope(c.head_dim, c.rotary_dim, std::move(inv_freq), float(c.yarn.enabled ? c.yarn.attention_factor : 1.0),
-              c.mla.enabled() && c.mla.rope_interleave);
-}
 
 // W_UK^T per head from kv_b_proj [heads * (nope + v), kv_lora]: out[h][c][d] = kv_b[h * (nope + v) + d][c],
 // dequantized to fp32 (TensorView::at: exact for every stored dtype).
@@ -50,7 +37,7 @@ Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& pl
              ComputeMode compute, const KvOptions& kv)
     : cfg_(cfg), placement_(placement), rank_(rank), compute_(compute),
       w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
-      rope_(make_rope(cfg)) {
+      rope_(model_rope(cfg)) {
   if (cfg.mla.enabled()) {
     k_width_ = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim;
     v_width_ = 0;

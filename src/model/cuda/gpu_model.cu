@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "model/cuda/attention.cuh"
 #include "model/cuda/sampling.cuh"
+#include "model/model_rope.h"
 #include "model/weights.h"
 #include "moe/cuda/experts.cuh"
 #include "moe/cuda/routing.cuh"
@@ -190,19 +191,11 @@ struct GpuModel final : LanguageModel {
     }
     rep_off.upload(off);
     rep_list.upload(list);
-    // The rope of model.cc make_rope: default or YaRN frequencies (computed on the host, the CPU's
-    // bits), cos/sin times YaRN's attention_factor, pairs interleaved for latent attention.
-    std::vector<float> f;
-    if (c.yarn.enabled) {
-      f = yarn_inv_freq(c.rotary_dim, c.rope_theta, c.yarn.factor, c.yarn.original_max_position_embeddings,
-                        c.yarn.beta_fast, c.yarn.beta_slow, c.yarn.truncate);
-    } else {
-      for (int i = 0; i < c.rotary_dim / 2; i++)
-        f.push_back(1.0f / std::pow(c.rope_theta, float(2 * i) / float(c.rotary_dim)));
-    }
-    inv_freq.upload(f);
-    rope_factor = c.yarn.enabled ? float(c.yarn.attention_factor) : 1.0f;
-    rope_interleaved = mla && c.mla.rope_interleave;
+    // The CPU's rope (model/model_rope.h): its frequencies, factor and pairing, computed on the host.
+    const Rope rope = model_rope(c);
+    inv_freq.upload(rope.inv_freq);
+    rope_factor = rope.attention_factor;
+    rope_interleaved = rope.interleaved;
   }
 
   void init_experts(Layer<T>& L) {
