@@ -63,12 +63,7 @@ TEST_P(CliGolden, GenerateReproducesGoldenIds) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CliGolden, ::testing::ValuesIn(test::all_model_fixtures()), [](const auto& info) {
-  std::string n = info.param;
-  for (auto& c : n)
-    if (c == '-') c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Fixtures, CliGolden, ::testing::ValuesIn(test::all_model_fixtures()), test::FixtureName());
 
 TEST(Cli, InfoDescribesTheModel) {
   auto r = run_command(test::epmoe() + " info --model " + test::fixture("qwen3moe-tiny-mixed-bf16"));
@@ -168,11 +163,7 @@ TEST_P(SynthLikeFixture, SameTensorsAsTheHubLayoutAndItRuns) {
 INSTANTIATE_TEST_SUITE_P(Families, SynthLikeFixture,
                          ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny",
                                            "glm4moe-lite-tiny", "qwen3moe-fp8-tiny", "deepseek-v3-fp8-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& c : n) if (c == '-') c = '_';
-                           return n;
-                         });
+                         test::FixtureName());
 
 }  // namespace
 }  // namespace epmoe

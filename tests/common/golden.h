@@ -36,6 +36,17 @@ inline std::vector<std::string> all_model_fixtures() {
           "deepseek-v3-fp8-tiny"};
 }
 
+// The gtest name of a test parameterised by a fixture folder: the folder with '-' as '_'.
+struct FixtureName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    std::string n = info.param;
+    for (auto& c : n)
+      if (c == '-') c = '_';
+    return n;
+  }
+};
+
 struct Golden {
   SafetensorsFile file;
   explicit Golden(const std::string& fixture_name) : file(fixture(fixture_name) + "/golden.safetensors") {}

@@ -104,11 +104,7 @@ TEST_P(GoldenTest, IncrementalDecodingEqualsRecompute) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(test::all_model_fixtures()),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& c : n) if (c == '-') c = '_';
-                           return n;
-                         });
+                         test::FixtureName());
 
 }  // namespace
 }  // namespace epmoe

@@ -54,11 +54,7 @@ TEST_P(MlaFp8, BitsDoNotDependOnBatchOrChunking) {
   EXPECT_TRUE(same_bits(got, ref)) << GetParam() << ": max |diff| " << test::max_abs_diff(got, ref);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MlaFp8, ::testing::ValuesIn(mla_and_fp8()), [](const auto& info) {
-  std::string n = info.param;
-  for (auto& c : n) if (c == '-') c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Fixtures, MlaFp8, ::testing::ValuesIn(mla_and_fp8()), test::FixtureName());
 
 // Every weight view of a loaded model by its checkpoint name.
 std::map<std::string, TensorView> views_by_name(const ModelWeights& w) {
@@ -117,11 +113,7 @@ TEST_P(Fp8Checkpoint, DequantizesToTheGeneratorsWeightsBitForBit) {
   EXPECT_GT(compared, 5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8Checkpoint, ::testing::ValuesIn(test::fp8_fixtures()), [](const auto& info) {
-  std::string n = info.param;
-  for (auto& c : n) if (c == '-') c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8Checkpoint, ::testing::ValuesIn(test::fp8_fixtures()), test::FixtureName());
 
 }  // namespace
 }  // namespace epmoe
