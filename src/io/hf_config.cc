@@ -351,8 +351,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
       r.routed_scaling_factor = float(f.number_or("routed_scaling_factor", 1.0));
       if (!std::isfinite(r.routed_scaling_factor)) f.bad("routed_scaling_factor", "must be a finite number");
       r.has_correction_bias = true;
-      int first_dense = f.non_negative_or("first_k_dense_replace", 0);
-      for (int l = 0; l < L; l++) c.sparse_layer[size_t(l)] = l >= first_dense;
+      deepseek_layer_pattern(f, c, 0);  // GLM4-MoE takes DeepSeek-V3's MoE, its layer pattern included
       const int64_t shared = int64_t(f.non_negative_or("n_shared_experts", 0)) * c.moe_intermediate_size;
       if (shared > (1 << 30)) f.bad("n_shared_experts", "times moe_intermediate_size is too large");
       c.shared_intermediate_size = int(shared);
