@@ -44,6 +44,8 @@
 #include "model/cuda/gpu_model.h"
 #include "model/cuda/sampling.cuh"
 #include "model/language_model.h"
+#include "kernels/cuda/ops.cuh"
+#include "ep/cuda/expert_plan.cuh"
 #include "moe/cuda/experts.cuh"
 #include "moe/cuda/routing.cuh"
 #include "moe/moe_layer.h"
@@ -130,7 +132,7 @@ double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
 // Grouped GEMM: G groups of random sizes (some empty), gather + scatter, Store(+bias) and SwiGLU.
 template <class TA>
 void test_grouped_gemm(int K, int N, bool swiglu) {
-  const std::vector<int> sizes = {0, 1, 17, 64, 0, 130, 5};
+  const std::vector<int> sizes = {0, 1, 17, 64, 0, 130, 5, 300};
   const int G = int(sizes.size());
   std::vector<int32_t> off{0};
   for (int s : sizes) off.push_back(off.back() + s);
@@ -143,7 +145,7 @@ void test_grouped_gemm(int K, int N, bool swiglu) {
   }
   std::vector<int32_t> a_rows(static_cast<size_t>(rows)), c_rows(static_cast<size_t>(rows));
   for (int r = 0; r < rows; r++) a_rows[size_t(r)] = int32_t((r * 7 + 3) % src_rows);
-  for (int r = 0; r < rows; r++) c_rows[size_t(r)] = int32_t((r * 13 + 5) % rows);  // 13 coprime with 217
+  for (int r = 0; r < rows; r++) c_rows[size_t(r)] = int32_t((r * 13 + 5) % rows);  // 13 coprime with 517
   const int NC = swiglu ? N / 2 : N;
   std::vector<double> ref(size_t(rows) * NC, 0.0);
   for (int g = 0; g < G; g++)
@@ -164,47 +166,74 @@ void test_grouped_gemm(int K, int N, bool swiglu) {
   dx.upload(to_dev_type<TA>(fx));
   dw.upload(to_dev_type<TA>(fw));
   DeviceArray<float> db, dc(size_t(rows) * NC);
+  DeviceArray<bf16> dch(size_t(rows) * NC);
   db.upload(fb);
-  DeviceArray<int32_t> doff, dar, dcr;
+  DeviceArray<int32_t> doff, dar, dcr, dtiles, dnt;
   doff.upload(off);
   dar.upload(a_rows);
   dcr.upload(c_rows);
   std::vector<std::vector<float>> outs;
-  for (int hint : {8, 48, 200}) {  // the three tile shapes of the bf16 path
-    EPMOE_CUDA_CHECK(cudaMemset(dc.data(), 0xff, sizeof(float) * size_t(rows) * NC));  // NaN poison
-    GemmArgs a;
-    a.A = dx.data();
-    a.lda = K;
-    a.a_rows = dar.data();
-    a.B = dw.data();
-    a.ldb = K;
-    a.b_group_stride = int64_t(N) * K;
-    a.offsets = doff.data();
-    a.G = G;
-    a.rows_hint = hint;
-    a.N = N;
-    a.K = K;
-    a.C = dc.data();
-    a.ldc = NC;
-    a.c_rows = dcr.data();
-    a.bias = swiglu ? nullptr : db.data();
-    gemm<TA, float>(a, swiglu ? Epilogue::SwiGLU : Epilogue::Store, stream());
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    outs.push_back(dc.download(size_t(rows) * NC));
-  }
+  std::vector<std::vector<bf16>> outs_h;  // the same products stored as bf16
+  // The tile shapes of the bf16 path: mma.sync 16x64 (hint 8), wgmma 64x128 (48) and 128x128
+  // (200, 1000); each hint once looping over m-tiles and once from a tile list as plan() lays it
+  // out (one CTA per m-tile, more CTAs than tiles). Groups of 1..300 rows: partial tiles, tiles
+  // with one warpgroup's rows all past the end, several tiles per group.
+  for (int hint : {8, 48, 200, 1000})
+    for (bool tiled : {false, true}) {
+      if (tiled && !bf) continue;  // (the fp32 path has no tile lists)
+      std::vector<int32_t> tiles;
+      const int tm = gemm_tile_m(hint);
+      for (int g = 0; g < G; g++)
+        for (int m = 0; m < sizes[size_t(g)]; m += tm) tiles.insert(tiles.end(), {g, m});
+      const int nt = int(tiles.size() / 2);
+      dtiles.upload(tiles);
+      dnt.upload(std::vector<int32_t>{nt});
+      EPMOE_CUDA_CHECK(cudaMemset(dc.data(), 0xff, sizeof(float) * size_t(rows) * NC));  // NaN poison
+      EPMOE_CUDA_CHECK(cudaMemset(dch.data(), 0xff, sizeof(bf16) * size_t(rows) * NC));
+      GemmArgs a;
+      a.A = dx.data();
+      a.lda = K;
+      a.a_rows = dar.data();
+      a.B = dw.data();
+      a.ldb = K;
+      a.b_group_stride = int64_t(N) * K;
+      a.offsets = doff.data();
+      a.G = G;
+      a.rows_hint = hint;
+      a.N = N;
+      a.K = K;
+      a.C = dc.data();
+      a.ldc = NC;
+      a.c_rows = dcr.data();
+      a.bias = swiglu ? nullptr : db.data();
+      if (tiled) a.tiles = dtiles.data(), a.num_tiles = dnt.data(), a.max_tiles = nt + 3;
+      gemm<TA, float>(a, swiglu ? Epilogue::SwiGLU : Epilogue::Store, stream());
+      a.C = dch.data();
+      gemm<TA, bf16>(a, swiglu ? Epilogue::SwiGLU : Epilogue::Store, stream());
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      outs.push_back(dc.download(size_t(rows) * NC));
+      outs_h.push_back(dch.download(size_t(rows) * NC));
+    }
   const double e = rel_err(outs[0], ref);
   const double tol = bf ? 1e-5 : 1e-5;  // exact bf16 inputs, fp32 accumulation
   char buf[200];
   std::snprintf(buf, sizeof buf, "gemm %s K=%d N=%d %s: rel err %.2e vs double", bf ? "bf16" : "f32", K, N,
                 swiglu ? "swiglu" : "store+bias", e);
   check(e < tol, buf);
+  // The bf16 stores are the fp32 results rounded: the bf16 epilogue stores the right elements, not
+  // only the same ones for every shape.
+  bool rounded = true;
+  for (size_t i = 0; i < outs[0].size(); i++) rounded &= to_f32(outs_h[0][i]) == round_bf16(outs[0][i]);
   bool same = true;
-  for (size_t i = 1; i < outs.size(); i++) same &= std::memcmp(outs[i].data(), outs[0].data(), outs[0].size() * 4) == 0;
-  check(same, std::string("gemm ") + (bf ? "bf16" : "f32") + " K=" + std::to_string(K) +
-                  ": same bits for every tile shape (batch-invariant)");
+  for (size_t i = 1; i < outs.size(); i++) {
+    same &= std::memcmp(outs[i].data(), outs[0].data(), outs[0].size() * 4) == 0;
+    same &= std::memcmp(outs_h[i].data(), outs_h[0].data(), outs_h[0].size() * 2) == 0;
+  }
+  const std::string name = std::string("gemm ") + (bf ? "bf16" : "f32") + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  check(rounded, name + ": bf16 C == fp32 C rounded");
+  check(same, name + ": same bits (fp32 and bf16 C) for every tile shape, looped and tile-listed (batch-invariant)");
 }
 
-// A dense row alone and inside a batch of 300.
 // split_linear (bf16 mode's fp32-grade products): x fp32, weights exactly bf16 (P = 2; stored once
 // and read per 64-column tile twice when K % 64 == 0, else [w | w]) or fp32 (P = 3), against a
 // double reference at a 16-bit-significand tolerance; and a row's bits alone == in a batch of 70.
@@ -299,9 +328,11 @@ void test_split_linear_grouped(int K, int N, int G, bool bf16_weights) {
   check(same && inv, buf);
 }
 
+// A dense row alone (the mma.sync kernel's smallest tile) and inside a batch of M (for bf16 and
+// M >= a few hundred, the wgmma kernel).
 template <class TA>
-void test_batch_invariance() {
-  const int K = 2048, N = 768, M = 300;
+void test_batch_invariance(int N = 768, int M = 300) {
+  const int K = 2048;
   auto fx = randu(size_t(M) * K), fw = randu(size_t(N) * K, 0.05f);
   DeviceArray<TA> dx, dw;
   dx.upload(to_dev_type<TA>(fx));
@@ -325,7 +356,8 @@ void test_batch_invariance() {
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   auto a = c1.download(size_t(N)), b = cM.download(size_t(M) * N);
   check(std::memcmp(a.data(), &b[size_t(137) * N], sizeof(float) * N) == 0,
-        std::string("gemm ") + (std::is_same_v<TA, bf16> ? "bf16" : "f32") + ": row 137 alone == in a batch of 300 (bits)");
+        std::string("gemm ") + (std::is_same_v<TA, bf16> ? "bf16" : "f32") + " N=" + std::to_string(N) +
+            ": row 137 alone == in a batch of " + std::to_string(M) + " (bits)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -379,6 +411,65 @@ void test_routing(const std::string& name, RoutingConfig c, int redundant) {
   std::snprintf(buf, sizeof buf, "routing %s: %d id mismatches, %d replica mismatches, max rel weight err %.1e",
                 name.c_str(), id_mismatch, phys_mismatch, werr);
   check(id_mismatch == 0 && phys_mismatch == 0 && werr < 1e-5, buf);
+}
+
+// The register-resident SoftmaxTopK kernel against the general one: the same ids, replicas and
+// weight bits, for expert counts that fill 1, 2, 4 and 8 registers per lane (partly), from
+// split-K partials as the router writes them, with ties in the scores.
+void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
+  const int T = 257;
+  RoutingConfig c;
+  c.kind = RoutingKind::SoftmaxTopK;
+  c.num_experts = E;
+  c.top_k = K;
+  c.norm_topk_prob = norm;
+  auto logits = randu(size_t(parts) * T * E, 2.0f);
+  for (int t = 0; t < T; t += 7)  // exact ties between two experts of a token
+    for (int p = 0; p < parts; p++) logits[(size_t(p) * T + t) * E + E - 1] = logits[(size_t(p) * T + t) * E + 1];
+  Placement pl = Placement::make_default(E, 1, 3);
+  std::vector<int32_t> off{0}, list;
+  for (auto& reps : pl.replicas) {
+    for (int s : reps) list.push_back(s);
+    off.push_back(int32_t(list.size()));
+  }
+  std::vector<uint64_t> gids(static_cast<size_t>(T));
+  for (int t = 0; t < T; t++) gids[size_t(t)] = token_gid(uint64_t(t % 5), uint64_t(t));
+  DeviceArray<float> dl;
+  dl.upload(logits);
+  DeviceArray<uint64_t> dg;
+  dg.upload(gids);
+  DeviceArray<int32_t> doff, dlist;
+  doff.upload(off);
+  dlist.upload(list);
+  std::vector<int32_t> ids[2], phys[2];
+  std::vector<float> w[2];
+  for (int general = 0; general < 2; general++) {
+    DeviceArray<int32_t> dlog(size_t(T) * K), dphys(size_t(T) * K);
+    DeviceArray<float> dw(size_t(T) * K);
+    RouteArgs a;
+    a.cfg = c;
+    a.logits = dl.data();
+    a.parts = parts;
+    a.part_stride = int64_t(T) * E;
+    a.T = T;
+    a.gids = dg.data();
+    a.rep_off = doff.data();
+    a.rep_list = dlist.data();
+    a.logical = dlog.data();
+    a.physical = dphys.data();
+    a.weights = dw.data();
+    a.general_kernel = general == 1;
+    epmoe::cuda::route(a, stream());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    ids[general] = dlog.download(size_t(T) * K);
+    phys[general] = dphys.download(size_t(T) * K);
+    w[general] = dw.download(size_t(T) * K);
+  }
+  const std::string name = "route softmax top-" + std::to_string(K) + " of " + std::to_string(E) + ", " +
+                           std::to_string(parts) + " partials" + (norm ? ", renorm" : "");
+  check(ids[0] == ids[1] && phys[0] == phys[1], name + ": register kernel picks the general kernel's experts");
+  check(std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float)) == 0,
+        name + ": register kernel gives the general kernel's weight bits");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1276,6 +1367,7 @@ TEST(GpuGemm, GroupedF32) {
 TEST(GpuGemm, BatchInvariance) {
   REQUIRE_GPU();
   test_batch_invariance<bf16>();
+  test_batch_invariance<bf16>(200, 2000);
   test_batch_invariance<float>();
 }
 
@@ -1306,6 +1398,124 @@ TEST(GpuRouting, SoftmaxTopK) {
   c.num_experts = 60;
   c.top_k = 4;
   test_routing("softmax top-4 of 60, 5 replicas", c, 5);
+}
+
+// Programmatic dependent launch (common.cuh): a dense GEMM requests its weights before waiting for
+// the kernel that writes its A rows, the grouped GEMM after the plan waits for it, and the grouped
+// GEMM after that one (plan_precedes_a) requests its weights before waiting for its A. Chained
+// back to back with no host synchronisation, every step must still see the previous kernel's
+// writes: the chain's bits equal the same steps with a device synchronisation between each.
+TEST(GpuGemm, ProgrammaticLaunchChainSeesEachWrite) {
+  REQUIRE_GPU();
+  const int T = 37, H = 512, N = 384, E = 4, K = 2;
+  DeviceArray<float> xf(size_t(T) * H), y(size_t(T) * N);
+  DeviceArray<bf16> xa(size_t(T) * H), w1(size_t(N) * H), w2(size_t(E) * N * N), h(size_t(T) * N),
+      h2(size_t(T) * K * N), out(size_t(T) * K * N);
+  fill_random(w1.data(), int64_t(N) * H, 5, 0.05f, stream());
+  fill_random(w2.data(), int64_t(E) * N * N, 6, 0.05f, stream());
+  std::vector<int32_t> phys(size_t(T) * K);
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < K; k++) phys[size_t(t * K + k)] = (t * 3 + k * 2 + t / 5) % E;
+  DeviceArray<int32_t> dphys;
+  dphys.upload(phys);
+  ExpertPlanGpu plan;
+  auto step = [&](int seed, bool sync) {
+    auto pause = [&] {
+      if (sync) EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    };
+    fill_random(xf.data(), int64_t(T) * H, 100 + seed, 1.0f, stream());
+    pause();
+    convert<bf16>(xf.data(), xa.data(), int64_t(T) * H, stream());
+    pause();
+    GemmArgs d;  // dense: B requested before the wait
+    d.A = xa.data(), d.lda = H, d.B = w1.data(), d.ldb = H, d.M = T, d.N = N, d.K = H, d.C = h.data(), d.ldc = N;
+    gemm<bf16, bf16>(d, Epilogue::Store, stream());
+    pause();
+    ExpertJobs j;
+    j.x = h.data();
+    j.x_stride = N;
+    j.phys = dphys.data();
+    j.phys_stride = K;
+    j.rows = T;
+    j.K = K;
+    EPMOE_ASSERT(plan.make(j, 0, E, true), "the plan has jobs for the local experts");
+    pause();
+    GemmArgs g;  // grouped, from the plan's tile list: waits for the plan
+    plan.apply(g, E);
+    g.A = h.data(), g.lda = N, g.a_rows = plan.a_rows.data(), g.B = w2.data(), g.ldb = N;
+    g.b_group_stride = int64_t(N) * N, g.N = N, g.K = N, g.C = h2.data(), g.ldc = N;
+    gemm<bf16, bf16>(g, Epilogue::Store, stream());
+    pause();
+    GemmArgs g2;  // grouped after a grouped GEMM: its weights requested before waiting for h2
+    plan.apply(g2, E);
+    g2.A = h2.data(), g2.lda = N, g2.B = w2.data(), g2.ldb = N, g2.b_group_stride = int64_t(N) * N, g2.N = N;
+    g2.K = N, g2.C = out.data(), g2.ldc = N, g2.c_rows = plan.c_rows.data(), g2.plan_precedes_a = true;
+    gemm<bf16, bf16>(g2, Epilogue::Store, stream());
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return out.download(size_t(T) * K * N);
+  };
+  int differ = 0;
+  for (int seed = 0; seed < 6; seed++) {
+    const auto chained = step(seed, false), paused = step(seed, true);
+    differ += std::memcmp(chained.data(), paused.data(), chained.size() * sizeof(bf16)) != 0;
+  }
+  check(differ == 0, "dense GEMM -> plan -> grouped GEMM -> grouped GEMM launched back to back (PDL " +
+                         std::string(pdl_enabled() ? "on" : "off") + ") == with a synchronisation between each step, " +
+                         std::to_string(differ) + " of 6 differ");
+}
+
+// The one-kernel router (router_logits) against the split GEMM it replaced: router_split's bf16
+// planes, the bf16 GEMM over S chunks, the partials added in order as route() adds them. The same
+// bits, for each tile shape (by rows) and chunk lengths that are and are not multiples of the
+// 64-wide k-tile.
+void test_router_logits(int64_t T, int H, int E) {
+  const int S = router_chunks(H), Kc = 3 * H / S;
+  std::vector<float> w = randu(size_t(E) * H, 0.05f);
+  std::vector<float> x = randu(size_t(T) * H, 2.0f);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 1e-3f;  // rows with a wide range of magnitudes
+  DeviceArray<float> dx, part(size_t(S) * T * E), mine(size_t(S) * T * E);
+  dx.upload(x);
+  DeviceArray<bf16> w3, a3(size_t(S) * T * Kc);
+  w3.upload(router_split_weights(w, E, H));
+  router_split(dx.data(), T, H, S, a3.data(), stream());
+  GemmArgs g;
+  g.A = a3.data(), g.lda = Kc, g.B = w3.data(), g.ldb = 3 * H, g.b_group_stride = Kc;
+  g.G = S, g.M = int(T), g.N = E, g.K = Kc, g.C = part.data(), g.ldc = E;
+  gemm<bf16, float>(g, Epilogue::Store, stream());
+  router_logits(dx.data(), w3.data(), T, H, E, S, mine.data(), stream());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const int parts = router_parts(T, S);
+  const auto ref = part.download(size_t(S) * T * E), got = mine.download(size_t(parts) * T * E);
+  std::vector<float> want(size_t(parts) * T * E);
+  if (parts == S) want = ref;
+  else
+    for (size_t i = 0; i < size_t(T) * E; i++) {
+      float v = 0.f;
+      for (int s = 0; s < S; s++) v += ref[size_t(s) * T * E + i];
+      want[i] = v;
+    }
+  size_t differ = 0;
+  for (size_t i = 0; i < want.size(); i++) differ += std::memcmp(&want[i], &got[i], sizeof(float)) != 0;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "router_logits T=%lld H=%d E=%d (%d chunks of %d, %d partials out): %zu of %zu differ "
+                "from the split GEMM in bits", (long long)T, H, E, S, Kc, parts, differ, want.size());
+  check(differ == 0 && std::isfinite(got[0]), buf);
+}
+
+TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
+  REQUIRE_GPU();
+  for (int64_t T : {1, 7, 40, 300, 2048, 2500}) test_router_logits(T, 2048, 128);  // Qwen3-30B-A3B
+  for (int64_t T : {3, 2049}) test_router_logits(T, 64, 60);   // 8 chunks of 24
+  for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
+}
+
+TEST(GpuRouting, SoftmaxRegisterKernelIsTheGeneralKernel) {
+  REQUIRE_GPU();
+  test_route_softmax_kernels(128, 8, 16, true);  // Qwen3-30B-A3B, the split router's partials
+  test_route_softmax_kernels(60, 4, 1, false);   // Qwen2-57B-A14B's 60 experts
+  test_route_softmax_kernels(8, 2, 4, true);     // Mixtral
+  test_route_softmax_kernels(256, 8, 16, true);
+  test_route_softmax_kernels(33, 3, 2, false);
 }
 
 TEST(GpuRouting, SigmoidGroupLimited) {
@@ -1489,6 +1699,134 @@ TEST(GpuDraw, ForwardDrawIsForwardThenTheHostDraw) {
       EXPECT_EQ(std::memcmp(&drawn[d].logprob, &want_lp, sizeof(float)), 0) << "draw " << d;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode steps as CUDA graphs (GpuModelOptions::cuda_graph; docs/gpu.md "Decode as one CUDA
+// graph"). Two models of the same checkpoint, one replaying graphs and one running every kernel
+// eagerly, fed the same steps: the same logits bits (and greedy ids, and device draws) at every
+// step -- through batch-size changes (a capture per batch size), a context crossing the graph's
+// 256-position bucket (a capture with more shared memory), prefill and mixed steps between decode
+// steps (eager; buffers may grow, graphs are captured again), and a batch permuted.
+
+struct GraphTwins {
+  ModelConfig cfg;
+  Checkpoint ckpt;
+  Placement pl;
+  std::unique_ptr<LanguageModel> m[2];  // [0] eager, [1] graphs
+  std::unique_ptr<A2ABackend> be[2];
+  GraphTwins(const std::string& name, bool f32, GpuFp8Compute fp8)
+      : cfg(load_model_config(test::fixture(name))), ckpt(test::fixture(name)),
+        pl(Placement::make_default(cfg.routing.num_experts, 1, 0)) {
+    for (int i = 0; i < 2; i++) {
+      GpuModelOptions o;
+      o.f32 = f32;
+      o.fp8 = fp8;
+      o.kv = {8192, 16};
+      o.cuda_graph = i == 1;
+      m[i] = make_gpu_model(cfg, ckpt, pl, 0, o);
+      set_gpu_cuda_graph(*m[i], i == 1);  // (whatever EPMOE_CUDA_GRAPH says)
+      be[i] = make_local_backend(Device::Cuda, pl);
+    }
+  }
+};
+
+void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = GpuFp8Compute::Dequant) {
+  const std::string tag = name + " --compute " + (f32 ? "f32" : "bf16") +
+                          (fp8 == GpuFp8Compute::TensorCore ? " fp8 tensor cores" : "");
+  GraphTwins tw(name, f32, fp8);
+  const int64_t V = tw.cfg.vocab_size;
+  const std::vector<size_t> prompt_len = {245, 5, 17, 9, 33};  // seq 0 passes position 256 at B = 5
+  std::vector<Sequence> seqs[2];
+  for (int i = 0; i < 2; i++)
+    for (uint64_t b = 0; b < prompt_len.size(); b++) seqs[i].push_back(tw.m[i]->new_sequence(b));
+  int step_no = 0, compared = 0, differ = 0;
+  std::string first_diff;
+  // mode 0: forward (last logits of each row), 1: forward_greedy, 2: forward_draw (two draws a row).
+  auto step = [&](const std::vector<int>& which, const std::vector<size_t>& ntok, int mode) {
+    step_no++;
+    std::vector<std::vector<int32_t>> tokens;
+    for (size_t r = 0; r < which.size(); r++) {
+      std::vector<int32_t> t(ntok[r]);
+      for (size_t i = 0; i < t.size(); i++)
+        t[i] = int32_t((int64_t(step_no) * 31 + int64_t(which[r]) * 7 + int64_t(i) * 13 + 3) % V);
+      tokens.push_back(t);
+    }
+    std::vector<std::vector<float>> logits[2];
+    std::vector<int32_t> ids[2];
+    std::vector<Drawn> drawn[2];
+    for (int i = 0; i < 2; i++) {
+      std::vector<Sequence*> ps;
+      for (int b : which) ps.push_back(&seqs[i][size_t(b)]);
+      std::vector<DrawRequest> draws;
+      for (int r = 0; r < int(which.size()); r++)
+        for (uint64_t k = 0; k < 2; k++)
+          draws.push_back({r, k ? 0.0f : 0.8f, 100 + k, ps[size_t(r)]->len + int64_t(ntok[size_t(r)]) - 1});
+      if (mode == 0) logits[i] = tw.m[i]->forward(ps, tokens, *tw.be[i], false);
+      else if (mode == 1) ids[i] = tw.m[i]->forward_greedy(ps, tokens, *tw.be[i]);
+      else drawn[i] = tw.m[i]->forward_draw(ps, tokens, *tw.be[i], draws);
+    }
+    bool same = true;
+    if (mode == 0) {
+      for (size_t r = 0; r < which.size(); r++) {
+        same &= logits[0][r].size() == size_t(V) && same_bits(logits[0][r], logits[1][r]);
+        compared++;
+      }
+    } else if (mode == 1) {
+      same = ids[0] == ids[1] && ids[0].size() == which.size();
+      compared += int(which.size());
+    } else {
+      same = drawn[0].size() == drawn[1].size() && drawn[0].size() == 2 * which.size();
+      for (size_t d = 0; same && d < drawn[0].size(); d++)
+        same = drawn[0][d].token == drawn[1][d].token &&
+               std::memcmp(&drawn[0][d].logprob, &drawn[1][d].logprob, sizeof(float)) == 0;
+      compared += int(which.size());
+    }
+    if (!same && differ++ == 0) first_diff = "step " + std::to_string(step_no) + " (mode " + std::to_string(mode) + ")";
+  };
+  auto ones = [](size_t n) { return std::vector<size_t>(n, 1); };
+  const GpuGraphStats s0 = gpu_graph_stats(*tw.m[1]);
+  step({0, 1, 2}, {prompt_len[0], prompt_len[1], prompt_len[2]}, 0);  // prefill: eager
+  for (int mode : {0, 0, 1, 0, 2, 0, 0}) step({0, 1, 2}, ones(3), mode);  // B = 3: eager, capture, replays
+  const GpuGraphStats s1 = gpu_graph_stats(*tw.m[1]);
+  step({3, 4}, {prompt_len[3], prompt_len[4]}, 0);  // prefill of two more: eager
+  for (int mode : {0, 0, 0, 2, 0, 1, 0}) step({0, 1, 2, 3, 4}, ones(5), mode);  // B = 5 (seq 0 passes 256)
+  step({1, 3}, {2, 1}, 0);                                   // a mixed step: eager
+  for (int mode : {0, 0, 1, 0, 0}) step({2, 0, 1}, ones(3), mode);  // B = 3 again, permuted
+  for (int mode : {0, 0, 0, 0}) step({4}, ones(1), mode);    // B = 1
+  const GpuGraphStats s2 = gpu_graph_stats(*tw.m[1]), e2 = gpu_graph_stats(*tw.m[0]);
+  std::printf("%s: graphs %lld captures, %lld replays, %lld eager steps, %lld held (after B = 3 alone: %lld / %lld)\n",
+              tag.c_str(), (long long)(s2.captures - s0.captures), (long long)(s2.replays - s0.replays),
+              (long long)(s2.eager_steps - s0.eager_steps), (long long)s2.cached, (long long)(s1.captures - s0.captures),
+              (long long)(s1.replays - s0.replays));
+  check(differ == 0, tag + ": graph decode == eager decode, bits of " + std::to_string(compared) + " rows over " +
+                         std::to_string(step_no) + " steps" + (differ ? " -- first difference at " + first_diff : ""));
+  // The graph model did replay graphs (the comparison above is not eager against eager), one
+  // capture per batch size at least, and the eager twin never did.
+  check(s1.captures - s0.captures == 1 && s1.replays - s0.replays == 6,
+        tag + ": B = 3: the first decode step eager, the second captured, every step after replayed");
+  check(s2.captures - s0.captures >= 4 && s2.replays - s0.replays >= 6 + 5 + 3 + 2,
+        tag + ": captures for B = 5, the 512 bucket, B = 3 again (buffers grown) and B = 1; replays of each");
+  check(s2.eager_steps - s0.eager_steps == 6, tag + ": prefills, the mixed step and each batch size's first step eager");
+  check(e2.replays == 0 && e2.captures == 0 && e2.eager_steps == step_no,
+        tag + ": the model with cuda_graph = false never captures");
+}
+
+TEST(GpuGraph, DecodeMatchesEager) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) test_graph_decode("qwen3moe-tiny", f32);
+  test_graph_decode("qwen3moe-tiny-mixed-bf16", false);  // bf16 experts: the benchmark's runner
+}
+
+TEST(GpuGraph, LatentAttentionDecodeMatchesEager) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) test_graph_decode("deepseek-v3-tiny", f32);
+  test_graph_decode("deepseek-v2-lite-tiny", false);  // no q LoRA
+}
+
+TEST(GpuGraph, Fp8ExpertsDecodeMatchesEager) {
+  REQUIRE_GPU();
+  test_graph_decode("qwen3moe-fp8-tiny", false, GpuFp8Compute::TensorCore);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #include "ep/cuda/plan_combine.cuh"
 
+#include <algorithm>
+
 namespace epmoe::cuda {
 
 namespace {
@@ -42,15 +44,18 @@ __device__ void write_tiles(const PlanArgs& a, int* scratch) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   extern __shared__ int psm[];
   int* cnt = psm;                 // [n_local]
   int* cursor = cnt + a.n_local;  // [n_local]
   int* scratch = cursor + a.n_local;  // [33]
   const int tid = threadIdx.x;
   const int64_t rows = a.rows_dev ? lmin(a.rows, *a.rows_dev) : a.rows;
-  const int64_t chunk = (rows + kPlanThreads - 1) / kPlanThreads;
+  const int nt = int(blockDim.x);
+  const int64_t chunk = (rows + nt - 1) / nt;
   const int64_t r0 = lmin(rows, tid * chunk), r1 = lmin(rows, r0 + chunk);
-  for (int e = tid; e < a.n_local; e += kPlanThreads) cnt[e] = 0;
+  for (int e = tid; e < a.n_local; e += nt) cnt[e] = 0;
   __syncthreads();
   int mine = 0;
   for (int64_t r = r0; r < r1; r++)
@@ -64,9 +69,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
   int total = 0;
   int base = block_exclusive_scan(mine, scratch, &total);
   __syncthreads();
-  // Group offsets: exclusive scan of cnt (n_local may exceed the block: chunks of 1024).
+  // Group offsets: exclusive scan of cnt (n_local may exceed the block: chunks of its size).
   int carry = 0;
-  for (int e0 = 0; e0 < a.n_local; e0 += kPlanThreads) {
+  for (int e0 = 0; e0 < a.n_local; e0 += nt) {
     const int e = e0 + tid;
     const int v = e < a.n_local ? cnt[e] : 0;
     int tot = 0;
@@ -93,12 +98,14 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
       }
     }
   }
-  if (a.row_base && tid == kPlanThreads - 1) a.row_base[rows] = total;
+  if (a.row_base && tid == nt - 1) a.row_base[rows] = total;
 }
 
 // Multi-block plan. ws: [B][n_local] counts then bases, [B] served totals then compact bases.
 __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_count_kernel(const PlanArgs a, int32_t* ws_cnt,
                                                                          int32_t* ws_tot) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   extern __shared__ int psm[];
   int* cnt = psm;
   int* scratch = cnt + a.n_local;
@@ -120,6 +127,8 @@ __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_count_kernel(const Pla
 
 __global__ void __launch_bounds__(kPlanThreads) plan_scan_kernel(const PlanArgs a, int nb, int32_t* ws_cnt,
                                                                   int32_t* ws_tot) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   __shared__ int scratch[33];
   // Per expert: bases of the blocks in block order, then the group offsets over experts.
   int carry = 0;
@@ -157,6 +166,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_scan_kernel(const PlanArgs 
 
 __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_scatter_kernel(const PlanArgs a, const int32_t* ws_cnt,
                                                                            const int32_t* ws_tot) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   extern __shared__ int psm[];
   int* cursor = psm;
   int* scratch = cursor + a.n_local;
@@ -184,6 +195,8 @@ __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_scatter_kernel(const P
 // bf16 rows, H % 8 == 0: eight columns per thread, 16-byte loads (same sums, same order).
 __global__ void combine_bf16x8_kernel(const bf16* rows, const int32_t* slot_pos, const float* w, int64_t T, int H,
                                       int K, float scale, float* y) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   const int H8 = H / 8;
   const int64_t n = T * H8;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -209,6 +222,8 @@ __global__ void combine_bf16x8_kernel(const bf16* rows, const int32_t* slot_pos,
 template <class TS>
 __global__ void combine_kernel(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,
                                float scale, float* y) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   const int64_t n = T * H;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / H, h = i - t * H;
@@ -230,8 +245,11 @@ void plan(const PlanArgs& a, cudaStream_t s) {
   const size_t smem = (2 * size_t(a.n_local) + 33) * sizeof(int);
   EPMOE_ASSERT(smem <= 48 * 1024, "gpu plan: too many local experts");
   if (a.rows * a.K <= 8192 || a.rows_dev) {
-    plan_kernel<<<1, kPlanThreads, smem, s>>>(a);
-    EPMOE_CUDA_LAUNCHED();
+    // A thread per row (whole warps): a decode step's few rows get a small block whose barriers
+    // are cheap. A device row count is known only to the kernel: the full block.
+    const int threads =
+        a.rows_dev ? kPlanThreads : int(std::clamp<int64_t>((a.rows + 31) / 32 * 32, 128, kPlanThreads));
+    launch_pdl(plan_kernel, dim3(1), dim3(threads), smem, s, a);
     return;
   }
   const int nb = ceil_div(a.rows, kPlanRowsPerBlock);
@@ -239,12 +257,11 @@ void plan(const PlanArgs& a, cudaStream_t s) {
   ws.reserve(size_t(nb) * (size_t(a.n_local) + 1));
   int32_t* ws_cnt = ws.data();
   int32_t* ws_tot = ws.data() + size_t(nb) * size_t(a.n_local);
-  plan_count_kernel<<<nb, kPlanRowsPerBlock, (size_t(a.n_local) + 33) * sizeof(int), s>>>(a, ws_cnt, ws_tot);
-  EPMOE_CUDA_LAUNCHED();
-  plan_scan_kernel<<<1, kPlanThreads, 0, s>>>(a, nb, ws_cnt, ws_tot);
-  EPMOE_CUDA_LAUNCHED();
-  plan_scatter_kernel<<<nb, kPlanRowsPerBlock, (size_t(a.n_local) + 33) * sizeof(int), s>>>(a, ws_cnt, ws_tot);
-  EPMOE_CUDA_LAUNCHED();
+  launch_pdl(plan_count_kernel, dim3(nb), dim3(kPlanRowsPerBlock), (size_t(a.n_local) + 33) * sizeof(int), s, a, ws_cnt,
+             ws_tot);
+  launch_pdl(plan_scan_kernel, dim3(1), dim3(kPlanThreads), 0, s, a, nb, ws_cnt, ws_tot);
+  launch_pdl(plan_scatter_kernel, dim3(nb), dim3(kPlanRowsPerBlock), (size_t(a.n_local) + 33) * sizeof(int), s, a,
+             static_cast<const int32_t*>(ws_cnt), static_cast<const int32_t*>(ws_tot));
 }
 
 template <class TS>
@@ -253,13 +270,12 @@ void combine_slots(const TS* rows, const int32_t* slot_pos, const float* w, int6
   if (T == 0) return;
   if constexpr (std::is_same_v<TS, bf16>) {
     if (H % 8 == 0) {
-      combine_bf16x8_kernel<<<grid_for(T * H / 8), 256, 0, s>>>(rows, slot_pos, w, T, H, K, scale, y);
-      EPMOE_CUDA_LAUNCHED();
+      launch_pdl(combine_bf16x8_kernel, dim3(grid_for(T * H / 8)), dim3(256), 0, s, rows, slot_pos, w, T, H, K, scale,
+                 y);
       return;
     }
   }
-  combine_kernel<TS><<<grid_for(T * H), 256, 0, s>>>(rows, slot_pos, w, T, H, K, scale, y);
-  EPMOE_CUDA_LAUNCHED();
+  launch_pdl(combine_kernel<TS>, dim3(grid_for(T * H)), dim3(256), 0, s, rows, slot_pos, w, T, H, K, scale, y);
 }
 template void combine_slots<float>(const float*, const int32_t*, const float*, int64_t, int, int, float, float*,
                                    cudaStream_t);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "util/error.h"
@@ -31,6 +32,34 @@ using bf16 = __nv_bfloat16;
 // The process's stream (created by init_device, kernels/cuda/device.h; the legacy default stream
 // before that). Every kernel of the runtime runs on it.
 cudaStream_t stream();
+
+// Programmatic dependent launch (sm_90). A kernel launched by launch_pdl() may start while the
+// kernel before it on the stream is still running: its CTAs become resident as soon as every CTA
+// of the previous kernel has called pdl_trigger() (or exited), so its launch latency and any
+// prologue that reads only constant data (weights) overlap the previous kernel's tail.
+// The rule that keeps this correct: such a kernel calls pdl_wait() -- in every CTA, before any
+// early return -- before it reads or writes memory that an earlier kernel reads or writes.
+// pdl_wait() returns once the previous kernel has completed and its writes are visible; since
+// that kernel waited for its own predecessor, everything earlier on the stream is complete too.
+// In a kernel launched the ordinary way both are no-ops. EPMOE_PDL=0 launches everything the
+// ordinary way (for measuring what PDL is worth).
+__device__ inline void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ inline void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+bool pdl_enabled();
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 // A device allocation that only grows (a layer runs many times with similar sizes; cudaMalloc
 // synchronises the device and must stay out of the steady state). Contents are not preserved.

@@ -3,6 +3,8 @@
 
 #include "kernels/cuda/common.cuh"
 
+#include <cstdlib>
+
 namespace epmoe::cuda {
 
 namespace {
@@ -49,6 +51,14 @@ void wait_stream(const char* what) {
 void set_stream_wait(void (*fn)(void*, const char*), void* ctx) {
   g_wait = fn;
   g_wait_ctx = ctx;
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("EPMOE_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
 }
 
 int sm_count() {

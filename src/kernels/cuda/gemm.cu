@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
 
 namespace epmoe::cuda {
@@ -69,9 +70,20 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   bf16* sA = reinterpret_cast<bf16*>(smem_raw);
   bf16* sB = sA + STAGES * BM * BK;
 
+  // PDL (common.cuh): the first B stages are requested before waiting for the kernel that writes
+  // A whenever the weights are known without it: always for a dense GEMM, and for a grouped one
+  // whose plan was complete before that kernel started (plan_precedes_a). Otherwise the plan may
+  // still be running, so wait first -- and only then let the next kernel start, which is what
+  // makes plan_precedes_a true for a GEMM that follows this one.
+  const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
+  if (!early_b) pdl_wait();
+  pdl_trigger();
   int row_begin, rows, group, m_first, m_end;
   if (p.tiles) {  // exactly one m-tile
-    if (int(blockIdx.y) >= *p.num_tiles) return;
+    if (int(blockIdx.y) >= *p.num_tiles) {
+      if (early_b) pdl_wait();
+      return;
+    }
     group = p.tiles[2 * blockIdx.y];
     m_first = p.tiles[2 * blockIdx.y + 1] / BM;
     m_end = m_first + 1;
@@ -82,7 +94,10 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   }
   const int m_step = p.tiles ? 1 : int(gridDim.z);
   group_range(p, group, row_begin, rows);
-  if (m_first * BM >= rows) return;
+  if (m_first * BM >= rows) {
+    if (early_b) pdl_wait();
+    return;
+  }
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = (K + BK - 1) / BK;
   const bf16* A = static_cast<const bf16*>(p.A);
@@ -102,6 +117,29 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
     b_off[i] = swz(r, c);
     b_col[i] = c * 8;
   }
+  auto load_b = [&](int stage, int kt) {
+    const int k0 = kt * BK;
+    const int kb = p.b_k_twice ? (kt >> 1) * BK : k0;
+    bf16* db = sB + stage * BN * BK;
+#pragma unroll
+    for (int i = 0; i < B_CH; i++) {
+      const bool ok = b_ok[i] && k0 + b_col[i] < K;
+      cp_async16(db + b_off[i], ok ? b_src[i] + kb : B, ok ? 16 : 0);
+    }
+  };
+  // B of the first STAGES - 1 k-tiles in flight before the wait, one commit group each; the A
+  // halves of those stages follow as their own groups, so at k-tile kt the pipeline's
+  // wait_group<STAGES - 2> still covers both halves of stage kt (groups 0..STAGES-1+kt done).
+  bool b_in_flight = false;
+  if (early_b) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) load_b(s, s);
+      cp_async_commit();
+    }
+    b_in_flight = true;
+    pdl_wait();
+  }
 
   for (int mt = m_first; mt < m_end && mt * BM < rows; mt += m_step) {
     const int m0 = mt * BM;
@@ -118,21 +156,18 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
       a_off[i] = swz(r, c);
       a_col[i] = c * 8;
     }
-    auto load_stage = [&](int stage, int kt) {
+    auto load_a = [&](int stage, int kt) {
       const int k0 = kt * BK;
-      const int kb = p.b_k_twice ? (kt >> 1) * BK : k0;
       bf16* da = sA + stage * BM * BK;
-      bf16* db = sB + stage * BN * BK;
 #pragma unroll
       for (int i = 0; i < A_CH; i++) {
         const bool ok = a_ok[i] && k0 + a_col[i] < K;
         cp_async16(da + a_off[i], ok ? a_src[i] + k0 : A, ok ? 16 : 0);
       }
-#pragma unroll
-      for (int i = 0; i < B_CH; i++) {
-        const bool ok = b_ok[i] && k0 + b_col[i] < K;
-        cp_async16(db + b_off[i], ok ? b_src[i] + kb : B, ok ? 16 : 0);
-      }
+    };
+    auto load_stage = [&](int stage, int kt) {
+      load_a(stage, kt);
+      load_b(stage, kt);
     };
 
     float acc[MI][NI][4];
@@ -145,9 +180,13 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KT) load_stage(s, s);
+      if (s < KT) {
+        if (b_in_flight) load_a(s, s);
+        else load_stage(s, s);
+      }
       cp_async_commit();
     }
+    b_in_flight = false;
     for (int kt = 0; kt < KT; kt++) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
@@ -295,9 +334,8 @@ void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     return true;
   }();
   (void)ready;
-  if (ep == Epilogue::SwiGLU) tc_gemm_kernel<Cfg, TC, true><<<grid, Cfg::NT, Cfg::SMEM, stream>>>(a);
-  else tc_gemm_kernel<Cfg, TC, false><<<grid, Cfg::NT, Cfg::SMEM, stream>>>(a);
-  EPMOE_CUDA_LAUNCHED();
+  if (ep == Epilogue::SwiGLU) launch_pdl(tc_gemm_kernel<Cfg, TC, true>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
+  else launch_pdl(tc_gemm_kernel<Cfg, TC, false>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
 }
 
 void check_args(const GemmArgs& a, Epilogue ep) {
@@ -307,7 +345,10 @@ void check_args(const GemmArgs& a, Epilogue ep) {
 
 }  // namespace
 
-int gemm_tile_m(int rows_hint) { return rows_hint <= 16 ? Small::BM : rows_hint <= 64 ? Medium::BM : Large::BM; }
+int gemm_tile_m(int rows_hint) {
+  if (const int wg = wgmma_tile_m(rows_hint)) return wg;
+  return rows_hint <= 16 ? Small::BM : rows_hint <= 64 ? Medium::BM : Large::BM;
+}
 
 template <class TA, class TC>
 void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
@@ -321,7 +362,10 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     // accumulation order is the same for every shape).
     const int rows = a.offsets ? a.rows_hint : a.M;
     EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
-    if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
+    // Hopper's wgmma kernel where groups have enough rows (the same bits, gemm_wgmma.cu); not for
+    // a dense GEMM of a few rows, where its wider tile would leave half the CTAs of Small/Tiny.
+    if (wgmma_tile_m(rows) && (a.offsets || rows > 16)) gemm_wgmma<TC>(a, ep, rows, stream);
+    else if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
       launch_tc<Tiny, TC>(a, ep, stream);
     else if (rows <= 16) launch_tc<Small, TC>(a, ep, stream);
     else if (rows <= 64) launch_tc<Medium, TC>(a, ep, stream);

@@ -42,6 +42,10 @@ struct GemmArgs {
   // B stores K). split_linear lays its A' out as [xh | xl] per 64 columns, so both products of a
   // weight tile run back to back: the tile is read from DRAM once and from L2 the second time.
   bool b_k_twice = false;
+  // The tile list and group offsets were complete before the kernel that writes A started (that
+  // kernel is a GEMM which waited for the plan): the first weight tiles are then requested before
+  // waiting for A (programmatic dependent launch, common.cuh). The down projection after gate+up.
+  bool plan_precedes_a = false;
   // Grouped GEMMs: the m-tiles to run, (group, first row) pairs that plan() wrote for the tile
   // height gemm_tile_m(rows_hint) -- one CTA per tile and N-tile, none looping over m, so a group
   // with twice the rows gets twice the CTAs instead of twice the time. num_tiles on the device;

@@ -8,6 +8,8 @@ template <class TA>
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
                                TA* oa) {
   __shared__ float scratch[32];
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
   float ss = 0.f;
@@ -23,18 +25,24 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 
 template <class TW>
 __global__ void embed_kernel(const int32_t* ids, const TW* table, int H, float* out) {
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const TW* row = table + int64_t(ids[t]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = to_f32(row[i]);
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
 
 template <class TO>
 __global__ void convert_kernel(const float* in, TO* out, int64_t n) {
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = from_f32<TO>(in[i]);
 }
@@ -54,7 +62,7 @@ template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
              TA* out_act, cudaStream_t s) {
   if (T == 0) return;
-  rmsnorm_kernel<TA><<<unsigned(T), 256, 0, s>>>(x, w, eps, H, rows, out_f32, out_act);
+  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, x, w, eps, H, rows, out_f32, out_act);
   EPMOE_CUDA_LAUNCHED();
 }
 template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t);
@@ -63,7 +71,7 @@ template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, con
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s) {
   if (T == 0) return;
-  embed_kernel<TW><<<unsigned(T), 256, 0, s>>>(ids, table, H, out);
+  launch_pdl(embed_kernel<TW>, dim3(unsigned(T)), dim3(256), 0, s, ids, table, H, out);
   EPMOE_CUDA_LAUNCHED();
 }
 template void embed<float>(const int32_t*, const float*, int64_t, int, float*, cudaStream_t);
@@ -71,14 +79,14 @@ template void embed<bf16>(const int32_t*, const bf16*, int64_t, int, float*, cud
 
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n), 256, 0, s>>>(x, y, n);
+  launch_pdl(add_kernel, dim3(unsigned(grid_for(n))), dim3(256), 0, s, x, y, n);
   EPMOE_CUDA_LAUNCHED();
 }
 
 template <class TO>
 void convert(const float* in, TO* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  convert_kernel<TO><<<grid_for(n), 256, 0, s>>>(in, out, n);
+  launch_pdl(convert_kernel<TO>, dim3(unsigned(grid_for(n))), dim3(256), 0, s, in, out, n);
   EPMOE_CUDA_LAUNCHED();
 }
 template void convert<float>(const float*, float*, int64_t, cudaStream_t);

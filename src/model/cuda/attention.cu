@@ -13,6 +13,8 @@ __device__ __forceinline__ int64_t kv_row(const KvPages& kv, const int32_t* tabl
 // One warp per (token, head) over the q heads, then the k heads, then the v heads.
 __global__ void rope_kernel(const RopeArgs a) {
   extern __shared__ float hsm[];
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int heads = a.Hq + 2 * a.Hkv, D = a.D;
   const int64_t job = int64_t(blockIdx.x) * nw + warp;
@@ -73,6 +75,8 @@ template <class TA>
 __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   extern __shared__ float asm_[];
   __shared__ float scratch[32];
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const KvPages& kv = a.kv;
   const int Hq = a.Hq, Dk = a.Dk, Dv = a.Dv;
   const int64_t t = blockIdx.x / Hq;
@@ -140,6 +144,8 @@ __device__ inline void rope_lanes(const float* in, float* out, int dr, int pos, 
 // One block per token: the q LoRA norm, the latent norm and the rotated k_rope into the cache.
 __global__ void mla_latent_kernel(const MlaLatentArgs a) {
   __shared__ float scratch[32];
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const float* row = a.a + t * a.lda;
   if (a.q_lora > 0) {
@@ -164,6 +170,8 @@ __global__ void mla_latent_kernel(const MlaLatentArgs a) {
 
 // One warp per (token, head).
 __global__ void mla_query_kernel(const MlaQueryArgs a) {
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t job = int64_t(blockIdx.x) * nw + warp;
   if (job >= a.T * a.Hq) return;
@@ -177,6 +185,8 @@ __global__ void mla_query_kernel(const MlaQueryArgs a) {
 }
 
 __global__ void head_major_rows_kernel(int64_t T, int Hq, int32_t* out) {
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int64_t n = T * Hq;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t h = i / T, t = i - h * T;
@@ -190,7 +200,7 @@ void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   constexpr int warps = 4;
   const int64_t jobs = a.T * (a.Hq + 2 * a.Hkv);
-  rope_kernel<<<ceil_div(jobs, warps), warps * 32, size_t(warps) * a.D * sizeof(float), s>>>(a);
+  launch_pdl(rope_kernel, dim3(unsigned(ceil_div(jobs, warps))), dim3(warps * 32), size_t(warps) * a.D * sizeof(float), s, a);
   EPMOE_CUDA_LAUNCHED();
 }
 
@@ -201,19 +211,26 @@ void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_wid
   EPMOE_CUDA_LAUNCHED();
 }
 
+// The dynamic shared memory of attention_kernel: the query and the scores of max_ctx positions.
+static size_t attention_smem(int Dk, int max_ctx) { return (size_t(Dk) + size_t(max_ctx)) * sizeof(float); }
+
+void attention_prepare(int Dk, int max_ctx) {
+  static size_t raised = 48 * 1024;  // the limit set on both instantiations
+  const size_t smem = attention_smem(Dk, max_ctx);
+  if (smem <= raised) return;
+  EPMOE_ASSERT(smem <= 200 * 1024, "gpu attention: context of " + std::to_string(max_ctx) +
+                                       " positions exceeds this kernel's shared-memory scores");
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  raised = smem;
+}
+
 template <class TA>
 void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
   if (a.T == 0) return;
   EPMOE_ASSERT(a.Hkv >= 1 && a.Hq % a.Hkv == 0, "gpu attention: q heads a multiple of kv heads");
-  const size_t smem = (size_t(a.Dk) + size_t(a.max_ctx)) * sizeof(float);
-  static size_t raised = 48 * 1024;
-  if (smem > raised) {
-    EPMOE_ASSERT(smem <= 200 * 1024, "gpu attention: context of " + std::to_string(a.max_ctx) +
-                                         " positions exceeds this kernel's shared-memory scores");
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TA>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    raised = smem;
-  }
-  attention_kernel<TA><<<unsigned(a.T * a.Hq), 128, smem, s>>>(a, ctx);
+  attention_prepare(a.Dk, a.max_ctx);
+  launch_pdl(attention_kernel<TA>, dim3(unsigned(a.T * a.Hq)), dim3(128), attention_smem(a.Dk, a.max_ctx), s, a, ctx);
   EPMOE_CUDA_LAUNCHED();
 }
 template void attention<float>(const AttnArgs&, float*, cudaStream_t);
@@ -222,20 +239,20 @@ template void attention<bf16>(const AttnArgs&, bf16*, cudaStream_t);
 void mla_latent_cache(const MlaLatentArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   EPMOE_ASSERT(a.dr % 2 == 0, "mla: qk_rope_head_dim " + std::to_string(a.dr) + " is not even");
-  mla_latent_kernel<<<unsigned(a.T), 128, 0, s>>>(a);
+  launch_pdl(mla_latent_kernel, dim3(unsigned(a.T)), dim3(128), 0, s, a);
   EPMOE_CUDA_LAUNCHED();
 }
 
 void mla_queries(const MlaQueryArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   constexpr int warps = 4;
-  mla_query_kernel<<<ceil_div(a.T * a.Hq, warps), warps * 32, 0, s>>>(a);
+  launch_pdl(mla_query_kernel, dim3(unsigned(ceil_div(a.T * a.Hq, warps))), dim3(warps * 32), 0, s, a);
   EPMOE_CUDA_LAUNCHED();
 }
 
 void head_major_rows(int64_t T, int Hq, int32_t* out, cudaStream_t s) {
   if (T == 0) return;
-  head_major_rows_kernel<<<grid_for(T * Hq), 256, 0, s>>>(T, Hq, out);
+  launch_pdl(head_major_rows_kernel, dim3(unsigned(grid_for(T * Hq))), dim3(256), 0, s, T, Hq, out);
   EPMOE_CUDA_LAUNCHED();
 }
 

@@ -73,6 +73,9 @@ struct AttnArgs {
 };
 template <class TA>
 void attention(const AttnArgs& a, TA* ctx, cudaStream_t s);
+// Raises the attention kernel's shared-memory limit for Dk dims and max_ctx positions (what
+// attention() does on its first call of a longer context; a graph capture calls it beforehand).
+void attention_prepare(int Dk, int max_ctx);
 
 // ---------------------------------------------------------------------------------------------
 // Multi-head latent attention (model.cc Model::mla_attention, io/hf_config.h MlaConfig).

@@ -4,8 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <compare>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
+#include <set>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -156,8 +161,62 @@ struct GpuModel final : LanguageModel {
   DeviceArray<int32_t> tables;
   DeviceArray<DrawSpec> specs;  // this step's draws (forward_draw)
   DeviceArray<float> draw_lp;
+  // The step's inputs as the kernels read them: the arrays above (ids, gids, slots, tables, sel)
+  // in an eager step, a decode graph's own input buffer (GraphEntry::in_dev) while it is captured.
+  const int32_t* st_ids = nullptr;
+  const uint64_t* st_gids = nullptr;
+  const TokenSlot* st_slots = nullptr;
+  const int32_t* st_tables = nullptr;
+  const int32_t* st_sel = nullptr;
+
+  // ---- Decode steps as CUDA graphs (docs/gpu.md, "Decode as one CUDA graph").
+  // A step of one token per sequence on the single-GPU backend is captured once per key and
+  // replayed: every kernel argument that changes from step to step (token ids, positions, block
+  // tables, the rows of the logits) is read from the entry's device buffer, refreshed by one
+  // cudaMemcpyAsync from pinned memory before the launch. What stays baked in: the batch size
+  // (launch shapes, tile choices), the context bucket (the attention kernel's shared memory is
+  // sized for the longest context of the step), the backend (its buffers) and the addresses of
+  // every scratch buffer. Those only grow (DeviceArray) and only when a step runs more tokens than
+  // before, so:
+  //   - the first step of a (backend, token count) runs eagerly (`seen`): it sizes every buffer the
+  //     graph will hold, so a capture allocates nothing;
+  //   - an eager step of a token count not run before may grow buffers inside the layers (routers,
+  //     expert plans and runners, the backend's slot rows), and a change of the model's own scratch
+  //     addresses is seen directly (scratch_layout): both bump `epoch`, and a graph of an older
+  //     epoch is captured again (cudaGraphExecUpdate into the same executable when it can) before
+  //     it is replayed.
+  struct GraphKey {
+    int64_t B = 0;       // sequences (= tokens) of the step
+    int ctx = 0;         // context bucket (ctx_bucket)
+    uintptr_t be = 0;    // the backend (a backend must outlive the graphs captured with it)
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  struct GraphEntry {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t epoch = 0;  // the epoch it was captured in (0: never / its input buffer moved)
+    uint64_t last_use = 0;
+    size_t tables_cap = 0;  // block-table entries in_dev holds
+    // The step's inputs: [gids B][slots B][ids B][sel B][tables tables_cap].
+    DeviceArray<unsigned char> in_dev;
+    PinnedArray<unsigned char> in_host;
+    GraphEntry() = default;
+    GraphEntry(const GraphEntry&) = delete;
+    GraphEntry& operator=(const GraphEntry&) = delete;
+    ~GraphEntry() {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+  };
+  static constexpr size_t kMaxGraphs = 16;  // least recently used dropped beyond
+  bool graphs_on = true;
+  std::map<GraphKey, std::unique_ptr<GraphEntry>> graphs;
+  std::set<std::pair<uintptr_t, int64_t>> seen;  // (backend, tokens) of the eager steps run
+  uint64_t epoch = 1, use_clock = 0;
+  std::vector<const void*> layout_;
+  GpuGraphStats gstats;
 
   void init_shapes(const ModelConfig& c, const Placement& p, int r) {
+    const char* g = std::getenv("EPMOE_CUDA_GRAPH");
+    graphs_on = !(g && std::string(g) == "0");
     cfg = c;
     placement = p;
     rank = r;
@@ -247,7 +306,7 @@ struct GpuModel final : LanguageModel {
     KvPages kp;
     kp.k = k_pool.data();
     kp.v = v_pool.data();
-    kp.tables = tables.data();
+    kp.tables = st_tables;
     kp.blocks = pool_->total_blocks();
     kp.block_tokens = pool_->block_tokens();
     return kp;
@@ -559,7 +618,7 @@ struct GpuModel final : LanguageModel {
     ra.identity = identity_placement;
     ra.bias = L.has_corr_bias ? L.corr_bias.data() : nullptr;
     ra.T = T_;
-    ra.gids = gids.data();
+    ra.gids = st_gids;
     ra.rep_off = rep_off.data();
     ra.rep_list = rep_list.data();
     ra.physical = phys.data();
@@ -615,14 +674,14 @@ struct GpuModel final : LanguageModel {
     ra.eps = cfg.rms_norm_eps;
     ra.inv_freq = inv_freq.data();
     ra.attention_factor = rope_factor;
-    ra.slots = slots.data();
+    ra.slots = st_slots;
     ra.kv = pages();
     ra.layer = l;
     ra.q_out = q.data();
     qk_norm_rope_cache(ra, s);
     AttnArgs aa;
     aa.q = q.data();
-    aa.slots = slots.data();
+    aa.slots = st_slots;
     aa.kv = ra.kv;
     aa.layer = l;
     aa.T = T_;
@@ -701,7 +760,7 @@ struct GpuModel final : LanguageModel {
     la.inv_freq = inv_freq.data();
     la.attention_factor = rope_factor;
     la.interleaved = rope_interleaved;
-    la.slots = slots.data();
+    la.slots = st_slots;
     la.kv = pages();
     la.layer = l;
     mla_latent_cache(la, s);
@@ -722,14 +781,14 @@ struct GpuModel final : LanguageModel {
     qa.inv_freq = inv_freq.data();
     qa.attention_factor = rope_factor;
     qa.interleaved = rope_interleaved;
-    qa.slots = slots.data();
+    qa.slots = st_slots;
     qa.q_nope = q_nope.data();
     qa.q_cat = q_cat.data();
     mla_queries(qa, s);
     linear_heads(L.mla_uk, q_nope.data(), dn, T_, q_cat.data(), W);  // columns 0 .. C of q_cat
     AttnArgs aa;
     aa.q = q_cat.data();
-    aa.slots = slots.data();
+    aa.slots = st_slots;
     aa.kv = pages();
     aa.kv.v = aa.kv.k;  // the values are the latents of the same rows
     aa.layer = l;
@@ -844,6 +903,187 @@ struct GpuModel final : LanguageModel {
     return out;
   }
 
+  // The kernels of a step: embedding, the layers, and (R > 0) the final norm of the rows st_sel
+  // and lm_head into logits (reserved for R rows by the caller). Inputs through the st_ pointers;
+  // no host synchronisation, no allocation once the buffers are sized: what a graph captures.
+  void body(int64_t T_, int max_ctx, int64_t R, A2ABackend& backend) {
+    cudaStream_t s = stream();
+    if (T_ > 0) {
+      if (embed_f32) embed<float>(st_ids, embed_f.data(), T_, H, x.data(), s);
+      else embed<T>(st_ids, embed_w.data(), T_, H, x.data(), s);
+      if (mla) head_major_rows(T_, Hq, hrows.data(), s);
+    }
+    for (int l = 0; l < cfg.num_layers; l++) {
+      norm(x.data(), layers[size_t(l)]->in_norm, T_);
+      if (T_ > 0) attention_block(l, T_, max_ctx);
+      norm(x.data(), layers[size_t(l)]->post_norm, T_);
+      mlp(l, T_, backend, x.data(), /*accumulate=*/true);
+    }
+    if (R == 0) return;
+    // The rows whose logits are wanted (selected before the layers) are normalised, through lm_head.
+    reserve(R);
+    norm(x.data(), final_norm, R, st_sel);
+    if constexpr (kBf16) {
+      split_linear(lm_s, hn_f.data(), H, R, xs, logits.data(), nullptr, Epilogue::Store, s);
+    } else {
+      GemmArgs g;
+      g.A = act(hn_a, hn_f);
+      g.lda = H;
+      g.B = lm_w;
+      g.ldb = H;
+      g.M = int(R);
+      g.N = V;
+      g.K = H;
+      g.C = logits.data();
+      g.ldc = V;
+      gemm<T, float>(g, Epilogue::Store, s);
+    }
+  }
+
+  // The model's own scratch addresses (what a graph holds besides the layers' and the backend's).
+  std::vector<const void*> scratch_layout() const {
+    return {x.data(),      hn_f.data(),   hn_a.data(),    qkv.data(),     q.data(),      ctx.data(),
+            ctx_f.data(),  tmp.data(),    routed.data(),  rlog.data(),    wts.data(),    phys.data(),
+            shared_out.data(), gate.data(), h.data(),     h_f.data(),     xs.data(),     mla_a_out.data(),
+            qa_n.data(),   q_nope.data(), q_cat.data(),   lat_ctx.data(), attn_v.data(), hrows.data(),
+            logits.data()};
+  }
+  void note_layout() {
+    std::vector<const void*> l = scratch_layout();
+    if (l != layout_) layout_ = std::move(l), epoch++;
+  }
+  // After a step run kernel by kernel.
+  void note_eager_step(const A2ABackend& be, int64_t T_) {
+    gstats.eager_steps++;
+    if (seen.insert({reinterpret_cast<uintptr_t>(&be), T_}).second) epoch++;
+    note_layout();
+  }
+
+  // The context a graph's attention is sized for: a power of two from 256 to 4096, then multiples
+  // of 4096 (few captures as sequences grow), within the kernel's shared memory.
+  int ctx_bucket(int max_ctx) const {
+    int c = 256;
+    while (c < max_ctx && c < 4096) c *= 2;
+    if (c < max_ctx) c = (max_ctx + 4095) / 4096 * 4096;
+    const int limit = int(200 * 1024 / sizeof(float)) - (mla ? W : D);
+    return std::max(max_ctx, std::min(c, limit));
+  }
+
+  bool graph_eligible(const std::vector<std::vector<int32_t>>& tokens, const A2ABackend& be, int64_t T_) const {
+    // Only the single-GPU backend: the NCCL backends wait on their peers with a deadline from the
+    // host and size their messages from counts exchanged during the step (eager, always).
+    if (!graphs_on || T_ == 0 || be.name() != "local") return false;
+    for (const auto& t : tokens)
+      if (t.size() != 1) return false;  // prefill and mixed steps: their shapes rarely repeat
+    // The expert plan's one-block form only (the multi-block form keeps a workspace shared by
+    // every model of the process, which another model could move).
+    if (T_ * int64_t(std::max(K, 1)) > 8192) return false;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    EPMOE_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
+    return cs == cudaStreamCaptureStatusNone;
+  }
+
+  // The step through its graph: false when it is to run eagerly (the first step of its token
+  // count, or graphs turned off by a failed capture).
+  bool graph_step(A2ABackend& be, int64_t B, int max_ctx, const std::vector<int32_t>& ids_h,
+                  const std::vector<uint64_t>& gids_h, const std::vector<TokenSlot>& slots_h,
+                  const std::vector<int32_t>& tables_h, const std::vector<int32_t>& sel_h) {
+    const uintptr_t bid = reinterpret_cast<uintptr_t>(&be);
+    if (!seen.count({bid, B})) return false;
+    static_assert(sizeof(TokenSlot) == 8 && sizeof(uint64_t) == 8, "graph input layout");
+    const int cap = ctx_bucket(max_ctx);
+    const GraphKey key{B, cap, bid};
+    auto it = graphs.find(key);
+    if (it == graphs.end()) {
+      if (graphs.size() >= kMaxGraphs) {
+        auto lru = graphs.begin();
+        for (auto j = graphs.begin(); j != graphs.end(); ++j)
+          if (j->second->last_use < lru->second->last_use) lru = j;
+        graphs.erase(lru);
+      }
+      it = graphs.emplace(key, std::make_unique<GraphEntry>()).first;
+    }
+    GraphEntry& e = *it->second;
+    e.last_use = ++use_clock;
+    const size_t b = size_t(B), n_tab = tables_h.size();
+    if (n_tab > e.tables_cap || e.in_dev.empty()) {
+      const size_t bt = size_t(pool_->block_tokens());
+      e.tables_cap = std::max(n_tab, b * ((size_t(cap) + bt - 1) / bt + 1));
+      e.in_dev.reserve(24 * b + 4 * e.tables_cap);
+      e.in_host.reserve(24 * b + 4 * e.tables_cap);
+      e.epoch = 0;  // its graph read the old buffer
+    }
+    unsigned char* h = e.in_host.data();
+    std::memcpy(h, gids_h.data(), 8 * b);
+    std::memcpy(h + 8 * b, slots_h.data(), 8 * b);
+    std::memcpy(h + 16 * b, ids_h.data(), 4 * b);
+    std::memcpy(h + 20 * b, sel_h.data(), 4 * b);
+    if (n_tab) std::memcpy(h + 24 * b, tables_h.data(), 4 * n_tab);
+    // (The previous step ended in a synchronising download: the pinned buffer is free to write.)
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(e.in_dev.data(), h, 24 * b + 4 * n_tab, cudaMemcpyHostToDevice, stream()));
+    // Buffers sized outside the capture (the logits of B rows); a move bumps the epoch.
+    reserve(B);
+    logits.reserve(b * size_t(V));
+    if constexpr (kBf16) xs.reserve(b * size_t(lm_s.P) * size_t(lm_s.K));  // (lm_head's split rows)
+    note_layout();
+    attention_prepare(mla ? W : D, cap);  // the kernel's shared-memory limit, raised outside the capture
+    if ((!e.exec || e.epoch != epoch) && !capture(e, be, B, cap)) return false;
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(e.exec, stream()));
+    gstats.replays++;
+    return true;
+  }
+
+  bool capture(GraphEntry& e, A2ABackend& be, int64_t B, int cap) {
+    cudaStream_t s = stream();
+    const unsigned char* d = e.in_dev.data();
+    const size_t b = size_t(B);
+    st_gids = reinterpret_cast<const uint64_t*>(d);
+    st_slots = reinterpret_cast<const TokenSlot*>(d + 8 * b);
+    st_ids = reinterpret_cast<const int32_t*>(d + 16 * b);
+    st_sel = reinterpret_cast<const int32_t*>(d + 20 * b);
+    st_tables = reinterpret_cast<const int32_t*>(d + 24 * b);
+    cudaGraph_t g = nullptr;
+    try {
+      // Thread-local mode: a call in the body that is not allowed while capturing (a synchronous
+      // copy, an allocation that frees) fails here instead of being recorded wrongly.
+      EPMOE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        body(B, cap, B, be);
+      } catch (...) {
+        cudaGraph_t bad = nullptr;
+        (void)cudaStreamEndCapture(s, &bad);
+        if (bad) cudaGraphDestroy(bad);
+        throw;
+      }
+      EPMOE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      if (e.exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(e.exec, g, &info) != cudaSuccess) {
+          (void)cudaGetLastError();
+          cudaGraphExecDestroy(e.exec);
+          e.exec = nullptr;
+        }
+      }
+      if (!e.exec) EPMOE_CUDA_CHECK(cudaGraphInstantiate(&e.exec, g, 0));
+      EPMOE_CUDA_CHECK(cudaGraphDestroy(g));
+    } catch (const std::exception& ex) {
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      std::fprintf(stderr, "epmoe: capturing a decode step as a CUDA graph failed (%s); decoding eagerly from now on\n",
+                   ex.what());
+      set_graphs(false);
+      return false;
+    }
+    e.epoch = epoch;
+    gstats.captures++;
+    return true;
+  }
+
+  void set_graphs(bool on) {
+    graphs_on = on;
+    if (!on) graphs.clear();
+  }
+
   // greedy != nullptr: only the argmax of each sequence's last logits comes back (-1 for none).
   // draws != nullptr: only the draws' tokens and log-probs (into drawn).
   std::vector<std::vector<float>> run(const std::vector<Sequence*>& seqs,
@@ -913,50 +1153,31 @@ struct GpuModel final : LanguageModel {
         specs_h.push_back({int32_t(span[size_t(d.row)].first), d.temperature, d.seed, d.position});
       }
     cudaStream_t s = stream();
-    ids.upload(ids_h);
-    gids.upload(gids_h);
-    slots.upload(slots_h);
-    tables.upload(tables_h);
-    if (!sel_h.empty()) sel.upload(sel_h);
+    const int64_t R = int64_t(sel_h.size());
     if (!specs_h.empty()) specs.upload(specs_h);
-    if (T_ > 0) {
-      if (embed_f32) embed<float>(ids.data(), embed_f.data(), T_, H, x.data(), s);
-      else embed<T>(ids.data(), embed_w.data(), T_, H, x.data(), s);
-      if (mla) head_major_rows(T_, Hq, hrows.data(), s);
-    }
-    for (int l = 0; l < cfg.num_layers; l++) {
-      norm(x.data(), layers[size_t(l)]->in_norm, T_);
-      if (T_ > 0) attention_block(l, T_, max_ctx);
-      norm(x.data(), layers[size_t(l)]->post_norm, T_);
-      mlp(l, T_, backend, x.data(), /*accumulate=*/true);
+    // A decode step replays its graph (uploading its inputs into the graph's own buffer); any
+    // other step, or one the graph path declines, runs kernel by kernel.
+    const bool graphed = R > 0 && graph_eligible(tokens, backend, T_) &&
+                         graph_step(backend, T_, max_ctx, ids_h, gids_h, slots_h, tables_h, sel_h);
+    if (!graphed) {
+      ids.upload(ids_h);
+      gids.upload(gids_h);
+      slots.upload(slots_h);
+      tables.upload(tables_h);
+      if (!sel_h.empty()) sel.upload(sel_h);
+      st_ids = ids.data(), st_gids = gids.data(), st_slots = slots.data(), st_tables = tables.data();
+      st_sel = sel.data();
+      if (R > 0) logits.reserve(size_t(R) * size_t(V));
+      body(T_, max_ctx, R, backend);
+      note_eager_step(backend, T_);
     }
     for (size_t q = 0; q < seqs.size(); q++) seqs[q]->len += int64_t(tokens[q].size());
 
-    // The rows whose logits are wanted (selected before the layers) are normalised, through lm_head.
     std::vector<std::vector<float>> out(seqs.size());
-    const int64_t R = int64_t(sel_h.size());
     if (greedy) greedy->assign(seqs.size(), -1);
     if (R == 0) {
       wait_stream("forward");
       return out;
-    }
-    reserve(R);
-    norm(x.data(), final_norm, R, sel.data());
-    logits.reserve(size_t(R) * size_t(V));
-    if constexpr (kBf16) {
-      split_linear(lm_s, hn_f.data(), H, R, xs, logits.data(), nullptr, Epilogue::Store, s);
-    } else {
-      GemmArgs g;
-      g.A = act(hn_a, hn_f);
-      g.lda = H;
-      g.B = lm_w;
-      g.ldb = H;
-      g.M = int(R);
-      g.N = V;
-      g.K = H;
-      g.C = logits.data();
-      g.ldc = V;
-      gemm<T, float>(g, Epilogue::Store, s);
     }
     if (draws) {
       const int n = int(specs_h.size());
@@ -995,7 +1216,10 @@ struct GpuModel final : LanguageModel {
     hn_f.upload(in);
     if constexpr (kBf16) convert<bf16>(hn_f.data(), hn_a.data(), T_ * H, stream());
     gids.upload(gids_h, size_t(T_));
+    st_gids = gids.data();
     mlp(l, T_, backend, x.data(), /*accumulate=*/false);
+    epoch++;  // (buffers of the layers may have grown; not a step: the graph path still warms up by one)
+    note_layout();
     wait_stream("mlp block");
     std::vector<float> o = x.download(size_t(T_ * H));
     std::copy(o.begin(), o.end(), y);
@@ -1020,8 +1244,28 @@ void refuse_synthetic(const ModelConfig& cfg) {
 
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,
                                               const Placement& placement, int rank, const GpuModelOptions& opt) {
-  if (opt.f32) return std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, opt.kv, opt.fp8);
-  return std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, opt.kv, opt.fp8);
+  std::unique_ptr<LanguageModel> m;
+  if (opt.f32) m = std::make_unique<cuda::GpuModel<float>>(cfg, ckpt, placement, rank, opt.kv, opt.fp8);
+  else m = std::make_unique<cuda::GpuModel<cuda::bf16>>(cfg, ckpt, placement, rank, opt.kv, opt.fp8);
+  if (!opt.cuda_graph) set_gpu_cuda_graph(*m, false);
+  return m;
+}
+
+void set_gpu_cuda_graph(LanguageModel& m, bool on) {
+  if (auto* g = dynamic_cast<cuda::GpuModel<float>*>(&m)) return g->set_graphs(on);
+  if (auto* g = dynamic_cast<cuda::GpuModel<cuda::bf16>*>(&m)) return g->set_graphs(on);
+  throw InputError("CUDA graphs: not a model of --device cuda");
+}
+
+GpuGraphStats gpu_graph_stats(const LanguageModel& m) {
+  auto stats = [](const auto& g) {
+    GpuGraphStats s = g.gstats;
+    s.cached = int64_t(g.graphs.size());
+    return s;
+  };
+  if (auto* g = dynamic_cast<const cuda::GpuModel<float>*>(&m)) return stats(*g);
+  if (auto* g = dynamic_cast<const cuda::GpuModel<cuda::bf16>*>(&m)) return stats(*g);
+  throw InputError("CUDA graphs: not a model of --device cuda");
 }
 
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,

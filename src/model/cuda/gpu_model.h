@@ -45,7 +45,23 @@ struct GpuModelOptions {
   bool f32 = false;  // --compute f32 (else bf16)
   GpuFp8Compute fp8 = GpuFp8Compute::Dequant;
   KvOptions kv;
+  // Decode steps (one token per sequence, the single-GPU `local` backend) replayed as one CUDA
+  // graph per batch size (docs/gpu.md, "Decode as one CUDA graph"); the environment's
+  // EPMOE_CUDA_GRAPH=0 also turns it off. The same bits either way.
+  bool cuda_graph = true;
 };
+
+// What the decode graphs of a GPU model did (tests and benchmarks).
+struct GpuGraphStats {
+  int64_t captures = 0;     // graphs captured (a new batch size / context bucket, or buffers that moved)
+  int64_t replays = 0;      // steps run as a graph launch
+  int64_t eager_steps = 0;  // steps run kernel by kernel (prefill, mixed steps, first step of a batch size, off)
+  int64_t cached = 0;       // graphs held now
+};
+// Turns the decode graphs of a model made by make_gpu_model / make_synthetic_gpu_model on or off
+// (off drops the graphs held); InputError for any other model.
+void set_gpu_cuda_graph(LanguageModel& m, bool on);
+GpuGraphStats gpu_graph_stats(const LanguageModel& m);
 
 // Non-expert weights and the experts `placement` gives to `rank`, from the checkpoint.
 std::unique_ptr<LanguageModel> make_gpu_model(const ModelConfig& cfg, const Checkpoint& ckpt,

@@ -9,6 +9,8 @@ namespace {
 __global__ void argmax_kernel(const float* logits, int V, int32_t* out) {
   __shared__ float sv[32];
   __shared__ int si[32];
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const float* x = logits + int64_t(blockIdx.x) * V;
   float bv = -INFINITY;
   int bi = -1;
@@ -33,6 +35,8 @@ __global__ void __launch_bounds__(kLogprobLanes) draw_kernel(const float* logits
   __shared__ float sv[32];
   __shared__ int si[32];
   __shared__ double sk[32];
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const DrawSpec d = specs[blockIdx.x];
   const float* x = logits + int64_t(d.row) * V;
   const int j = threadIdx.x, w32 = j & 31, warp = j >> 5, nw = kLogprobLanes / 32;
@@ -106,13 +110,13 @@ __global__ void __launch_bounds__(kLogprobLanes) draw_kernel(const float* logits
 void draw_rows(const float* logits, int V, const DrawSpec* specs, int n, int32_t* tokens, float* logprobs,
                cudaStream_t s) {
   if (n == 0) return;
-  draw_kernel<<<unsigned(n), kLogprobLanes, 0, s>>>(logits, V, specs, tokens, logprobs);
+  launch_pdl(draw_kernel, dim3(unsigned(n)), dim3(kLogprobLanes), 0, s, logits, V, specs, tokens, logprobs);
   EPMOE_CUDA_LAUNCHED();
 }
 
 void argmax_rows(const float* logits, int64_t R, int V, int32_t* out, cudaStream_t s) {
   if (R == 0) return;
-  argmax_kernel<<<unsigned(R), 256, 0, s>>>(logits, V, out);
+  launch_pdl(argmax_kernel, dim3(unsigned(R)), dim3(256), 0, s, logits, V, out);
   EPMOE_CUDA_LAUNCHED();
 }
 

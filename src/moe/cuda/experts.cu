@@ -35,6 +35,7 @@ void ExpertRunnerGpu<T>::run(const ExpertJobs& j, void* out) {
   g2.C = out;
   g2.ldc = w_.H;
   g2.c_rows = plan_.c_rows.data();
+  g2.plan_precedes_a = true;  // g1 waited for the plan before letting g2 start
   gemm<T, T>(g2, Epilogue::Store, stream());
 }
 template class ExpertRunnerGpu<float>;

@@ -29,8 +29,24 @@ __device__ inline void warp_topk(const float* v, int n, int k, int* sel) {
 
 constexpr int kMaxRouterParts = 16;  // router_chunks() never returns more
 
+// The replica of slot k of token t and the three outputs (one lane per slot).
+__device__ inline void write_slot(const RouteArgs& a, int64_t t, uint64_t gid, int k, int l, float w) {
+  int phys = l;
+  if (!a.identity) {
+    const int r0 = a.rep_off[l], nr = a.rep_off[l + 1] - r0;
+    // The replica hash of Placement::choose (util/hash.h): the same choice as on the CPU.
+    phys = nr == 1 ? a.rep_list[r0] : a.rep_list[r0 + int(replica_index(gid, k, uint64_t(nr)))];
+  }
+  const int K = a.cfg.top_k;
+  if (a.logical) a.logical[t * K + k] = l;
+  a.physical[t * K + k] = phys;
+  a.weights[t * K + k] = w;
+}
+
 __global__ void route_kernel(const RouteArgs a) {
   extern __shared__ float rsm[];
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   const RoutingConfig& c = a.cfg;
   const int E = c.num_experts, K = c.top_k;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -137,21 +153,81 @@ __global__ void route_kernel(const RouteArgs a) {
   }
   __syncwarp();
   // One lane per slot: the replica lookups of the K slots run in parallel.
-  if (lane < K) {
-    const int k = lane, l = sel[k];
-    int phys = l;
-    if (!a.identity) {
-      const int r0 = a.rep_off[l], nr = a.rep_off[l + 1] - r0;
-      // The replica hash of Placement::choose (util/hash.h): the same choice as on the CPU.
-      phys = nr == 1 ? a.rep_list[r0] : a.rep_list[r0 + int(replica_index(gid, k, uint64_t(nr)))];
-    }
-    if (a.logical) a.logical[t * K + k] = l;
-    a.physical[t * K + k] = phys;
-    a.weights[t * K + k] = wsm[k];
+  if (lane < K) write_slot(a, t, gid, lane, sel[lane], wsm[lane]);
+}
+
+// SoftmaxTopK (Qwen, Mixtral) with every score in registers: expert e = lane + 32 r lives in
+// v[r] of `lane`. The same arithmetic in the same order as route_kernel (per-lane sums in
+// ascending e, the same warp trees, the same ties), so the same bits; but no shared memory, every
+// logit load issued before the first add, and no rescans of the chosen ids: at one token the
+// kernel is a chain of a few hundred dependent instructions instead of several microseconds.
+template <int R>
+__global__ void route_softmax_kernel(const RouteArgs a) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
+  const RoutingConfig& c = a.cfg;
+  const int E = c.num_experts, K = c.top_k;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= a.T) return;
+  const uint64_t gid = a.identity ? 0 : a.gids[t];
+  float part[R][kMaxRouterParts];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int e = lane + 32 * r;
+#pragma unroll
+    for (int p = 0; p < kMaxRouterParts; p++)
+      part[r][p] = p < a.parts && e < E ? a.logits[p * a.part_stride + t * E + e] : 0.f;
   }
+  float v[R];
+  float m = -INFINITY;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float x = 0.f;
+#pragma unroll
+    for (int p = 0; p < kMaxRouterParts; p++)
+      if (p < a.parts) x += part[r][p];
+    v[r] = x;
+    if (lane + 32 * r < E) m = fmaxf(m, x);
+  }
+  m = warp_max(m);
+  float sum = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+    if (lane + 32 * r < E) {
+      v[r] = expf(v[r] - m);
+      sum += v[r];
+    }
+  sum = warp_sum(sum);
+  const float inv = 1.0f / sum;
+#pragma unroll
+  for (int r = 0; r < R; r++) v[r] *= inv;
+  // Top-k: K rounds of (best untaken score of the lane, lowest e first) + warp argmax.
+  uint32_t taken = 0;
+  int my_id = -1;  // lane k < K: the k-th chosen expert and its probability
+  float my_w = 0.f;
+  for (int j = 0; j < K; j++) {
+    float bv = -INFINITY;
+    int bi = -1;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int e = lane + 32 * r;
+      if (e < E && !(taken >> r & 1u) && (bi < 0 || v[r] > bv)) bv = v[r], bi = e;
+    }
+    warp_argmax(bv, bi);
+    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+    if (lane == j) my_id = bi, my_w = bv;
+  }
+  // The sum of the K weights in slot order, as lane 0 of route_kernel adds them.
+  float wsum = 0.f;
+  for (int k = 0; k < K; k++) wsum += __shfl_sync(0xffffffffu, my_w, k);
+  if (c.norm_topk_prob) my_w /= wsum;
+  if (lane < K) write_slot(a, t, gid, lane, my_id, my_w);
 }
 
 __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf16* out) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   const int64_t n = T * H;
   const int Kc = 3 * H / S;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -170,6 +246,8 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
 }
 
 __global__ void router_sum_kernel(const float* part, int S, int64_t T, int E, float* out) {
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   const int64_t n = T * E;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float acc = 0.f;
@@ -186,10 +264,17 @@ void route(const RouteArgs& a, cudaStream_t s) {
   EPMOE_ASSERT(a.cfg.top_k <= 32 && a.cfg.n_group <= E, "gpu routing: top_k <= 32 and n_group <= E");
   EPMOE_ASSERT(a.parts >= 1 && a.parts <= kMaxRouterParts, "gpu routing: 1..16 logit partials");
   constexpr int warps = 4;
+  if (a.cfg.kind == RoutingKind::SoftmaxTopK && E <= 256 && !a.general_kernel) {
+    const dim3 grid(ceil_div(a.T, warps)), block(warps * 32);
+    if (E <= 32) launch_pdl(route_softmax_kernel<1>, grid, block, 0, s, a);
+    else if (E <= 64) launch_pdl(route_softmax_kernel<2>, grid, block, 0, s, a);
+    else if (E <= 128) launch_pdl(route_softmax_kernel<4>, grid, block, 0, s, a);
+    else launch_pdl(route_softmax_kernel<8>, grid, block, 0, s, a);
+    return;
+  }
   const size_t smem = size_t(warps) * (3 * E + 32) * sizeof(float);
   EPMOE_ASSERT(smem <= 48 * 1024, "gpu routing: too many experts for one warp's shared memory");
-  route_kernel<<<ceil_div(a.T, warps), warps * 32, smem, s>>>(a);
-  EPMOE_CUDA_LAUNCHED();
+  launch_pdl(route_kernel, dim3(ceil_div(a.T, warps)), dim3(warps * 32), smem, s, a);
 }
 
 int router_chunks(int H) {
@@ -200,14 +285,12 @@ int router_chunks(int H) {
 
 void router_split(const float* x, int64_t T, int H, int S, bf16* out, cudaStream_t s) {
   if (T == 0) return;
-  router_split_kernel<<<grid_for(T * H), 256, 0, s>>>(x, T, H, S, out);
-  EPMOE_CUDA_LAUNCHED();
+  launch_pdl(router_split_kernel, dim3(grid_for(T * H)), dim3(256), 0, s, x, T, H, S, out);
 }
 
 void router_sum(const float* part, int S, int64_t T, int E, float* out, cudaStream_t s) {
   if (T == 0) return;
-  router_sum_kernel<<<grid_for(T * E), 256, 0, s>>>(part, S, T, E, out);
-  EPMOE_CUDA_LAUNCHED();
+  launch_pdl(router_sum_kernel, dim3(grid_for(T * E)), dim3(256), 0, s, part, S, T, E, out);
 }
 
 std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H) {

@@ -26,6 +26,9 @@ struct RouteArgs {
   int32_t* logical = nullptr;         // [T, K] (may be nullptr)
   int32_t* physical = nullptr;        // [T, K]
   float* weights = nullptr;           // [T, K]
+  // SoftmaxTopK runs a register-resident kernel; true runs the general shared-memory kernel
+  // instead (the two must give the same bits: the tests compare them).
+  bool general_kernel = false;
 };
 void route(const RouteArgs& a, cudaStream_t s);
 
@@ -41,6 +44,12 @@ std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H
 // The number of K' chunks for hidden size H (chunks of a multiple of 8 elements).
 int router_chunks(int H);
 
+// router_split + the split GEMM over S chunks in one kernel (moe/cuda/router.cu), the same bits:
+// x [T, H] fp32, w3 = router_split_weights [E, 3H]; writes router_parts(T, S) partials
+// [parts][T][E] to out (room for S), for route() to add in order.
+int router_parts(int64_t T, int S);
+void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s);
+
 // The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
 // bf16 mode: the split-bf16 tensor-core GEMM above (fp32-grade logits, batch-invariant);
 // f32 mode: the fp32 SIMT GEMM.
@@ -49,7 +58,6 @@ struct RouterGpu {
   bool split = true;
   DeviceArray<float> w32;  // [E, H] (f32 mode)
   DeviceArray<bf16> w3;    // [E, 3H] = [wh | wl | wh] (bf16 mode)
-  DeviceArray<bf16> a3;    // [S][T][3H / S]
   DeviceArray<float> part; // [S][T][E]
 
   void init(const std::vector<float>& w, int E_, int H_, bool split_) {
@@ -73,17 +81,9 @@ struct RouterGpu {
       if (T > 0) gemm<float, float>(g, Epilogue::Store, s);
       return {full.data(), 1, 0};
     }
-    const int Kc = 3 * H / S;
-    a3.reserve(size_t(std::max<int64_t>(T, 1)) * 3 * size_t(H));
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
-    if (T > 0) {
-      router_split(x, T, H, S, a3.data(), s);
-      g.C = part.data();
-      g.A = a3.data(), g.lda = Kc, g.B = w3.data(), g.ldb = 3 * H, g.b_group_stride = Kc;
-      g.G = S, g.M = int(T), g.K = Kc, g.ldc = E;
-      gemm<bf16, float>(g, Epilogue::Store, s);
-    }
-    return {part.data(), S, int64_t(T) * E};
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s);
+    return {part.data(), router_parts(T, S), int64_t(T) * E};
   }
   DeviceArray<float> full;  // [T, E] (f32 mode)
 };

@@ -1,0 +1,191 @@
+// The router GEMM of RouterGpu (moe/cuda/routing.cuh) in one kernel: the fp32 rows are split
+// into their bf16 hi/lo planes while they are staged in shared memory, instead of by a separate
+// kernel that writes the planes [xh | xh | xl] to memory for a GEMM to read back. The products,
+// the k16 chain of each K' chunk and the order in which the chunks add up are those of the
+// split GEMM it replaces (router_split + gemm<bf16, float> over S groups + the in-order sum in
+// route()), so the logits have the same bits -- the tests compare the two. One CTA per (chunk,
+// m-tile, n-tile) writes chunk s's partial [s][T][E] for route() to add in order.
+#include "kernels/cuda/mma_ptx.cuh"
+#include "moe/cuda/routing.cuh"
+
+namespace epmoe::cuda {
+
+namespace {
+
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldmatrix_x4;
+
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 64 bf16 per shared-memory row, 16-byte chunk c of row r at chunk c ^ (r & 7) (as gemm.cu).
+__device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
+
+struct RouterArgs {
+  const float* x;     // [T, H]
+  const bf16* w3;     // [E, 3H] = [wh | wl | wh]
+  int64_t T;
+  int H, E, S, Kc;    // K' = 3H in S chunks of Kc
+  float* out;         // partials [S][T][E]
+};
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p) {
+  constexpr int BK = 64, NT = WM * WN * 32, TM = BM / WM, TN = BN / WN, MI = TM / 16, NI = TN / 8;
+  constexpr int X_CH = BM * 16 / NT;  // 16-byte chunks of fp32 x per thread per stage (16 per row)
+  constexpr int B_CH = BN * 8 / NT;   // of bf16 weights (8 per row)
+  constexpr int A_CH = BM * 8 / NT;   // 8-element chunks each thread converts
+  static_assert(X_CH >= 1 && B_CH >= 1 && A_CH >= 1 && (BM * 16) % NT == 0 && (BN * 8) % NT == 0, "tile");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* sX = reinterpret_cast<float*>(smem_raw);                   // [STAGES][BM][64] fp32
+  bf16* sB = reinterpret_cast<bf16*>(sX + STAGES * BM * BK);         // [STAGES][BN][64] swizzled
+  bf16* sA = sB + STAGES * BN * BK;                                  // [BM][64] swizzled, this k-tile
+
+  pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WN, wn = warp % WN;
+  const int n0 = blockIdx.x * BN;
+  const int64_t m0 = int64_t(blockIdx.y) * BM;
+  const int s = int(blockIdx.z);
+  const int steps = (p.Kc + BK - 1) / BK;  // k-tiles of the chunk (the last one zero-filled past Kc)
+
+  // k-tile kt: K' columns s Kc + kt 64 + [0, 64), those past the chunk zero.
+  auto load_stage = [&](int stage, int kt) {
+    float* dx = sX + stage * BM * BK;
+    bf16* db = sB + stage * BN * BK;
+#pragma unroll
+    for (int q = 0; q < X_CH; q++) {
+      const int idx = tid + q * NT, r = idx >> 4, c4 = idx & 15;  // 4 floats at column c4 * 4
+      const int kl = kt * BK + c4 * 4;
+      const int kk = s * p.Kc + kl, h = kk % p.H;
+      const bool ok = m0 + r < p.T && kl < p.Kc;
+      cp_async16(dx + r * BK + c4 * 4, ok ? p.x + (m0 + r) * p.H + h : p.x, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int q = 0; q < B_CH; q++) {
+      const int idx = tid + q * NT, r = idx >> 3, c = idx & 7;
+      const int kl = kt * BK + c * 8;
+      const bool ok = n0 + r < p.E && kl < p.Kc;
+      cp_async16(db + swz(r, c), ok ? p.w3 + int64_t(n0 + r) * 3 * p.H + s * p.Kc + kl : p.w3, ok ? 16 : 0);
+    }
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NI; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < steps) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < steps; kt++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < steps) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    cp_async_commit();
+    // This k-tile's A' columns: x split into bf16 hi (sections 0 and 1 of K') or lo (section 2),
+    // router_split's rounding; zero past the chunk, as the split GEMM's zero-filled loads.
+    const float* xs = sX + (kt % STAGES) * BM * BK;
+#pragma unroll
+    for (int q = 0; q < A_CH; q++) {
+      const int idx = tid + q * NT, r = idx >> 3, c = idx & 7;
+      const int kl = kt * BK + c * 8;
+      const bool lo = (s * p.Kc + kl) / p.H == 2;
+      const float4 v0 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8);
+      const float4 v1 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8 + 4);
+      const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      __align__(16) bf16 o[8];
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const bf16 hi = __float2bfloat16_rn(f[e]);
+        o[e] = lo ? __float2bfloat16_rn(f[e] - __bfloat162float(hi)) : hi;
+      }
+      *reinterpret_cast<uint4*>(sA + swz(r, c)) = *reinterpret_cast<const uint4*>(o);
+    }
+    __syncthreads();
+    const bf16* b = sB + (kt % STAGES) * BN * BK;
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ks++) {
+      uint32_t af[MI][4], bfr[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
+        ldmatrix_x4(af[mi], sA + swz(r, c));
+      }
+#pragma unroll
+      for (int nj = 0; nj < NI / 2; nj++) {
+        const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
+        uint32_t t[4];
+        ldmatrix_x4(t, b + swz(r, c));
+        bfr[2 * nj][0] = t[0], bfr[2 * nj][1] = t[1], bfr[2 * nj + 1][0] = t[2], bfr[2 * nj + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  float* out = p.out + int64_t(s) * p.T * p.E;
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t t = m0 + wm * TM + mi * 16 + (lane >> 2) + h * 8;
+      if (t >= p.T) continue;
+#pragma unroll
+      for (int ni = 0; ni < NI; ni++) {
+        const int e = n0 + wn * TN + ni * 8 + (lane & 3) * 2;
+        const float* v = acc[mi][ni];
+        if (e < p.E) out[t * p.E + e] = v[2 * h];
+        if (e + 1 < p.E) out[t * p.E + e + 1] = v[2 * h + 1];
+      }
+    }
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+void launch_router(const RouterArgs& a, cudaStream_t s) {
+  constexpr int BK = 64;
+  constexpr size_t smem = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
+  static const bool ready = [] {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(router_kernel<BM, BN, WM, WN, STAGES>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)ready;
+  const dim3 grid(ceil_div(a.E, BN), unsigned(ceil_div(a.T, BM)), a.S);
+  launch_pdl(router_kernel<BM, BN, WM, WN, STAGES>, grid, dim3(WM * WN * 32), smem, s, a);
+}
+
+}  // namespace
+
+// Rows of one CTA: 16 for decode-sized inputs (more CTAs over the chunks' weights), then tiles
+// that re-read the weights fewer times. Every chunk is its own CTA and route() adds the partials:
+// a CTA that ran every chunk of its rows and added them itself (tried) either reads all the
+// weights once per 32 rows (L2-bound: 111 us at 4096 rows) or leaves most of the chip idle.
+int router_parts(int64_t, int S) { return S; }
+
+void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s) {
+  if (T == 0) return;
+  EPMOE_ASSERT(H % 8 == 0 && (3 * H) % (8 * S) == 0, "gpu router: H a multiple of 8 and 3H of 8 S");
+  const RouterArgs a{x, w3, T, H, E, S, 3 * H / S, out};
+  if (T <= 16) launch_router<16, 32, 1, 2, 4>(a, s);
+  else if (T <= 256) launch_router<32, 128, 2, 4, 3>(a, s);
+  else launch_router<64, 128, 2, 4, 3>(a, s);
+}
+
+}  // namespace epmoe::cuda
