@@ -94,15 +94,31 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   __syncthreads();
   const float scale = a.scale;
   // Scores: one warp per key, lanes over the head dims (coalesced rows of K), a fixed-order tree.
+  // A warp takes four keys at a time so that their loads (the block table, then the rows) are in
+  // flight together; each key's sum is still its own chain in the same order.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  constexpr int KU = 4;
   float m = -INFINITY;
-  for (int j = warp; j < n; j += nw) {
-    const float* kj = kc + kv_row(kv, table, a.layer, j, a.k_stride);
-    float d = 0.f;
-    for (int i = lane; i < Dk; i += 32) d += qs[i] * kj[i];
-    d = warp_sum(d) * scale;
-    if (lane == 0) p[j] = d;
-    m = fmaxf(m, d);
+  for (int j0 = warp; j0 < n; j0 += KU * nw) {
+    const float* kj[KU];
+#pragma unroll
+    for (int u = 0; u < KU; u++) {
+      const int j = j0 + u * nw;
+      kj[u] = kc + kv_row(kv, table, a.layer, j < n ? j : j0, a.k_stride);
+    }
+    float d[KU] = {};
+    for (int i = lane; i < Dk; i += 32)
+#pragma unroll
+      for (int u = 0; u < KU; u++) d[u] += qs[i] * kj[u][i];
+#pragma unroll
+    for (int u = 0; u < KU; u++) {
+      const int j = j0 + u * nw;
+      const float dj = warp_sum(d[u]) * scale;
+      if (j < n) {
+        if (lane == 0) p[j] = dj;
+        m = fmaxf(m, dj);
+      }
+    }
   }
   m = block_max(m, scratch);  // (its barriers also publish p[])
   float sum = 0.f;
@@ -119,7 +135,15 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
     for (int j0 = 0; j0 < n; j0 += B) {
       const float* vb = vc + kv_row(kv, table, a.layer, j0, a.v_stride) + i;
       const int rows = min(B, n - j0);
-      for (int r = 0; r < rows; r++) o += (p[j0 + r] * inv) * vb[int64_t(r) * a.v_stride];
+      int r = 0;
+      for (; r + 8 <= rows; r += 8) {  // eight rows' loads in flight, then their terms in order
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = vb[int64_t(r + u) * a.v_stride];
+#pragma unroll
+        for (int u = 0; u < 8; u++) o += (p[j0 + r + u] * inv) * v[u];
+      }
+      for (; r < rows; r++) o += (p[j0 + r] * inv) * vb[int64_t(r) * a.v_stride];
     }
     ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o);
   }
