@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Hardware counters of the MoE layer's kernels (Nsight Compute, clocks left alone), at M = 1 and
-# M = 4096 of gpu_moe_bench: time, DRAM and tensor-pipe utilisation, occupancy. Logs in $OUT.
+# Hardware counters of the MoE layer's kernels (Nsight Compute, clocks left alone, caches flushed
+# before each kernel) at M = 1, 1024 and 4096 of gpu_moe_bench: time, DRAM read bandwidth, the
+# tensor pipes' utilisation (wgmma: gmma, mma.sync: hmma), SM throughput, occupancy. Logs and the
+# raw CSV in $OUT; a Markdown table per M on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
@@ -8,40 +10,46 @@ out=${OUT:-/tmp/epmoe-gpu}
 mkdir -p "$out"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [[ -n $ncu ]] || { echo "no ncu"; exit 1; }
-for m in 1 4096; do
+metrics=gpu__time_duration.sum,dram__bytes_read.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed
+metrics+=,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
+for m in ${PROFILE_M:-1 1024 4096}; do
   echo "=== M=$m"
-  timeout 100 "$ncu" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --kernel-name-base function --kernel-name regex:'route|tc_gemm|plan|combine|router_split' --launch-count 8 \
-    --csv --page details --print-units base \
-    "$GPU_BIN/gpu_moe_bench" --m $m --iters 1 > "$out/ncu_m$m.csv" 2> "$out/ncu_m$m.err"
-  tail -3 "$out/ncu_m$m.err"
+  # One layer (--iters 1 after the warm-up): the kernels of the first timed replay.
+  timeout 120 "$ncu" --clock-control none --metrics "$metrics" --kernel-name-base function \
+    --kernel-name regex:'route|gemm|plan|combine|router' --launch-skip 0 --launch-count 9 \
+    --csv --print-units base "$GPU_BIN/gpu_moe_bench" --precision bf16 --m $m --iters 1 \
+    > "$out/ncu_m$m.csv" 2> "$out/ncu_m$m.err"
+  tail -2 "$out/ncu_m$m.err"
   python3 - "$out/ncu_m$m.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r]
 h = next(i for i, r in enumerate(rows) if "Metric Name" in r)
 head = rows[h]
 c = {n: head.index(n) for n in head}
-want = ["Duration", "DRAM Throughput", "Memory Throughput", "Compute (SM) Throughput", "Achieved Occupancy",
-        "Registers Per Thread", "Grid Size", "Dynamic Shared Memory Per Block"]
-kern = {}
-order = []
+cols = [("gpu__time_duration.sum", "us", 1e-3), ("dram__bytes_read.sum.per_second", "DRAM read TB/s", 1e-12),
+        ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM %", 1),
+        ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "wgmma pipe %", 1),
+        ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "mma.sync pipe %", 1),
+        ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM %", 1),
+        ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps active %", 1)]
+kern, order = {}, []
 for r in rows[h + 1:]:
     if len(r) != len(head):
         continue
-    key = (r[c["ID"]], r[c["Kernel Name"]][:38])
+    key = (r[c["ID"]], r[c["Kernel Name"]][:34])
     if key not in kern:
         kern[key] = {}
         order.append(key)
-    if r[c["Metric Name"]] in want:
-        kern[key][r[c["Metric Name"]]] = (r[c["Metric Value"]], r[c["Metric Unit"]])
-print("| id | kernel | " + " | ".join(want) + " |")
+    try:
+        kern[key][r[c["Metric Name"]]] = float(r[c["Metric Value"]].replace(",", ""))
+    except ValueError:
+        pass
+print("| id | kernel | " + " | ".join(t for _, t, _ in cols) + " |")
+print("|---|---|" + "---|" * len(cols))
 for k in order:
-    vals = []
-    for w in want:
-        v, u = kern[k].get(w, ("", ""))
-        if w == "Duration" and u in ("nsecond", "ns"):
-            v, u = f"{float(v.replace(',', '')) / 1e3:.1f}", "us"
-        vals.append(f"{v} {u}".strip())
+    vals = [f"{kern[k][m] * s:.3g}" if m in kern[k] else "-" for m, _, s in cols]
     print(f"| {k[0]} | {k[1]} | " + " | ".join(vals) + " |")
 PY
 done

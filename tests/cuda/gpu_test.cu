@@ -41,6 +41,7 @@
 #include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/split_linear.cuh"
 #include "engine/sampling.h"
+#include "model/cuda/attention.cuh"
 #include "model/cuda/gpu_model.h"
 #include "model/cuda/sampling.cuh"
 #include "model/language_model.h"
@@ -1605,6 +1606,114 @@ TEST(GpuFp8, RefusedWithoutFp8Experts) {
   GpuModelOptions opt;
   opt.fp8 = GpuFp8Compute::TensorCore;
   EXPECT_THROW(make_gpu_model(cfg, ckpt, pl, 0, opt), InputError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention with shared K/V tiles (model/cuda/attention.cuh): the tiled kernel against the
+// one-block-per-(token, head) kernel (AttnArgs::reference), bit for bit, over GQA groups, head
+// dims, contexts, prefill chunks (one sequence, or two in one call), decode batches of unequal
+// lengths, paged KV with shuffled block tables, fp32 and bf16 outputs.
+
+// One call: sequences of the given lengths, each with its last q_n positions as this step's tokens.
+struct AttnCase {
+  int G, Hkv, D;
+  std::vector<std::pair<int, int>> seqs;  // (length, tokens of this step)
+};
+
+template <class TA>
+static bool attention_tiled_case(const AttnCase& c, std::string* what) {
+  const int Hq = c.G * c.Hkv, D = c.D, Bt = 16, layers = 2, layer = 1;
+  const int64_t kvd = int64_t(c.Hkv) * D;
+  std::vector<TokenSlot> slots;
+  std::vector<int32_t> tables;
+  int max_ctx = 1, max_run = 1, nblocks = 0;
+  for (auto [len, n] : c.seqs) nblocks += (len + Bt - 1) / Bt;
+  std::vector<int32_t> perm(size_t(nblocks) + 3);  // (a few blocks no sequence uses)
+  for (size_t i = 0; i < perm.size(); i++) perm[i] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  for (auto [len, n] : c.seqs) {
+    const int table = int(tables.size());
+    for (int b = 0; b < (len + Bt - 1) / Bt; b++) tables.push_back(perm[next++]);
+    for (int p = len - n; p < len; p++) slots.push_back({p, table});
+    max_ctx = std::max(max_ctx, len);
+    max_run = std::max(max_run, n);
+  }
+  const int64_t T = int64_t(slots.size()), blocks = int64_t(perm.size());
+  const size_t pool = size_t(layers) * size_t(blocks) * Bt * size_t(kvd);
+  DeviceArray<float> k, v, q;
+  k.upload(randu(pool, 2.f));
+  v.upload(randu(pool));
+  q.upload(randu(size_t(T) * Hq * D, 2.f));
+  DeviceArray<TokenSlot> ds;
+  ds.upload(slots);
+  DeviceArray<int32_t> dt;
+  dt.upload(tables);
+  AttnArgs a;
+  a.q = q.data();
+  a.slots = ds.data();
+  a.kv.k = k.data();
+  a.kv.v = v.data();
+  a.kv.tables = dt.data();
+  a.kv.blocks = blocks;
+  a.kv.block_tokens = Bt;
+  a.layer = layer;
+  a.T = T;
+  a.Hq = Hq;
+  a.Hkv = c.Hkv;
+  a.Dk = a.Dv = D;
+  a.k_stride = a.v_stride = kvd;
+  a.q_tok = a.o_tok = int64_t(Hq) * D;
+  a.q_head = a.o_head = D;
+  a.scale = 1.0f / std::sqrt(float(D));
+  a.max_ctx = max_ctx;
+  a.max_run = max_run;
+  const size_t n_out = size_t(T) * Hq * D;
+  DeviceArray<TA> o_ref(n_out), o_new(n_out);
+  a.reference = true;
+  attention<TA>(a, o_ref.data(), stream());
+  a.reference = false;
+  attention<TA>(a, o_new.data(), stream());
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  const auto r = o_ref.download(n_out), t = o_new.download(n_out);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "G %d, Hkv %d, D %d, %s, T %lld, max_ctx %d, max_run %d", c.G, c.Hkv, D,
+                std::is_same_v<TA, float> ? "f32" : "bf16", (long long)T, max_ctx, max_run);
+  *what = buf;
+  return std::memcmp(r.data(), t.data(), n_out * sizeof(TA)) == 0;
+}
+
+TEST(GpuAttention, TiledKernelKeepsTheBits) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  for (int G : {1, 4, 8})
+    for (int D : {64, 128})
+      for (int ctx : {1, 17, 300, 2100}) {
+        std::vector<AttnCase> cs;
+        // Prefill: a chunk of one sequence (its last 70 positions, or all), then two sequences'
+        // chunks in one call (tiles of query tokens across the two).
+        cs.push_back({G, 2, D, {{ctx, std::min(ctx, 70)}}});
+        cs.push_back({G, 2, D, {{ctx, std::min(ctx, 13)}, {ctx / 2 + 1, std::min(ctx / 2 + 1, 9)}}});
+        // Decode: one token each of sequences of different lengths.
+        cs.push_back({G, 2, D, {{ctx, 1}, {ctx / 3 + 1, 1}, {1, 1}, {(ctx * 7) / 8 + 1, 1}, {ctx / 2 + 2, 1}}});
+        for (const AttnCase& c : cs)
+          for (bool f32 : {true, false}) {
+            std::string what;
+            const bool ok = f32 ? attention_tiled_case<float>(c, &what) : attention_tiled_case<bf16>(c, &what);
+            cases++, same += ok;
+            if (!ok) check(false, "tiled attention == reference (bits): " + what);
+          }
+      }
+  // A context too long for a whole group's scores in shared memory (the kernel splits the group).
+  for (bool f32 : {true, false}) {
+    std::string what;
+    const AttnCase c{8, 1, 128, {{8000, 1}, {5000, 1}}};
+    const bool ok = f32 ? attention_tiled_case<float>(c, &what) : attention_tiled_case<bf16>(c, &what);
+    cases++, same += ok;
+    if (!ok) check(false, "tiled attention == reference (bits): " + what);
+  }
+  check(same == cases, "tiled attention == reference kernel, bit for bit: " + std::to_string(same) + "/" +
+                           std::to_string(cases) + " cases");
 }
 
 // ---------------------------------------------------------------------------------------------

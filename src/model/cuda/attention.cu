@@ -1,5 +1,8 @@
 #include "model/cuda/attention.cuh"
 
+#include <cstdlib>
+#include <string>
+
 namespace epmoe::cuda {
 
 namespace {
@@ -149,6 +152,224 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention with shared K/V tiles (docs/gpu.md): one block per (tile of TQ query tokens, kv head,
+// Gs q heads of its group). Tiles of 64 K (then V) rows are staged in shared memory once for all
+// TQ * Gs queries of the block, instead of every (token, head) reading them from L2. Every query
+// row keeps the bits of attention_kernel above: each score is the same per-lane chain over dims
+// lane + 32 t and the same xor tree, the softmax sum is the same 128 per-thread partial sums and
+// the same block_sum tree, and each output dim the same sequential sum over j = 0 .. pos.
+
+constexpr int kAttnThreads = 256;  // 8 warps
+constexpr int kAttnRows = 64;      // K or V rows per staged tile
+
+// QW sums across the lanes of a warp at once, each with warp_sum's tree: the recursive halving
+// exchanges at offsets 16, 8, ... pair the same lanes (l, l ^ off) in the same order as the xor
+// butterfly, so sum k gets the same bits; it costs QW - 1 + 5 - log2 QW shuffles instead of
+// 5 QW. Lane l ends with sum number l >> (5 - log2 QW).
+template <int QW>
+__device__ __forceinline__ float warp_sums(float (&v)[QW], int lane) {
+  int off = 16;
+#pragma unroll
+  for (int c = QW; c > 1; c >>= 1, off >>= 1) {
+    const bool up = lane & off;
+#pragma unroll
+    for (int k = 0; k < c / 2; k++) {
+      const float send = up ? v[k] : v[k + c / 2];
+      const float keep = up ? v[k + c / 2] : v[k];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
+  }
+  float r = v[0];
+  for (; off > 0; off >>= 1) r += __shfl_xor_sync(0xffffffffu, r, off);
+  return r;
+}
+
+// A tile of kAttnRows rows (W4 float4s wide) of a K or V pool: loaded into registers (so that the
+// next tile's loads are in flight while the block works on the current one), then stored to
+// shared memory [row][W4] float4s.
+struct TileRegs {
+  static constexpr int kChunks = kAttnRows * 32 / kAttnThreads;  // rows of up to 128 floats
+  float4 buf[kChunks];
+  __device__ __forceinline__ void load(const float* base, int64_t stride, int W4, const KvPages& kv,
+                                       const int32_t* table, int layer, int j0, int nmax) {
+#pragma unroll
+    for (int c = 0; c < kChunks; c++) {
+      const int idx = threadIdx.x + c * kAttnThreads;
+      if (idx < kAttnRows * W4) {
+        const int j = j0 + idx / W4;
+        if (j < nmax) buf[c] = __ldg(reinterpret_cast<const float4*>(base + kv_row(kv, table, layer, j, stride)) + idx % W4);
+      }
+    }
+  }
+  __device__ __forceinline__ void store(float4* tile, int W4) const {
+#pragma unroll
+    for (int c = 0; c < kChunks; c++) {
+      const int idx = threadIdx.x + c * kAttnThreads;
+      if (idx < kAttnRows * W4) tile[idx] = buf[c];
+    }
+  }
+};
+
+// The V pass of attention_tiled_kernel for the tokens r0 .. r1 - 1 of the tile: thread -> 4 dims
+// (d4) of QA queries (block queries qs0 + k QS), each a sequential sum over j = 0 .. pos in order
+// of w_j * v_j (w_j = p_j * inv, as attention_kernel's terms). tr holds the first V tile's loads.
+template <class TA, int QA>
+__device__ __forceinline__ void attention_v_pass(const AttnArgs& a, TA* ctx, TileRegs& tr, float4* tile,
+                                                 const float* S, int ncap, const float* vbase, const int32_t* table,
+                                                 int nmax, int Gs, int Qb, int64_t t0, int h0, int r0, int r1) {
+  const int DV4 = a.Dv / 4, QS = kAttnThreads / DV4, d4 = threadIdx.x % DV4, qs0 = threadIdx.x / DV4;
+  int nq[QA];
+  float4 o[QA];
+#pragma unroll
+  for (int k = 0; k < QA; k++) {
+    const int ql = qs0 + k * QS, tk = ql / Gs;
+    nq[k] = ql < Qb && tk >= r0 && tk < r1 ? a.slots[t0 + tk].pos + 1 : 0;
+    o[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int j0 = 0; j0 < nmax; j0 += kAttnRows) {
+    __syncthreads();  // (the scores and the previous tile)
+    tr.store(tile, DV4);
+    __syncthreads();
+    if (j0 + kAttnRows < nmax) tr.load(vbase, a.v_stride, DV4, a.kv, table, a.layer, j0 + kAttnRows, nmax);
+    const int rows = min(kAttnRows, nmax - j0);
+    for (int r = 0; r < rows; r++) {
+      const int j = j0 + r;
+      const float4 v = tile[r * DV4 + d4];
+#pragma unroll
+      for (int k = 0; k < QA; k++)
+        if (j < nq[k]) {
+          const float w = S[int64_t(qs0 + k * QS) * ncap + j];
+          o[k].x += w * v.x;
+          o[k].y += w * v.y;
+          o[k].z += w * v.z;
+          o[k].w += w * v.w;
+        }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < QA; k++)
+    if (nq[k] > 0) {
+      const int ql = qs0 + k * QS;
+      TA* out = ctx + (t0 + ql / Gs) * a.o_tok + int64_t(h0 + ql % Gs) * a.o_head + 4 * d4;
+      out[0] = from_f32<TA>(o[k].x);
+      out[1] = from_f32<TA>(o[k].y);
+      out[2] = from_f32<TA>(o[k].z);
+      out[3] = from_f32<TA>(o[k].w);
+    }
+}
+
+// NT = Dk / 32 (the per-lane chain's length), QW = queries per warp in the score pass (QW q heads
+// of one token). Dynamic shared memory: the tile [kAttnRows][max(Dk, Dv)], then the scores
+// [TQ * Gs][ncap] (block query ql = token-in-tile * Gs + head-in-block).
+template <class TA, int NT, int QW>
+__global__ void __launch_bounds__(kAttnThreads, 2)
+    attention_tiled_kernel(const AttnArgs a, TA* ctx, int Gs, int TQ, int ncap) {
+  extern __shared__ float4 tsm[];
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
+  constexpr int Dk = NT * 32;
+  constexpr int LQ = QW == 8 ? 3 : QW == 4 ? 2 : QW == 2 ? 1 : 0;
+  const KvPages& kv = a.kv;
+  const int Dv = a.Dv, DV4 = Dv / 4;
+  float4* tile = tsm;
+  float* S = reinterpret_cast<float*>(tsm + kAttnRows * (Dk > Dv ? Dk : Dv) / 4);
+  const int G = a.Hq / a.Hkv, subs = G / Gs;
+  const int sub = blockIdx.x % subs, hk = (blockIdx.x / subs) % a.Hkv;
+  const int64_t t0 = int64_t(blockIdx.x / (subs * a.Hkv)) * TQ;
+  const int ntok = int(min(int64_t(TQ), a.T - t0));
+  const int h0 = hk * G + sub * Gs;  // the block's first q head
+  const int Qb = TQ * Gs;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Score pass: warp -> (query group g of QW heads of one token, one of SPG warps on its keys).
+  const int QG = Qb / QW, SPG = (kAttnThreads / 32) / QG;
+  const int g = warp % QG, gsub = warp / QG;
+  const int gtok = g * QW / Gs, gh = (g * QW) % Gs;
+  const float* kbase = kv.k + int64_t(hk) * Dk;
+  const float* vbase = kv.v + int64_t(hk) * Dv;
+  // The tile's tokens in runs of one block table (one sequence: the same K/V rows), one run after
+  // the other (a tile of a prefill is one run; a tile across two sequences' chunks is two).
+  for (int r0 = 0; r0 < ntok;) {
+    const int tab = a.slots[t0 + r0].table;
+    int r1 = r0 + 1, nmax = a.slots[t0 + r0].pos + 1;
+    while (r1 < ntok && a.slots[t0 + r1].table == tab) nmax = max(nmax, a.slots[t0 + r1++].pos + 1);
+    const int32_t* table = kv.tables + tab;
+    const bool gact = gtok >= r0 && gtok < r1;
+    const int gn = gact ? a.slots[t0 + gtok].pos + 1 : 0;
+    float qr[QW][NT];
+#pragma unroll
+    for (int u = 0; u < QW; u++) {
+      const float* qp = a.q + (t0 + gtok) * a.q_tok + int64_t(h0 + gh + u) * a.q_head;
+#pragma unroll
+      for (int i = 0; i < NT; i++) qr[u][i] = gact ? qp[lane + 32 * i] : 0.f;
+    }
+    TileRegs tr;
+    tr.load(kbase, a.k_stride, Dk / 4, kv, table, a.layer, 0, nmax);
+    for (int j0 = 0; j0 < nmax; j0 += kAttnRows) {
+      __syncthreads();  // (the previous tile, or the previous run's V pass, is done with `tile`)
+      tr.store(tile, Dk / 4);
+      __syncthreads();
+      if (j0 + kAttnRows < nmax) tr.load(kbase, a.k_stride, Dk / 4, kv, table, a.layer, j0 + kAttnRows, nmax);
+      if (!gact) continue;
+      const float* kt = reinterpret_cast<const float*>(tile);
+      for (int r = gsub; r < kAttnRows; r += SPG) {
+        const int j = j0 + r;
+        if (j >= gn) break;
+        float d[QW];
+#pragma unroll
+        for (int u = 0; u < QW; u++) d[u] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NT; i++) {  // attention_kernel's chain: dims lane + 32 i in turn
+          const float kx = kt[r * Dk + lane + 32 * i];
+#pragma unroll
+          for (int u = 0; u < QW; u++) d[u] += qr[u][i] * kx;
+        }
+        const float sc = warp_sums<QW>(d, lane) * a.scale;
+        if ((lane & ((32 >> LQ) - 1)) == 0) S[int64_t(g * QW + (lane >> (5 - LQ))) * ncap + j] = sc;
+      }
+    }
+    // (The first V tile's loads, in flight during the softmax: nothing in them depends on it.)
+    tr.load(vbase, a.v_stride, DV4, kv, table, a.layer, 0, nmax);
+    __syncthreads();
+    // Softmax: one warp per query, playing attention_kernel's 128 threads: lane l holds the
+    // partial sums of threads l, l + 32, l + 64, l + 96 (keys j = tid, tid + 128, ... in order),
+    // warp_sum of each is that warp's sum, then block_sum's second warp_sum over the four.
+    for (int ql = warp; ql < Qb; ql += kAttnThreads / 32) {
+      const int tk = ql / Gs;
+      if (tk < r0 || tk >= r1) continue;
+      const int n = a.slots[t0 + tk].pos + 1;
+      float* p = S + int64_t(ql) * ncap;
+      float m = -INFINITY;
+      for (int j = lane; j < n; j += 32) m = fmaxf(m, p[j]);
+      m = warp_max(m);  // (a maximum: the same value whatever the order)
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int jb = 0; jb < n; jb += 128)
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+          const int j = jb + 32 * w + lane;
+          if (j < n) {
+            p[j] = expf(p[j] - m);
+            part[w] += p[j];
+          }
+        }
+      float tot[4];
+#pragma unroll
+      for (int w = 0; w < 4; w++) tot[w] = warp_sum(part[w]);
+      float t = lane == 0 ? tot[0] : lane == 1 ? tot[1] : lane == 2 ? tot[2] : lane == 3 ? tot[3] : 0.f;
+      t = warp_sum(t);
+      const float inv = 1.0f / t;
+      for (int j = lane; j < n; j += 32) p[j] = p[j] * inv;  // attention_kernel's p[j] * inv
+    }
+    // V pass: thread -> 4 dims (d4) of up to 8 queries (as many as the block's queries need).
+    const int QS = kAttnThreads / DV4, qa = (Qb + QS - 1) / QS;
+    if (qa <= 1) attention_v_pass<TA, 1>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    else if (qa <= 2) attention_v_pass<TA, 2>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    else if (qa <= 4) attention_v_pass<TA, 4>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    else attention_v_pass<TA, 8>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    r0 = r1;
+  }
+}
+
 // Rope of dr dims at position pos, from in to out (may not alias across lanes: each lane reads
 // and writes its own pairs), lanes of one warp; cos/sin in fp32 times the attention factor, as
 // kernels/ops.cc Rope::apply.
@@ -235,10 +456,69 @@ void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_wid
   EPMOE_CUDA_LAUNCHED();
 }
 
+// attention_tiled_kernel's shapes: QW heads per score warp, Gs heads and TQ tokens per block.
+struct AttnTiling {
+  int QW = 1, Gs = 1, TQ = 1, ncap = 1;
+  size_t smem = 0;
+};
+static size_t tiled_smem(const AttnArgs& a, int queries, int ncap) {
+  return (size_t(kAttnRows) * size_t(std::max(a.Dk, a.Dv)) + size_t(queries) * size_t(ncap)) * sizeof(float);
+}
+constexpr size_t kTiledSmemMax = 200 * 1024;
+
+// The tiled kernel's shapes for a, or false where it does not apply (head dims other than 64 and
+// 128, latent attention's 576 / 512, unaligned rows, too long a context: attention_kernel then).
+static bool attention_tiling(const AttnArgs& a, AttnTiling* tp) {
+  if (a.reference || (a.Dk != 64 && a.Dk != 128) || (a.Dv != 64 && a.Dv != 128)) return false;
+  if (a.k_stride % 4 || a.v_stride % 4 || reinterpret_cast<uintptr_t>(a.kv.k) % 16 ||
+      reinterpret_cast<uintptr_t>(a.kv.v) % 16)
+    return false;
+  AttnTiling t;
+  const int G = a.Hq / a.Hkv;
+  t.ncap = a.max_ctx | 1;  // (an odd row stride: the score stores of one warp in distinct banks)
+  while (t.QW < 8 && G % (2 * t.QW) == 0) t.QW *= 2;
+  t.Gs = t.QW;
+  while (2 * t.Gs <= 8 * t.QW && G % (2 * t.Gs) == 0) t.Gs *= 2;
+  // Up to 8 query groups a block; more tokens only within about half an SM's shared memory (two
+  // blocks resident), and only when a sequence brings that many to the step.
+  while (2 * t.TQ <= a.max_run && 2 * t.TQ * t.Gs <= 8 * t.QW && tiled_smem(a, 2 * t.TQ * t.Gs, t.ncap) <= 112 * 1024)
+    t.TQ *= 2;
+  while (tiled_smem(a, t.Gs, t.ncap) > kTiledSmemMax && t.Gs > 1) {
+    if (t.Gs == t.QW) t.QW /= 2;
+    t.Gs /= 2;
+  }
+  t.smem = tiled_smem(a, t.TQ * t.Gs, t.ncap);
+  if (t.smem > kTiledSmemMax) return false;
+  *tp = t;
+  return true;
+}
+
+template <class TA, int NT>
+static auto tiled_instance(int QW) {
+  return QW == 8 ? attention_tiled_kernel<TA, NT, 8>
+       : QW == 4 ? attention_tiled_kernel<TA, NT, 4>
+       : QW == 2 ? attention_tiled_kernel<TA, NT, 2>
+                 : attention_tiled_kernel<TA, NT, 1>;
+}
+
+// Every instance of the tiled kernel may take kTiledSmemMax (set once, outside any capture).
+static void raise_tiled_smem() {
+  static bool done = false;
+  if (done) return;
+  for (int qw : {1, 2, 4, 8}) {
+    for (auto k : {tiled_instance<float, 2>(qw), tiled_instance<float, 4>(qw)})
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
+    for (auto k : {tiled_instance<bf16, 2>(qw), tiled_instance<bf16, 4>(qw)})
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
+  }
+  done = true;
+}
+
 // The dynamic shared memory of attention_kernel: the query and the scores of max_ctx positions.
 static size_t attention_smem(int Dk, int max_ctx) { return (size_t(Dk) + size_t(max_ctx)) * sizeof(float); }
 
 void attention_prepare(int Dk, int max_ctx) {
+  raise_tiled_smem();
   static size_t raised = 48 * 1024;  // the limit set on both instantiations
   const size_t smem = attention_smem(Dk, max_ctx);
   if (smem <= raised) return;
@@ -253,6 +533,20 @@ template <class TA>
 void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
   if (a.T == 0) return;
   EPMOE_ASSERT(a.Hkv >= 1 && a.Hq % a.Hkv == 0, "gpu attention: q heads a multiple of kv heads");
+  // EPMOE_ATTN_TILED=0: attention_kernel everywhere (for measuring what the tiles are worth).
+  static const bool tiled_on = [] {
+    const char* e = std::getenv("EPMOE_ATTN_TILED");
+    return !(e && std::string(e) == "0");
+  }();
+  AttnTiling t;
+  if (tiled_on && attention_tiling(a, &t)) {
+    raise_tiled_smem();
+    const int64_t blocks = int64_t(ceil_div(a.T, t.TQ)) * (a.Hq / t.Gs);
+    auto k = a.Dk == 64 ? tiled_instance<TA, 2>(t.QW) : tiled_instance<TA, 4>(t.QW);
+    launch_pdl(k, dim3(unsigned(blocks)), dim3(kAttnThreads), t.smem, s, a, ctx, t.Gs, t.TQ, t.ncap);
+    EPMOE_CUDA_LAUNCHED();
+    return;
+  }
   attention_prepare(a.Dk, a.max_ctx);
   launch_pdl(attention_kernel<TA>, dim3(unsigned(a.T * a.Hq)), dim3(128), attention_smem(a.Dk, a.max_ctx), s, a, ctx);
   EPMOE_CUDA_LAUNCHED();

@@ -70,6 +70,12 @@ struct AttnArgs {
   int64_t q_tok = 0, q_head = 0, o_tok = 0, o_head = 0;
   float scale = 1.0f;  // ModelConfig::softmax_scale()
   int max_ctx = 1;     // the longest context of the step (shared memory for the scores)
+  // The most tokens of one sequence in the step (a prefill chunk's length; 1 in decode): above 1
+  // the tiled kernel gives a block several query tokens, which share its staged K/V rows.
+  int max_run = 1;
+  // The one-block-per-(token, q head) kernel even where the tiled one applies (tests: the bits
+  // the tiled kernel keeps). Either kernel gives every query row the same bits.
+  bool reference = false;
 };
 template <class TA>
 void attention(const AttnArgs& a, TA* ctx, cudaStream_t s);

@@ -168,6 +168,7 @@ struct GpuModel final : LanguageModel {
   const TokenSlot* st_slots = nullptr;
   const int32_t* st_tables = nullptr;
   const int32_t* st_sel = nullptr;
+  int st_run = 1;  // the most tokens of one sequence in the step (AttnArgs::max_run)
 
   // ---- Decode steps as CUDA graphs (docs/gpu.md, "Decode as one CUDA graph").
   // A step of one token per sequence on the single-GPU backend is captured once per key and
@@ -693,6 +694,7 @@ struct GpuModel final : LanguageModel {
     aa.q_head = aa.o_head = D;
     aa.scale = cfg.softmax_scale();
     aa.max_ctx = max_ctx;
+    aa.max_run = st_run;
     attention<TA>(aa, ctx_out, s);
   }
 
@@ -804,6 +806,7 @@ struct GpuModel final : LanguageModel {
     aa.o_head = T_ * C;
     aa.scale = cfg.softmax_scale();
     aa.max_ctx = max_ctx;
+    aa.max_run = st_run;
     attention<float>(aa, lat_ctx.data(), s);
     linear_heads(L.mla_uv, lat_ctx.data(), C, T_, attn_v.data(), dv);  // token-major [T][Hq v]
     if constexpr (kBf16) {
@@ -1095,6 +1098,8 @@ struct GpuModel final : LanguageModel {
     std::vector<int64_t> off{0};
     for (auto& t : tokens) off.push_back(off.back() + int64_t(t.size()));
     const int64_t T_ = off.back();
+    st_run = 1;
+    for (auto& t : tokens) st_run = std::max(st_run, int(t.size()));
     reserve(T_);
     std::vector<int32_t> ids_h(static_cast<size_t>(T_));
     std::vector<uint64_t> gids_h(static_cast<size_t>(T_));
