@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hardware counters of the MoE layer's kernels (Nsight Compute, clocks left alone, caches flushed
 # before each kernel) at M = 1, 1024 and 4096 of gpu_moe_bench: time, DRAM read bandwidth, the
-# tensor pipes' utilisation (wgmma: gmma, mma.sync: hmma), SM throughput, occupancy. Logs and the
-# raw CSV in $OUT; a Markdown table per M on stdout.
+# tensor pipe's utilisation (the HMMA pipe: mma.sync and wgmma both count there on sm_90), SM
+# throughput, warps active. Logs and the raw CSV in $OUT; a Markdown table per M on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
@@ -11,14 +11,13 @@ mkdir -p "$out"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [[ -n $ncu ]] || { echo "no ncu"; exit 1; }
 metrics=gpu__time_duration.sum,dram__bytes_read.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed
-metrics+=,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
 for m in ${PROFILE_M:-1 1024 4096}; do
   echo "=== M=$m"
   # One layer (--iters 1 after the warm-up): the kernels of the first timed replay.
   timeout 120 "$ncu" --clock-control none --metrics "$metrics" --kernel-name-base function \
-    --kernel-name regex:'route|gemm|plan|combine|router' --launch-skip 0 --launch-count 9 \
+    --kernel-name regex:'route|gemm|gmma|plan|combine|router' --launch-skip 0 --launch-count 8 \
     --csv --print-units base "$GPU_BIN/gpu_moe_bench" --precision bf16 --m $m --iters 1 \
     > "$out/ncu_m$m.csv" 2> "$out/ncu_m$m.err"
   tail -2 "$out/ncu_m$m.err"
@@ -30,8 +29,7 @@ head = rows[h]
 c = {n: head.index(n) for n in head}
 cols = [("gpu__time_duration.sum", "us", 1e-3), ("dram__bytes_read.sum.per_second", "DRAM read TB/s", 1e-12),
         ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM %", 1),
-        ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "wgmma pipe %", 1),
-        ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "mma.sync pipe %", 1),
+        ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe %", 1),
         ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM %", 1),
         ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps active %", 1)]
 kern, order = {}, []

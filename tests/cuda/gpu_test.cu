@@ -175,11 +175,11 @@ void test_grouped_gemm(int K, int N, bool swiglu) {
   dcr.upload(c_rows);
   std::vector<std::vector<float>> outs;
   std::vector<std::vector<bf16>> outs_h;  // the same products stored as bf16
-  // The tile shapes of the bf16 path: mma.sync 16x64 (hint 8), wgmma 64x128 (48) and 128x128
-  // (200, 1000); each hint once looping over m-tiles and once from a tile list as plan() lays it
-  // out (one CTA per m-tile, more CTAs than tiles). Groups of 1..300 rows: partial tiles, tiles
-  // with one warpgroup's rows all past the end, several tiles per group.
-  for (int hint : {8, 48, 200, 1000})
+  // The tile shapes of the bf16 path: mma.sync 16x64 (hint 8), wgmma 64x128 (48), 128x128 (64,
+  // K <= 1024) and 128x256 (64 at K = 2048, 200, 1000); each hint once looping over m-tiles and
+  // once from a tile list as plan() lays it out (more work items than tiles). Groups of 1..300
+  // rows: partial tiles, tiles with one warpgroup's rows all past the end, several tiles per group.
+  for (int hint : {8, 48, 64, 200, 1000})
     for (bool tiled : {false, true}) {
       if (tiled && !bf) continue;  // (the fp32 path has no tile lists)
       std::vector<int32_t> tiles;
@@ -1505,7 +1505,7 @@ void test_router_logits(int64_t T, int H, int E) {
 
 TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
   REQUIRE_GPU();
-  for (int64_t T : {1, 7, 40, 300, 2048, 2500}) test_router_logits(T, 2048, 128);  // Qwen3-30B-A3B
+  for (int64_t T : {1, 16, 40, 200, 300, 2500}) test_router_logits(T, 2048, 128);  // Qwen3-30B-A3B, each tile
   for (int64_t T : {3, 2049}) test_router_logits(T, 64, 60);   // 8 chunks of 24
   for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
 }
