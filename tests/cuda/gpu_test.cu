@@ -362,15 +362,16 @@ void test_batch_invariance(int N = 768, int M = 300) {
 }
 
 // ---------------------------------------------------------------------------------------------
-void test_routing(const std::string& name, RoutingConfig c, int redundant) {
-  const int T = 300, E = c.num_experts, K = c.top_k;
-  auto logits = randu(size_t(T) * E, 3.0f);
-  std::vector<float> bias;
-  if (c.has_correction_bias) bias = randu(size_t(E), 0.5f);
-  Routing ref = route(c, logits.data(), T, bias.empty() ? nullptr : bias.data());
-  Placement p = Placement::make_default(E, 1, redundant);
-  std::vector<uint64_t> gids(static_cast<size_t>(T));
-  for (int t = 0; t < T; t++) gids[size_t(t)] = token_gid(uint64_t(t % 3), uint64_t(t));
+// route() on the device: T tokens' logits (`parts` split-K partials [parts][T][E] added in order),
+// the replica tables of a placement, the tokens' global ids; ids, replicas and weights back.
+struct DeviceRoute {
+  std::vector<int32_t> ids, phys;
+  std::vector<float> w;
+};
+DeviceRoute run_route(const RoutingConfig& c, const std::vector<float>& logits, int parts, int T,
+                      const std::vector<float>& bias, const Placement& p, const std::vector<uint64_t>& gids,
+                      bool general_kernel = false) {
+  const int E = c.num_experts, K = c.top_k;
   std::vector<int32_t> off{0}, list;
   for (auto& reps : p.replicas) {
     for (int s : reps) list.push_back(s);
@@ -387,6 +388,8 @@ void test_routing(const std::string& name, RoutingConfig c, int redundant) {
   RouteArgs a;
   a.cfg = c;
   a.logits = dl.data();
+  a.parts = parts;
+  a.part_stride = int64_t(T) * E;
   a.bias = bias.empty() ? nullptr : db.data();
   a.T = T;
   a.gids = dg.data();
@@ -395,18 +398,31 @@ void test_routing(const std::string& name, RoutingConfig c, int redundant) {
   a.logical = dlog.data();
   a.physical = dphys.data();
   a.weights = dw.data();
+  a.general_kernel = general_kernel;
   epmoe::cuda::route(a, stream());
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  auto ids = dlog.download(size_t(T) * K), phys = dphys.download(size_t(T) * K);
-  auto w = dw.download(size_t(T) * K);
+  return {dlog.download(size_t(T) * K), dphys.download(size_t(T) * K), dw.download(size_t(T) * K)};
+}
+
+void test_routing(const std::string& name, RoutingConfig c, int redundant) {
+  const int T = 300, E = c.num_experts, K = c.top_k;
+  auto logits = randu(size_t(T) * E, 3.0f);
+  std::vector<float> bias;
+  if (c.has_correction_bias) bias = randu(size_t(E), 0.5f);
+  Routing ref = route(c, logits.data(), T, bias.empty() ? nullptr : bias.data());
+  Placement p = Placement::make_default(E, 1, redundant);
+  std::vector<uint64_t> gids(static_cast<size_t>(T));
+  for (int t = 0; t < T; t++) gids[size_t(t)] = token_gid(uint64_t(t % 3), uint64_t(t));
+  const DeviceRoute got = run_route(c, logits, 1, T, bias, p, gids);
   int id_mismatch = 0, phys_mismatch = 0;
   double werr = 0;
   for (int t = 0; t < T; t++)
     for (int k = 0; k < K; k++) {
       const size_t i = size_t(t * K + k);
-      id_mismatch += ids[i] != ref.ids[i];
-      phys_mismatch += phys[i] != p.choose(ref.ids[i], gids[size_t(t)], k);
-      werr = std::max(werr, double(std::fabs(w[i] - ref.weights[i])) / std::max(1e-6, double(std::fabs(ref.weights[i]))));
+      id_mismatch += got.ids[i] != ref.ids[i];
+      phys_mismatch += got.phys[i] != p.choose(ref.ids[i], gids[size_t(t)], k);
+      werr = std::max(werr, double(std::fabs(got.w[i] - ref.weights[i])) /
+                                std::max(1e-6, double(std::fabs(ref.weights[i]))));
     }
   char buf[240];
   std::snprintf(buf, sizeof buf, "routing %s: %d id mismatches, %d replica mismatches, max rel weight err %.1e",
@@ -427,49 +443,15 @@ void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
   auto logits = randu(size_t(parts) * T * E, 2.0f);
   for (int t = 0; t < T; t += 7)  // exact ties between two experts of a token
     for (int p = 0; p < parts; p++) logits[(size_t(p) * T + t) * E + E - 1] = logits[(size_t(p) * T + t) * E + 1];
-  Placement pl = Placement::make_default(E, 1, 3);
-  std::vector<int32_t> off{0}, list;
-  for (auto& reps : pl.replicas) {
-    for (int s : reps) list.push_back(s);
-    off.push_back(int32_t(list.size()));
-  }
+  const Placement pl = Placement::make_default(E, 1, 3);
   std::vector<uint64_t> gids(static_cast<size_t>(T));
   for (int t = 0; t < T; t++) gids[size_t(t)] = token_gid(uint64_t(t % 5), uint64_t(t));
-  DeviceArray<float> dl;
-  dl.upload(logits);
-  DeviceArray<uint64_t> dg;
-  dg.upload(gids);
-  DeviceArray<int32_t> doff, dlist;
-  doff.upload(off);
-  dlist.upload(list);
-  std::vector<int32_t> ids[2], phys[2];
-  std::vector<float> w[2];
-  for (int general = 0; general < 2; general++) {
-    DeviceArray<int32_t> dlog(size_t(T) * K), dphys(size_t(T) * K);
-    DeviceArray<float> dw(size_t(T) * K);
-    RouteArgs a;
-    a.cfg = c;
-    a.logits = dl.data();
-    a.parts = parts;
-    a.part_stride = int64_t(T) * E;
-    a.T = T;
-    a.gids = dg.data();
-    a.rep_off = doff.data();
-    a.rep_list = dlist.data();
-    a.logical = dlog.data();
-    a.physical = dphys.data();
-    a.weights = dw.data();
-    a.general_kernel = general == 1;
-    epmoe::cuda::route(a, stream());
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    ids[general] = dlog.download(size_t(T) * K);
-    phys[general] = dphys.download(size_t(T) * K);
-    w[general] = dw.download(size_t(T) * K);
-  }
+  const DeviceRoute reg = run_route(c, logits, parts, T, {}, pl, gids, false);
+  const DeviceRoute gen = run_route(c, logits, parts, T, {}, pl, gids, true);
   const std::string name = "route softmax top-" + std::to_string(K) + " of " + std::to_string(E) + ", " +
                            std::to_string(parts) + " partials" + (norm ? ", renorm" : "");
-  check(ids[0] == ids[1] && phys[0] == phys[1], name + ": register kernel picks the general kernel's experts");
-  check(std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float)) == 0,
+  check(reg.ids == gen.ids && reg.phys == gen.phys, name + ": register kernel picks the general kernel's experts");
+  check(std::memcmp(reg.w.data(), gen.w.data(), reg.w.size() * sizeof(float)) == 0,
         name + ": register kernel gives the general kernel's weight bits");
 }
 

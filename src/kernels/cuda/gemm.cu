@@ -14,23 +14,11 @@ using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::group_range;
 using ptx::ldmatrix_x4;
+using ptx::mma_bf16;
 using ptx::smem_u32;
+using ptx::store_pair;
+using ptx::swz;
 
-template <class TC, bool SWIGLU>
-__device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
-  TC* C = static_cast<TC*>(p.C);
-  if constexpr (SWIGLU) {
-    // col is even: (gate, up) of output column col / 2.
-    if (col + 1 < p.N) C[orow * p.ldc + col / 2] = from_f32<TC>(ptx::silu(v0) * v1);
-  } else {
-    if (p.bias) {
-      if (col < p.N) v0 += p.bias[col];
-      if (col + 1 < p.N) v1 += p.bias[col + 1];
-    }
-    if (col < p.N) C[orow * p.ldc + col] = from_f32<TC>(v0);
-    if (col + 1 < p.N) C[orow * p.ldc + col + 1] = from_f32<TC>(v1);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // bf16 tensor-core kernel (sm_80+ mma.sync; runs on sm_90a).
@@ -39,15 +27,7 @@ __device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, floa
 // memory rows are 64 bf16 = 128 bytes = 8 chunks of 16 bytes; chunk c of row r is stored at
 // chunk c ^ (r & 7), so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
 
-__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
-__device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
 template <int BM_, int BN_, int WM_, int WN_, int STAGES_, int MIN_CTAS_ = 1>
 struct TcCfg {

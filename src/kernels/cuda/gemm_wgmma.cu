@@ -35,8 +35,9 @@ namespace {
 
 using ptx::group_range;
 using ptx::smem_u32;
+using ptx::store_pair;  // the mma.sync kernel's epilogue: the bits of C must match
+using ptx::swz;
 
-__device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
 // The shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout starting at
 // addr (1024-byte aligned): 8-row groups 1024 bytes apart (SBO), LBO unused by this layout (1).
@@ -81,21 +82,6 @@ __device__ inline void wgmma_m64n128(float (&d)[64], uint64_t da, uint64_t db) {
       : "l"(da), "l"(db));
 }
 
-// The epilogue of gemm.cu's store_pair, float op for float op (the bits of C must match).
-template <class TC, bool SWIGLU>
-__device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
-  TC* C = static_cast<TC*>(p.C);
-  if constexpr (SWIGLU) {
-    if (col + 1 < p.N) C[orow * p.ldc + col / 2] = from_f32<TC>(ptx::silu(v0) * v1);
-  } else {
-    if (p.bias) {
-      if (col < p.N) v0 += p.bias[col];
-      if (col + 1 < p.N) v1 += p.bias[col + 1];
-    }
-    if (col < p.N) C[orow * p.ldc + col] = from_f32<TC>(v0);
-    if (col + 1 < p.N) C[orow * p.ldc + col + 1] = from_f32<TC>(v1);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Warp-specialised persistent kernel: one producer warpgroup feeds a ring of STAGES shared-memory

@@ -1,6 +1,8 @@
-// Internal to src/kernels/cuda: the PTX pieces the tensor-core GEMMs share (gemm.cu's bf16
-// kernel, gemm_fp8.cu's e4m3 kernel): asynchronous copies into shared memory, ldmatrix, and the
-// row range of a GEMM group. Written once so that both kernels stage and address tiles alike.
+// Internal to the CUDA GEMMs: the pieces the tensor-core kernels share (gemm.cu's bf16 kernel,
+// gemm_wgmma.cu, gemm_fp8.cu's e4m3 kernel, moe/cuda/router.cu): asynchronous copies into shared
+// memory, ldmatrix, the bf16 MMA step, the swizzled tile layout, the epilogue pair and the row
+// range of a GEMM group. Written once so that the kernels stage tiles alike and, where they must,
+// compute the same bits.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,39 @@ __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
 }
 
 __device__ inline float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// D += A B (m16n8k16, bf16 in, fp32 accumulate): the step every bf16 tensor-core chain is made of.
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared-memory tiles of 64 bf16 per row (128 bytes = 8 chunks of 16): chunk c of row r is stored
+// at chunk c ^ (r & 7), so the 8 rows an ldmatrix phase reads hit 8 different bank groups; with
+// 1024-byte-aligned tiles this is also TMA's and wgmma's 128-byte-swizzle K-major layout.
+__device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
+
+// The epilogue pair of columns (col even) of output row orow: SwiGLU (B rows interleaved gate,
+// up: C[orow, col / 2] = silu(gate) * up) or Store (+ bias). One definition for the mma.sync and
+// the wgmma kernel: their C must have the same bits.
+template <class TC, bool SWIGLU>
+__device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
+  TC* C = static_cast<TC*>(p.C);
+  if constexpr (SWIGLU) {
+    // col is even: (gate, up) of output column col / 2.
+    if (col + 1 < p.N) C[orow * p.ldc + col / 2] = from_f32<TC>(ptx::silu(v0) * v1);
+  } else {
+    if (p.bias) {
+      if (col < p.N) v0 += p.bias[col];
+      if (col + 1 < p.N) v1 += p.bias[col + 1];
+    }
+    if (col < p.N) C[orow * p.ldc + col] = from_f32<TC>(v0);
+    if (col + 1 < p.N) C[orow * p.ldc + col + 1] = from_f32<TC>(v1);
+  }
+}
 
 // The rows of group g: from the offsets, or G groups of M rows each (G = 1: a dense GEMM).
 __device__ inline void group_range(const GemmArgs& p, int g, int& begin, int& rows) {

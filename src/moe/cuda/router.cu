@@ -16,17 +16,10 @@ using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::ldmatrix_x4;
+using ptx::mma_bf16;
+using ptx::swz;
 
-__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
-// 64 bf16 per shared-memory row, 16-byte chunk c of row r at chunk c ^ (r & 7) (as gemm.cu).
-__device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
 struct RouterArgs {
   const float* x;     // [T, H]
