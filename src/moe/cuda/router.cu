@@ -19,8 +19,6 @@ using ptx::ldmatrix_x4;
 using ptx::mma_bf16;
 using ptx::swz;
 
-
-
 struct RouterArgs {
   const float* x;     // [T, H]
   const bf16* w3;     // [E, 3H] = [wh | wl | wh]
