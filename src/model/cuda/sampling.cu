@@ -23,6 +23,23 @@ __device__ inline void lane_argmax(const float* x, int V, int j, int step, float
     if (bi < 0 || x[i] > bv) bv = x[i], bi = i;
 }
 
+// The block's first maximum (ties to the lower id) of every thread's candidate, to every thread.
+// sv, si: 32 entries of shared memory.
+__device__ inline int block_argmax(float bv, int bi, float* sv, int* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = int(blockDim.x >> 5);
+  warp_argmax(bv, bi);
+  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    bv = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : -1;
+    warp_argmax(bv, bi);  // (every lane has read si[] before lane 0 writes si[0])
+    if (lane == 0) si[0] = bi;
+  }
+  __syncthreads();
+  return si[0];
+}
+
 __global__ void argmax_kernel(const float* logits, int V, int32_t* out) {
   __shared__ float sv[32];
   __shared__ int si[32];
@@ -32,16 +49,8 @@ __global__ void argmax_kernel(const float* logits, int V, int32_t* out) {
   float bv = -INFINITY;
   int bi = -1;
   lane_argmax(x, V, int(threadIdx.x), int(blockDim.x), bv, bi);
-  warp_argmax(bv, bi);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) sv[warp] = bv, si[warp] = bi;
-  __syncthreads();
-  if (warp == 0) {
-    bv = lane < int(blockDim.x >> 5) ? sv[lane] : -INFINITY;
-    bi = lane < int(blockDim.x >> 5) ? si[lane] : -1;
-    warp_argmax(bv, bi);
-    if (lane == 0) out[blockIdx.x] = bi;
-  }
+  const int best = block_argmax(bv, bi, sv, si);
+  if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
 // One block of kLogprobLanes threads per draw; thread j is lane j of the fixed summation order.
@@ -61,17 +70,7 @@ __global__ void __launch_bounds__(kLogprobLanes) draw_kernel(const float* logits
   float bv = -INFINITY;
   int bi = -1;
   lane_argmax(x, V, j, kLogprobLanes, bv, bi);
-  warp_argmax(bv, bi);
-  if (w32 == 0) sv[warp] = bv, si[warp] = bi;
-  __syncthreads();
-  if (warp == 0) {
-    bv = w32 < nw ? sv[w32] : -INFINITY;
-    bi = w32 < nw ? si[w32] : -1;
-    warp_argmax(bv, bi);
-    if (w32 == 0) sv[0] = bv, si[0] = bi;
-  }
-  __syncthreads();
-  const int greedy = si[0];
+  const int greedy = block_argmax(bv, bi, sv, si);
   const float m = __fdiv_rn(x[greedy], T);  // the largest l / T (division by T > 0 is monotone)
   // Lane j: ids j, j + lanes, ... ascending; then the pairwise tree.
   // (Four loads in flight, then the four terms in id order: the same sum.)

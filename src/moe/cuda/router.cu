@@ -168,7 +168,6 @@ void launch_router(const RouterArgs& a, cudaStream_t s) {
 // that re-read the weights fewer times. Every chunk is its own CTA and route() adds the partials:
 // a CTA that ran every chunk of its rows and added them itself (tried) either reads all the
 // weights once per 32 rows (L2-bound: 111 us at 4096 rows) or leaves most of the chip idle.
-int router_parts(int64_t, int S) { return S; }
 
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s) {
   if (T == 0) return;

@@ -45,9 +45,8 @@ std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H
 int router_chunks(int H);
 
 // router_split + the split GEMM over S chunks in one kernel (moe/cuda/router.cu), the same bits:
-// x [T, H] fp32, w3 = router_split_weights [E, 3H]; writes router_parts(T, S) partials
-// [parts][T][E] to out (room for S), for route() to add in order.
-int router_parts(int64_t T, int S);
+// x [T, H] fp32, w3 = router_split_weights [E, 3H]; writes the S partials [S][T][E] to out, for
+// route() to add in order.
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s);
 
 // The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
@@ -83,7 +82,7 @@ struct RouterGpu {
     }
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
     router_logits(x, w3.data(), T, H, E, S, part.data(), s);
-    return {part.data(), router_parts(T, S), int64_t(T) * E};
+    return {part.data(), S, int64_t(T) * E};
   }
   DeviceArray<float> full;  // [T, E] (f32 mode)
 };
