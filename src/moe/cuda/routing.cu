@@ -57,7 +57,7 @@ __global__ void route_kernel(const RouteArgs a) {
   float* gs = ch + E;                              // group scores
   int* sel = reinterpret_cast<int*>(gs + E);       // [K <= 32]
   const uint64_t gid = a.identity ? 0 : a.gids[t];  // loaded early: its latency overlaps the rest
-  // The logits of this token (the split-K partials summed in order, as router_sum does).
+  // The logits of this token (the split-K partials summed in order).
   // All partial loads are issued before the first add (a loop of dependent load-add pairs costs
   // one memory latency per partial: 20 us at one token).
   for (int e = lane; e < E; e += 32) {
@@ -245,17 +245,6 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
   }
 }
 
-__global__ void router_sum_kernel(const float* part, int S, int64_t T, int E, float* out) {
-  pdl_trigger();
-  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
-  const int64_t n = T * E;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < S; s++) acc += part[int64_t(s) * n + i];
-    out[i] = acc;
-  }
-}
-
 }  // namespace
 
 void route(const RouteArgs& a, cudaStream_t s) {
@@ -286,11 +275,6 @@ int router_chunks(int H) {
 void router_split(const float* x, int64_t T, int H, int S, bf16* out, cudaStream_t s) {
   if (T == 0) return;
   launch_pdl(router_split_kernel, dim3(grid_for(T * H)), dim3(256), 0, s, x, T, H, S, out);
-}
-
-void router_sum(const float* part, int S, int64_t T, int E, float* out, cudaStream_t s) {
-  if (T == 0) return;
-  launch_pdl(router_sum_kernel, dim3(grid_for(T * E)), dim3(256), 0, s, part, S, T, E, out);
 }
 
 std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H) {

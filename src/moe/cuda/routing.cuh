@@ -36,9 +36,9 @@ void route(const RouteArgs& a, cudaStream_t s);
 // w = wh + wl split into bf16 (products exact in fp32, accumulation in fp32; the dropped xl.wl is
 // ~2^-18 relative). As one GEMM over K' = 3H: A' = [xh | xh | xl], B' = [wh | wl | wh], cut into
 // S fixed chunks of K' (a split-K that depends only on H, never on T: batch-invariant), summed in
-// chunk order. router_split writes A' as [S][T][K'/S]; router_sum adds the S partials [S][T][E].
+// chunk order. router_split writes A' as [S][T][K'/S] for that GEMM: the reference the one-kernel
+// router_logits below is tested against.
 void router_split(const float* x, int64_t T, int H, int S, bf16* out, cudaStream_t s);
-void router_sum(const float* part, int S, int64_t T, int E, float* out, cudaStream_t s);
 // Host side: B' = [wh | wl | wh] of fp32 router weights [E, H].
 std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H);
 // The number of K' chunks for hidden size H (chunks of a multiple of 8 elements).
