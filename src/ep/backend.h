@@ -95,6 +95,10 @@ class A2ABackend {
   virtual Device device() const = 0;
   // y: [T, H] fp32 on the tokens' device, overwritten.
   virtual void run(const MoeTokens& in, ExpertRunner& experts, float* y) = 0;
+  // True when run() on a CUDA stream can be captured into a CUDA graph and replayed: no host waits
+  // (on peers or downloads) and no host-side sizes that change from step to step. The GPU model
+  // replays its decode steps as graphs only through such a backend.
+  virtual bool graph_capturable() const { return false; }
 };
 
 struct BackendOptions {

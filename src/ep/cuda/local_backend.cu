@@ -15,6 +15,7 @@ class CudaLocalBackend final : public A2ABackend {
  public:
   std::string name() const override { return "local"; }
   Device device() const override { return Device::Cuda; }
+  bool graph_capturable() const override { return true; }  // kernels only, sizes from the host's T
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     EPMOE_ASSERT(in.device == Device::Cuda && experts.device() == Device::Cuda,
                  "the cuda local backend runs tokens and experts of the GPU");

@@ -244,9 +244,7 @@ void plan(const PlanArgs& a, cudaStream_t s) {
   EPMOE_ASSERT(!a.tiles || a.tile_m > 0, "gpu plan: tiles need a tile height");
   const size_t smem = (2 * size_t(a.n_local) + 33) * sizeof(int);
   EPMOE_ASSERT(smem <= 48 * 1024, "gpu plan: too many local experts");
-  // One block up to 2048 jobs: beyond that its shared-memory counters serialise (at 8192 jobs over
-  // 128 experts the single block took 22 us, the three launches over the chip ~10).
-  if (a.rows * a.K <= 2048 || a.rows_dev) {
+  if (plan_in_one_block(a.rows, a.K, a.rows_dev != nullptr)) {
     // A thread per row (whole warps): a decode step's few rows get a small block whose barriers
     // are cheap. A device row count is known only to the kernel: the full block.
     const int threads =

@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/split_linear.cuh"
+#include "ep/cuda/plan_combine.cuh"
 #include "kernels/ops.h"
 #include "model/cuda/attention.cuh"
 #include "model/cuda/sampling.cuh"
@@ -973,14 +974,15 @@ struct GpuModel final : LanguageModel {
   }
 
   bool graph_eligible(const std::vector<std::vector<int32_t>>& tokens, const A2ABackend& be, int64_t T_) const {
-    // Only the single-GPU backend: the NCCL backends wait on their peers with a deadline from the
-    // host and size their messages from counts exchanged during the step (eager, always).
-    if (!graphs_on || T_ == 0 || be.name() != "local") return false;
+    // Only a backend that says it can be captured (the single-GPU one: the NCCL backends wait on
+    // their peers with a deadline from the host and size their messages from counts exchanged
+    // during the step, so they run eagerly, always).
+    if (!graphs_on || T_ == 0 || !be.graph_capturable()) return false;
     for (const auto& t : tokens)
       if (t.size() != 1) return false;  // prefill and mixed steps: their shapes rarely repeat
     // The expert plan's one-block form only (the multi-block form keeps a workspace shared by
     // every model of the process, which another model could move).
-    if (T_ * int64_t(std::max(K, 1)) > 8192) return false;
+    if (!plan_in_one_block(T_, std::max(K, 1), false)) return false;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     EPMOE_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
     return cs == cudaStreamCaptureStatusNone;
