@@ -1,8 +1,5 @@
 // epmoe: run Mixture-of-Experts models from Hugging Face checkpoints, with expert parallelism.
 // Exit codes: 0 success, 1 a failed check, 2 bad input (file, config, flag, ids).
-#include <malloc.h>
-
-#include <climits>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -13,17 +10,10 @@
 #include "comm/group.h"
 #include "comm/mpi_group.h"
 #include "util/error.h"
+#include "util/reserved_memory.h"
 
 int main(int argc, char** argv) {
-  // A forward step allocates and frees buffers of hundreds of KB to tens of MB (activations, scores,
-  // logits) every step. Above glibc's default mmap threshold each came from a fresh mmap and went
-  // back to the kernel at free, so every step paid the page faults and the kernel's zeroing of
-  // those pages again: ~10 % of a 512-token prefill on 2 cores (docs/cpu-profile.md). Keep such
-  // buffers in the heap, and keep the heap: a process holds its peak step's memory, as a server
-  // should. (Larger blocks -- the KV pool, weights copied off the mapping -- still get their own
-  // mmap.)
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  epmoe::keep_step_buffers_in_heap();  // util/reserved_memory.h: no page faults per step
   using namespace epmoe;
   CLI::App app{
       "epmoe: Mixture-of-Experts inference from Hugging Face checkpoints, with expert parallelism over MPI.\n"

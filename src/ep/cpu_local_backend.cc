@@ -6,6 +6,7 @@
 
 #include "ep/combine.h"
 #include "ep/cpu_local_backend.h"
+#include "util/stage_clock.h"
 
 namespace epmoe {
 
@@ -18,7 +19,11 @@ class CpuLocalBackend : public A2ABackend {
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     slots_.resize(size_t(in.T * in.K) * size_t(in.H));  // reused across layers
-    if (in.T > 0) experts.run(token_jobs(in), slots_.data());
+    if (in.T > 0) {
+      StageScope stage(Stage::Experts);
+      experts.run(token_jobs(in), slots_.data());
+    }
+    StageScope stage(Stage::Combine);
     combine_slots(in.T, in.H, in.K, in.weights, slots_.data(), y);
   }
 

@@ -80,22 +80,6 @@ void generic_tile(int mr, int nr, const void* const* xv, const void* const* w, i
   }
 }
 
-// ---- path selection ----
-
-Micro select_micro(DType w) {
-  const CpuFeatures& cpu = cpu_features();
-  const bool avx512 = g_path != KernelPath::Generic && cpu.avx512;
-  if (avx512 && g_mode == ComputeMode::BF16 && cpu.avx512_bf16) {
-    Micro m = avx512_bf16_micro(w);
-    if (m.fn) return m;
-  }
-  if (avx512) {
-    Micro m = avx512_micro(w);
-    if (m.fn) return m;
-  }
-  return generic_micro(w);
-}
-
 const float* weight_row_check(const TensorView& W, const char* what) {
   if (W.rank() != 2) throw InputError(std::string(what) + " weight " + W.name + " must be 2-D, is " + W.shape_str());
   if (W.dtype == DType::F8_E4M3) {
@@ -162,10 +146,16 @@ constexpr int64_t kTokenBlock = 64;
 // Measured on Zen 4 (one thread, bf16 weights, cold): 4 rows side by side (4 streams) 14-17 GB/s,
 // one row at a time 20-23 GB/s; two threads 25 vs 31 GB/s, against 33 GB/s for STREAM. One row
 // has one dependency chain per token (an FMA every 4 cycles: 8 bytes of bf16 weight per cycle),
-// still more than a core's share of DRAM bandwidth.
-constexpr int64_t kStreamT = 8;
+// still more than a core's share of DRAM bandwidth at one or two tokens -- but not beyond: with
+// T chains a tile is latency-bound, and at 3-8 tokens the 4 x 4 tiles read cold weights faster
+// (2 threads, a 622 MB bf16 lm_head: 4 tokens 18-21 GB/s one row per tile against 31-35 tiled,
+// 8 tokens 8-12 against 19-23). The fp8 kernels keep several rows per tile (Micro::stream_rows)
+// and so their few-token form up to 8 tokens.
+constexpr int64_t kStreamT = 2;
+constexpr int64_t kFp8StreamT = 8;
+inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 ? kFp8StreamT : kStreamT; }
 
-// Tiled path (more tokens than kStreamT): the K range is cut in blocks so that a tile's weight
+// Tiled path (more tokens than stream_tokens): the K range is cut in blocks so that a tile's weight
 // rows for one block (kMaxNR rows x 512 bf16 or 256 fp32 = 4 KB) stay in L1 while every token
 // micro-tile of the token block passes over them; the lane accumulators wait in a per-thread
 // buffer between blocks (micro-kernel contract: the bits do not depend on the blocking). Without
@@ -176,14 +166,11 @@ int64_t k_block(const Micro& m, int64_t T, int64_t K) {
   return m.x_bf16 ? 1024 : 512;
 }
 
-// With many tokens, the fp32-compute path widens a tile's bf16 weight rows to fp32 once per token
-// block instead of once per micro-tile: the conversion is exact and the fp32 micro-kernel does the
-// same multiply-adds in the same order, so the bits do not change -- only the shifts leave the
-// inner loop (they compete with the FMAs for the vector pipes). F8_E4M3 rows are dequantized the
-// same way (exactly: the fp32 of TensorView::at) when the fp8 kernels are not the ones to run.
+// How a tile's weight rows reach the micro-kernel. (bf16 rows are widened in the fp32 kernel's
+// inner loop: widening them to fp32 once per token block instead was measured slower on Zen 4 --
+// 175-200 against 235-250 GFLOP/s at 32-512 tokens.)
 enum class RowForm {
   AsIs,        // the stored rows (F32, BF16, F16)
-  WidenBf16,   // bf16 -> fp32 into a per-thread buffer
   Fp8,         // Fp8Row descriptors: the fp8 micro-kernel reads the codes in place
   Fp8Bf16,     // Fp8Row descriptors with the codes widened to bf16 (q * 2^8) in a per-thread buffer
   DequantFp8,  // fp8 -> dequantized fp32 into a per-thread buffer (dequant_fn)
@@ -223,22 +210,12 @@ struct WeightRows {
         fp8_to_bf16_avx512(desc[slot].q, K, &wide[size_t(slot) * size_t(K)]);
         return &desc[slot];
       }
-      default: break;
+      case RowForm::DequantFp8: break;
     }
     thread_local std::vector<float> buf;
     buf.resize(size_t(kMaxNR) * size_t(K));
     float* dst = &buf[size_t(slot) * size_t(K)];
-    if (form == RowForm::DequantFp8) {
-      dequant_fn(fp8(n), K, dst);
-      return dst;
-    }
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(r);
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {  // 16 at a time: widen and shift, as gload16 does
-      const f32x16 v = gload16<DType::BF16>(src, k);
-      std::memcpy(dst + k, &v, 64);
-    }
-    for (; k < K; k++) dst[k] = bf16_to_f32(src[k]);
+    dequant_fn(fp8(n), K, dst);
     return dst;
   }
 };
@@ -257,17 +234,14 @@ Plan choose(const TensorView& W, int64_t T) {
     // bf16 compute: the same split, the "-rows" kernel reading rows widened to bf16.
     if (fp8_scales_fold(W)) {
       const Micro m = select_micro(DType::F8_E4M3);
-      if (m.fn && T <= kStreamT) return {m, RowForm::Fp8};
+      if (m.fn && T <= kFp8StreamT) return {m, RowForm::Fp8};
       if (m.fn && m.x_bf16) return {avx512_bf16_fp8_rows_micro(), RowForm::Fp8Bf16};
     }
     const Micro f = select_micro(DType::F32);
     const bool avx = std::string(f.name) == "avx512";
     return {f, RowForm::DequantFp8, avx ? &fp8_dequant_avx512 : &fp8_dequant_generic};
   }
-  Micro m = select_micro(W.dtype);
-  if (W.dtype == DType::BF16 && !m.x_bf16 && std::string(m.name) == "avx512" && T >= 8 * kMaxMR)
-    return {avx512_micro(DType::F32), RowForm::WidenBf16};
-  return {m, RowForm::AsIs};
+  return {select_micro(W.dtype), RowForm::AsIs};
 }
 
 // Prefetches part p of `parts` of the bytes [b, b + n) (cache lines, into L1).
@@ -283,7 +257,7 @@ inline void prefetch_part(const char* b, size_t n, int p, int parts) {
 
 template <class RowsOf, class Store, class Prefetch>
 void drive(const Micro& m, const Activations& a, int64_t T, int64_t tiles, int rows_per_tile, int64_t K, RowsOf rows_of,
-           Store store, Prefetch prefetch) {
+           Store store, Prefetch prefetch, bool stream) {
   // Enough dot products per task to pay for a wake-up: ~64k multiply-adds.
   const int64_t min_tiles = std::max<int64_t>(
       1, 65536 / std::max<int64_t>(1, K * std::min<int64_t>(T, kTokenBlock) * rows_per_tile));
@@ -300,7 +274,7 @@ void drive(const Micro& m, const Activations& a, int64_t T, int64_t tiles, int r
       // Tiled path: while the micro-tiles of one tile run, the next tile's weight rows are fetched
       // from DRAM, a slice before each micro-tile (cold experts: measured 226 -> 256 GFLOP/s on
       // the 512-token bf16 layer). One-row tiles (few tokens) leave it to the hardware prefetcher.
-      const bool pf = T > kStreamT;
+      const bool pf = !stream;
       for (int64_t tile = b; tile < e; tile++) {
         const int nr = rows_of(tile, w);
         int part = 0;
@@ -321,6 +295,22 @@ void drive(const Micro& m, const Activations& a, int64_t T, int64_t tiles, int r
 }
 
 }  // namespace
+
+// ---- path selection (matmul_micro.h) ----
+
+Micro select_micro(DType w) {
+  const CpuFeatures& cpu = cpu_features();
+  const bool avx512 = g_path != KernelPath::Generic && cpu.avx512;
+  if (avx512 && g_mode == ComputeMode::BF16 && cpu.avx512_bf16) {
+    Micro m = avx512_bf16_micro(w);
+    if (m.fn) return m;
+  }
+  if (avx512) {
+    Micro m = avx512_micro(w);
+    if (m.fn) return m;
+  }
+  return generic_micro(w);
+}
 
 Micro generic_micro(DType w) {
   switch (w) {
@@ -376,9 +366,10 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
   const Micro& m = plan.m;
   const Activations a(x, T, K, m.x_bf16);
   const WeightRows rows(W, plan.form, plan.dequant);
-  const int R = T <= kStreamT ? m.stream_rows : kMaxNR;  // weight rows per tile
+  const bool stream = T <= stream_tokens(W.dtype);
+  const int R = stream ? m.stream_rows : kMaxNR;  // weight rows per tile
   const int64_t tiles = (N + R - 1) / R;
-  if (T <= kStreamT && R > 1) {
+  if (stream && R > 1) {
     // Few tokens, several rows per tile (Micro::stream_rows): rows far apart, tile t holds rows
     // t, t + tiles, t + 2 tiles ... -- a thread's tiles then read R sequential runs of rows.
     // (Adjacent rows side by side were measured far slower on Zen 4 -- fp8, one thread, cold:
@@ -397,7 +388,7 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
               y[(t0 + i) * N + n] = out[i * nr + j] + (bias ? bias[n] : 0.0f);
             }
         },
-        [](int64_t, int, int) {});
+        [](int64_t, int, int) {}, true);
     return;
   }
   drive(
@@ -430,7 +421,8 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
         const int64_t n0 = tile * R;
         prefetch_part(rows.base + size_t(n0) * rows.row_bytes, size_t(std::min<int64_t>(R, N - n0)) * rows.row_bytes, part,
                       parts);
-      });
+      },
+      stream);
 }
 
 void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h) {
@@ -451,7 +443,8 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   const size_t row_bytes = size_t(K) * dtype_size(Wg.dtype);
   const WeightRows g(Wg, plan.form, plan.dequant);
   const WeightRows u(Wu, plan.form, plan.dequant);
-  if (T <= kStreamT && m.stream_rows > 1) {
+  const bool stream = T <= stream_tokens(Wg.dtype);
+  if (stream && m.stream_rows > 1) {
     // Few tokens, several rows per tile (Micro::stream_rows, the fp8 kernels): a tile holds gate
     // and up rows of the same columns, P = stream_rows / 2 columns far apart (t, t + tiles, ...;
     // see matmul above): 2P sequential runs of rows per thread, silu(g) * u formed in the store.
@@ -472,10 +465,10 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
             for (int c = 0; c < nr / 2; c++)
               h[(t0 + i) * I + tile + c * tiles] = silu(out[i * nr + 2 * c]) * out[i * nr + 2 * c + 1];
         },
-        [](int64_t, int, int) {});
+        [](int64_t, int, int) {}, true);
     return;
   }
-  if (T <= kStreamT) {
+  if (stream) {
     // Few tokens: one weight row per tile (see kStreamT), in blocks of kCols columns: the block's
     // gate rows, then its up rows -- two sequential runs of kCols rows -- into g and u, then
     // silu(g) * u. Each element is the same dot product as in the fused tiles below.
@@ -505,7 +498,7 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
           float* dst = up ? uy : gy;
           for (int i = 0; i < mr; i++) dst[(t0 + i) * I + n] = out[i];
         },
-        [](int64_t, int, int) {});
+        [](int64_t, int, int) {}, true);
     for (int64_t i = 0; i < T * I; i++) h[i] = silu(gy[i]) * uy[i];
     return;
   }
@@ -535,7 +528,8 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
         const size_t bytes = size_t(std::min<int64_t>(kCols, I - n0)) * row_bytes;
         prefetch_part(g.base + size_t(n0) * row_bytes, bytes, part, parts);
         prefetch_part(u.base + size_t(n0) * row_bytes, bytes, part, parts);
-      });
+      },
+      false);
 }
 
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y, const float* bias) {

@@ -54,7 +54,9 @@ std::vector<float> yarn_inv_freq(int dim, float theta, double factor, int orig, 
   return out;
 }
 
-void Rope::apply(float* x, int heads, int64_t pos) const {
+void Rope::apply(float* x, int heads, int64_t pos) const { apply(x, heads, nullptr, 0, pos); }
+
+void Rope::apply(float* q, int q_heads, float* k, int k_heads, int64_t pos) const {
   const int half = rotary_dim / 2;
   thread_local std::vector<float> cs, sn;
   cs.resize(static_cast<size_t>(half));
@@ -64,29 +66,33 @@ void Rope::apply(float* x, int heads, int64_t pos) const {
     cs[size_t(i)] = std::cos(f) * attention_factor;
     sn[size_t(i)] = std::sin(f) * attention_factor;
   }
-  if (interleaved) {
-    // Pairs (2i, 2i + 1), written back in place: q and k are rotated alike, so q.k is the one of
-    // transformers' de-interleaved layout.
+  auto rotate = [&](float* x, int heads) {
+    if (interleaved) {
+      // Pairs (2i, 2i + 1), written back in place: q and k are rotated alike, so q.k is the one of
+      // transformers' de-interleaved layout.
+      for (int h = 0; h < heads; h++) {
+        float* v = x + int64_t(h) * head_dim;
+        for (int i = 0; i < half; i++) {
+          const float a = v[2 * i], b = v[2 * i + 1];
+          const float c = cs[size_t(i)], s = sn[size_t(i)];
+          v[2 * i] = a * c - b * s;
+          v[2 * i + 1] = b * c + a * s;
+        }
+      }
+      return;
+    }
     for (int h = 0; h < heads; h++) {
       float* v = x + int64_t(h) * head_dim;
       for (int i = 0; i < half; i++) {
-        const float a = v[2 * i], b = v[2 * i + 1];
+        const float a = v[i], b = v[i + half];
         const float c = cs[size_t(i)], s = sn[size_t(i)];
-        v[2 * i] = a * c - b * s;
-        v[2 * i + 1] = b * c + a * s;
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
       }
     }
-    return;
-  }
-  for (int h = 0; h < heads; h++) {
-    float* v = x + int64_t(h) * head_dim;
-    for (int i = 0; i < half; i++) {
-      const float a = v[i], b = v[i + half];
-      const float c = cs[size_t(i)], s = sn[size_t(i)];
-      v[i] = a * c - b * s;
-      v[i + half] = b * c + a * s;
-    }
-  }
+  };
+  rotate(q, q_heads);
+  if (k) rotate(k, k_heads);
 }
 
 void softmax(float* x, int64_t n) {

@@ -27,6 +27,8 @@ struct Rope {
   Rope(int head_dim, int rotary_dim, std::vector<float> inv_freq, float attention_factor, bool interleaved);
   // x: [heads, head_dim] of one token at position pos, rotated in place.
   void apply(float* x, int heads, int64_t pos) const;
+  // The same for q [q_heads, head_dim] and k [k_heads, head_dim] of one token: the angles once.
+  void apply(float* q, int q_heads, float* k, int k_heads, int64_t pos) const;
 };
 
 // YaRN's inv_freq (transformers _compute_yarn_parameters), fp32 like torch: interpolated

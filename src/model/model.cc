@@ -3,12 +3,15 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/vec.h"
 #include "model/model_rope.h"
 #include "moe/moe_layer.h"
 #include "util/error.h"
+#include "util/stage_clock.h"
 #include "util/threads.h"
 
 namespace epmoe {
@@ -91,64 +94,60 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   const AttentionWeights& a = w_.layers[size_t(l)].attn;
   const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   const int64_t qd = int64_t(Hq) * D, kvd = int64_t(Hkv) * D;
-  std::vector<float> q(static_cast<size_t>(T * qd)), k(static_cast<size_t>(T * kvd)), v(static_cast<size_t>(T * kvd));
-  matmul(x, T, a.q, q.data());
-  matmul(x, T, a.k, k.data());
-  matmul(x, T, a.v, v.data());
-  add_bias(q.data(), T, a.q_bias);
-  add_bias(k.data(), T, a.k_bias);
-  add_bias(v.data(), T, a.v_bias);
+  std::optional<StageScope> stage(std::in_place, Stage::Qkv);
+  float* q = buf_.q.get(size_t(T * qd));
+  float* k = buf_.k.get(size_t(T * kvd));
+  float* v = buf_.v.get(size_t(T * kvd));
+  matmul(x, T, a.q, q);
+  matmul(x, T, a.k, k);
+  matmul(x, T, a.v, v);
+  add_bias(q, T, a.q_bias);
+  add_bias(k, T, a.k_bias);
+  add_bias(v, T, a.v_bias);
   if (!a.q_norm.empty()) {
-    rmsnorm(q.data(), T * Hq, D, a.q_norm, cfg_.rms_norm_eps, q.data());
-    rmsnorm(k.data(), T * Hkv, D, a.k_norm, cfg_.rms_norm_eps, k.data());
+    rmsnorm(q, T * Hq, D, a.q_norm, cfg_.rms_norm_eps, q);
+    rmsnorm(k, T * Hkv, D, a.k_norm, cfg_.rms_norm_eps, k);
   }
 
-  std::vector<float> ctx(static_cast<size_t>(T * qd));
-  const float scale = cfg_.softmax_scale();
-  const int group = Hq / Hkv;
-  for (size_t s = 0; s < seqs.size(); s++) {
-    Sequence& seq = *seqs[s];
-    const int64_t t0 = offsets[s], n = offsets[s + 1] - offsets[s];
-    const std::vector<int32_t>& table = seq.kv->blocks();  // forward() made room for the n tokens
-    const int64_t B = pool_->block_tokens();
-    const int64_t base = seq.len;
-    // Position j's K (V) row of this layer, through the block table.
-    auto k_at = [&](int64_t j) { return kv_row(k_, kvd, l, table[size_t(j / B)], j % B); };
-    auto v_at = [&](int64_t j) { return kv_row(v_, kvd, l, table[size_t(j / B)], j % B); };
-    // fn(j, row of position j + head offset) for j = 0..len-1 in order, a block at a time (one
-    // table lookup per block, not per key).
-    auto each_row = [&](float* cache, int64_t len, int64_t offset, auto&& fn) {
-      for (int64_t j0 = 0; j0 < len; j0 += B) {
-        const float* rows = kv_row(cache, kvd, l, table[size_t(j0 / B)], 0) + offset;
-        const int64_t m = std::min(B, len - j0);
-        for (int64_t r = 0; r < m; r++) fn(j0 + r, rows + r * kvd);
+  float* ctx = buf_.ctx.get(size_t(T * qd));
+  stage.reset();
+  // Each sequence's new K and V rows go into its blocks (forward() made room for them), then one
+  // call attends every new token of every sequence over its cache (kernels/attention.h).
+  std::vector<AttentionSeq> att(seqs.size());
+  std::vector<std::vector<const float*>> kblocks(seqs.size()), vblocks(seqs.size());
+  const int64_t B = pool_->block_tokens();
+  {
+    StageScope rope_stage(Stage::Rope);
+    for (size_t s = 0; s < seqs.size(); s++) {
+      const Sequence& seq = *seqs[s];
+      const int64_t t0 = offsets[s], n = offsets[s + 1] - offsets[s], base = seq.len;
+      const std::vector<int32_t>& table = seq.kv->blocks();
+      parallel_for(n, 16, [&](int64_t ib, int64_t ie) {
+        for (int64_t i = ib; i < ie; i++) {
+          const int64_t pos = base + i;
+          rope_.apply(q + (t0 + i) * qd, Hq, k + (t0 + i) * kvd, Hkv, pos);
+          std::memcpy(kv_row(k_, kvd, l, table[size_t(pos / B)], pos % B), k + (t0 + i) * kvd, sizeof(float) * size_t(kvd));
+          std::memcpy(kv_row(v_, kvd, l, table[size_t(pos / B)], pos % B), v + (t0 + i) * kvd, sizeof(float) * size_t(kvd));
+        }
+      });
+      const int64_t blocks = (base + n + B - 1) / B;
+      for (int64_t b = 0; b < blocks; b++) {
+        kblocks[s].push_back(kv_row(k_, kvd, l, table[size_t(b)], 0));
+        vblocks[s].push_back(kv_row(v_, kvd, l, table[size_t(b)], 0));
       }
-    };
-    for (int64_t i = 0; i < n; i++) {
-      rope_.apply(&q[size_t((t0 + i) * qd)], Hq, base + i);
-      rope_.apply(&k[size_t((t0 + i) * kvd)], Hkv, base + i);
-      std::memcpy(k_at(base + i), &k[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
-      std::memcpy(v_at(base + i), &v[size_t((t0 + i) * kvd)], sizeof(float) * size_t(kvd));
+      att[s].t0 = t0;
+      att[s].n = n;
+      att[s].base = base;
+      att[s].k = KvRows{kblocks[s].data(), B, kvd};
+      att[s].v = KvRows{vblocks[s].data(), B, kvd};
     }
-    // Causal attention of each new token over the cache up to and including itself, summing the
-    // keys in position order whatever blocks hold them (the bits do not depend on the layout).
-    parallel_for(n * Hq, 4, [&](int64_t b, int64_t e) {
-      std::vector<float> p;
-      for (int64_t job = b; job < e; job++) {
-        const int64_t i = job / Hq;
-        const int h = int(job % Hq), hk = h / group;
-        const int64_t ctx_len = base + i + 1;
-        const float* qh = &q[size_t((t0 + i) * qd + h * D)];
-        p.resize(static_cast<size_t>(ctx_len));
-        each_row(k_, ctx_len, hk * D, [&](int64_t j, const float* kj) { p[size_t(j)] = dot(qh, kj, D) * scale; });
-        softmax(p.data(), ctx_len);
-        float* o = &ctx[size_t((t0 + i) * qd + h * D)];
-        std::fill(o, o + D, 0.f);
-        each_row(v_, ctx_len, hk * D, [&](int64_t j, const float* vj) { axpy(p[size_t(j)], vj, o, D); });
-      }
-    });
   }
-  matmul(ctx.data(), T, a.o, out);
+  {
+    StageScope attention_stage(Stage::Attention);
+    causal_attention(AttentionDims{Hq, Hkv, D, cfg_.softmax_scale()}, att, q, ctx);
+  }
+  StageScope o_stage(Stage::OProj);
+  matmul(ctx, T, a.o, out);
 }
 
 void latent_attention(const float* q_abs, int heads, int64_t W, int64_t C, int64_t len, int64_t B,
@@ -190,6 +189,7 @@ void latent_attention(const float* q_abs, int heads, int64_t W, int64_t C, int64
 
 void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
                           const float* x, int64_t T, float* out) const {
+  StageScope stage(Stage::Attention);  // the whole of MLA (projections included) as one stage
   const MlaWeights& w = w_.layers[size_t(l)].attn.mla;
   const MlaConfig& m = cfg_.mla;
   const int Hq = cfg_.num_heads;
@@ -280,6 +280,7 @@ void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2
   if (L.sparse) {
     MoeLayer(cfg_.routing, L.moe, placement_, rank_).forward(x, T, cfg_.hidden_size, gids, backend, y);
   } else {
+    StageScope stage(Stage::Dense);
     swiglu_forward(L.dense, x, T, y);
   }
 }
@@ -294,8 +295,9 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
   for (auto& t : tokens) offsets.push_back(offsets.back() + int64_t(t.size()));
   const int64_t T = offsets.back();
 
-  std::vector<uint64_t> gids(static_cast<size_t>(T));
-  std::vector<float> x(static_cast<size_t>(T * H));
+  std::optional<StageScope> embed(std::in_place, Stage::Embed);
+  uint64_t* gids = buf_.gids.get(size_t(T));
+  float* x = buf_.x.get(size_t(T * H));
   for (size_t s = 0; s < seqs.size(); s++)
     for (size_t i = 0; i < tokens[s].size(); i++) {
       const int32_t id = tokens[s][i];
@@ -306,23 +308,33 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
         throw InputError("sequence " + std::to_string(seqs[s]->id) + " reaches position " + std::to_string(pos) +
                          ", beyond max_position_embeddings (" + std::to_string(cfg_.max_position_embeddings) + ")");
       const int64_t t = offsets[s] + int64_t(i);
-      gids[size_t(t)] = token_gid(seqs[s]->id, uint64_t(pos));
+      gids[t] = token_gid(seqs[s]->id, uint64_t(pos));
       TensorView row = w_.embed.slice_rows(id, 1);
-      for (int64_t h = 0; h < H; h++) x[size_t(t * H + h)] = row.at(h);
+      for (int64_t h = 0; h < H; h++) x[t * H + h] = row.at(h);
     }
   append_step_tokens(*pool_, seqs, tokens);
+  embed.reset();
 
-  std::vector<float> hn(static_cast<size_t>(T * H)), tmp(static_cast<size_t>(T * H));
+  float* hn = buf_.hn.get(size_t(T * H));
+  float* tmp = buf_.tmp.get(size_t(T * H));
+  auto norm = [&](const float* in, const std::vector<float>& w) {
+    StageScope stage(Stage::Norm);
+    rmsnorm(in, T, H, w, cfg_.rms_norm_eps, hn);
+  };
+  auto residual = [&] {
+    StageScope stage(Stage::Residual);
+    for (int64_t i = 0; i < T * H; i++) x[i] += tmp[i];
+  };
   for (int l = 0; l < cfg_.num_layers; l++) {
     const LayerWeights& L = w_.layers[size_t(l)];
-    rmsnorm(x.data(), T, H, L.input_norm, cfg_.rms_norm_eps, hn.data());
-    if (cfg_.mla.enabled()) mla_attention(l, seqs, offsets, hn.data(), T, tmp.data());
-    else attention(l, seqs, offsets, hn.data(), T, tmp.data());
-    for (int64_t i = 0; i < T * H; i++) x[size_t(i)] += tmp[size_t(i)];
-    rmsnorm(x.data(), T, H, L.post_attention_norm, cfg_.rms_norm_eps, hn.data());
-    mlp_block(l, hn.data(), T, gids.data(), backend, tmp.data());
-    for (int64_t i = 0; i < T * H; i++) x[size_t(i)] += tmp[size_t(i)];
-    if (opt.check_numerics) check_finite(x.data(), T * H, "layer " + std::to_string(l) + (L.sparse ? " (MoE)" : " (dense)"));
+    norm(x, L.input_norm);
+    if (cfg_.mla.enabled()) mla_attention(l, seqs, offsets, hn, T, tmp);
+    else attention(l, seqs, offsets, hn, T, tmp);
+    residual();
+    norm(x, L.post_attention_norm);
+    mlp_block(l, hn, T, gids, backend, tmp);
+    residual();
+    if (opt.check_numerics) check_finite(x, T * H, "layer " + std::to_string(l) + (L.sparse ? " (MoE)" : " (dense)"));
   }
   for (size_t s = 0; s < seqs.size(); s++) seqs[s]->len += int64_t(tokens[s].size());
 
@@ -332,9 +344,13 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
     if (n == 0) continue;
     const int64_t first = all_logits ? offsets[s] : offsets[s + 1] - 1;
     const int64_t rows = offsets[s + 1] - first;
-    rmsnorm(&x[size_t(first * H)], rows, H, w_.final_norm, cfg_.rms_norm_eps, &hn[size_t(first * H)]);
+    {
+      StageScope stage(Stage::Norm);
+      rmsnorm(x + first * H, rows, H, w_.final_norm, cfg_.rms_norm_eps, hn + first * H);
+    }
+    StageScope stage(Stage::LmHead);
     logits[s].resize(static_cast<size_t>(rows * V));
-    matmul(&hn[size_t(first * H)], rows, w_.lm_head, logits[s].data());
+    matmul(hn + first * H, rows, w_.lm_head, logits[s].data());
     if (opt.check_numerics) check_finite(logits[s].data(), rows * V, "lm_head");
   }
   return logits;

@@ -20,6 +20,7 @@
 #include "model/language_model.h"
 #include "model/weights.h"
 #include "util/reserved_memory.h"
+#include "util/scratch.h"
 
 namespace epmoe {
 
@@ -81,6 +82,14 @@ class Model final : public LanguageModel {
   float* v_ = nullptr;
   int64_t k_width_ = 0, v_width_ = 0;
   float* kv_row(float* base, int64_t width, int layer, int32_t block, int64_t row) const;
+  // Step buffers (util/scratch.h), reused from step to step: the residual stream, the normed
+  // input, a stage's output, the tokens' global ids; attention's q, k, v and context. A model runs
+  // one step at a time.
+  struct StepBuffers {
+    Scratch<float> x, hn, tmp, q, k, v, ctx;
+    Scratch<uint64_t> gids;
+  };
+  mutable StepBuffers buf_;
 };
 
 }  // namespace epmoe

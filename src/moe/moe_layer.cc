@@ -1,10 +1,12 @@
 #include "moe/moe_layer.h"
 
 #include <cmath>
+#include <optional>
 
 #include "ep/cpu_expert_jobs.h"
 #include "kernels/matmul.h"
 #include "util/error.h"
+#include "util/stage_clock.h"
 
 namespace epmoe {
 
@@ -23,6 +25,7 @@ void CpuExpertRunner::run(const ExpertJobs& jobs, void* out) {
 
 void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y) const {
   const int E = routing_.num_experts, K = routing_.top_k;
+  std::optional<StageScope> router(std::in_place, Stage::Router);
   std::vector<float> logits(static_cast<size_t>(T * E));
   matmul(x, T, w_.router, logits.data());
   Routing r = route(routing_, logits.data(), T, w_.correction_bias.empty() ? nullptr : w_.correction_bias.data());
@@ -42,9 +45,11 @@ void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A
   tok.physical = physical.data();
   tok.weights = r.weights.data();
   CpuExpertRunner experts(w_, placement_, rank_, H);
+  router.reset();
   backend.run(tok, experts, y);
 
   if (!w_.shared.empty() && T > 0) {
+    StageScope shared(Stage::Dense);
     std::vector<float> s(static_cast<size_t>(T * H));
     swiglu_forward(w_.shared, x, T, s.data());
     std::vector<float> gate(size_t(T), 1.0f);

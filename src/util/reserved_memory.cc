@@ -1,8 +1,10 @@
 #include "util/reserved_memory.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -33,6 +35,11 @@ ReservedMemory& ReservedMemory::operator=(ReservedMemory&& o) noexcept {
     n_ = std::exchange(o.n_, 0);
   }
   return *this;
+}
+
+void keep_step_buffers_in_heap() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
 }
 
 }  // namespace epmoe

@@ -26,4 +26,13 @@ class ReservedMemory {
   size_t n_ = 0;
 };
 
+// Keeps the buffers of a forward step in the heap, and the heap itself: call once at process
+// start (the CLI and the benchmarks do). A step allocates and frees buffers of hundreds of KB to
+// tens of MB (activations, scores, logits); above glibc's default mmap threshold each came from a
+// fresh mmap and went back to the kernel at free, so every step paid the page faults and the
+// kernel's zeroing of those pages again: ~10 % of a 512-token prefill on 2 cores
+// (docs/cpu-profile.md). With this, a process holds its peak step's memory, as a server should.
+// (Larger blocks -- the KV pool, weights copied off the mapping -- still get their own mmap.)
+void keep_step_buffers_in_heap();
+
 }  // namespace epmoe
