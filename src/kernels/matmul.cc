@@ -155,15 +155,17 @@ constexpr int64_t kStreamT = 2;
 constexpr int64_t kFp8StreamT = 8;
 inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 ? kFp8StreamT : kStreamT; }
 
-// Tiled path (more tokens than stream_tokens): the K range is cut in blocks so that a tile's weight
-// rows for one block (kMaxNR rows x 512 bf16 or 256 fp32 = 4 KB) stay in L1 while every token
-// micro-tile of the token block passes over them; the lane accumulators wait in a per-thread
-// buffer between blocks (micro-kernel contract: the bits do not depend on the blocking). Without
-// it, a 4 x 4 micro-tile at K = 2048 reads 16 KB of activations and 16 KB of weights -- all of L1
-// -- so both come from L2 on every call.
+// Tiled path (more tokens than stream_tokens): K is cut in blocks only beyond 4096; the lane
+// accumulators of a token block then wait in a per-thread buffer between blocks (micro-kernel
+// contract: the bits do not depend on the blocking). Blocks of 512 (fp32) / 1024 (bf16), meant to
+// keep a tile's weight rows in L1, were measured slower on Zen 4 than one pass over K (2 threads,
+// bf16 weights, K = 2048 and 4096, 32-512 tokens: fp32 170-250 against 220-300 GFLOP/s, bf16
+// 260-395 against 320-455): the accumulators' round trips cost more than the hardware prefetcher
+// loses streaming 16-32 KB of rows from L2.
+constexpr int64_t kKBlock = 4096;
 int64_t k_block(const Micro& m, int64_t T, int64_t K) {
   if (!m.k_blocks || T <= kMaxMR) return K;
-  return m.x_bf16 ? 1024 : 512;
+  return kKBlock;
 }
 
 // How a tile's weight rows reach the micro-kernel. (bf16 rows are widened in the fp32 kernel's

@@ -222,8 +222,8 @@ struct Shape {
   int64_t N, K;
 };
 // Partial blocks both ways (144 = 128 + 16, 136 = 128 + 8, 192 = 128 + 64), tails of the 16- and
-// 32-wide vector steps (17, 300), several K blocks of the tiled path (1100), a row block only.
-const Shape kShapes[] = {{144, 192}, {130, 136}, {50, 256}, {7, 17}, {33, 300}, {20, 1100}};
+// 32-wide vector steps (17, 300), K blocks of the tiled path (4200: two 4096-wide blocks), a row block only.
+const Shape kShapes[] = {{144, 192}, {130, 136}, {50, 256}, {7, 17}, {33, 300}, {20, 1100}, {9, 4200}};
 const int64_t kTs[] = {1, 2, 3, 8, 9, 33, 64, 100};
 
 // The fp32 (exact) compute mode on each path.

@@ -72,7 +72,7 @@ TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
   // bf16 activations carry 8 bits of mantissa: the error per product is ~2^-9 relative.
   const double eps = GetParam().mode == ComputeMode::BF16 ? std::ldexp(1.0, -8) : 1.2e-7;
   for (DType d : {DType::F32, DType::BF16, DType::F16})
-    for (int64_t K : {1, 15, 16, 31, 33, 100, 513, 1100})  // 1100: several K blocks on the tiled path
+    for (int64_t K : {1, 15, 16, 31, 33, 100, 513, 1100, 4200})  // 4200: two K blocks on the tiled path
       for (int64_t N : {1, 5, 9})
         for (int64_t T : {0, 1, 3, 7, 13}) {  // <= 8: one-row tiles; 13: 4 x 4 tiles
           Mat w(d, N, K, rng);
@@ -93,7 +93,7 @@ TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
 TEST_P(KernelPaths, BatchAndThreadInvariantBitForBit) {
   std::mt19937 rng(12);
   for (DType d : {DType::F32, DType::BF16})
-    for (int64_t K : {64, 200, 1100}) {  // 1100: K blocks (1024 or 512 wide) and a tail
+    for (int64_t K : {64, 200, 1100, 4200}) {  // 4200: K blocks (4096 wide, matmul.cc kKBlock) and a tail
       const int64_t N = 37, T = 70;  // more than a token block and several tiles
       Mat w(d, N, K, rng);
       auto x = randn(rng, T * K);
