@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   std::string dir, llama, gguf, compute = "f32,bf16";
   std::vector<int> prefill{512, 2048};
   int decode = 64, depth = 512, cycles = 3, threads = 2;
-  bool stages = false;
+  bool stages = false, decode_only = false;
   app.add_option("--model", dir, "checkpoint directory (e.g. from `epmoe synth --like qwen3-30b-a3b --layers 4`)")
       ->required();
   app.add_option("--compute", compute, "compute modes, comma-separated: f32, bf16")->capture_default_str();
@@ -174,9 +174,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", threads, "threads, for epmoe and llama-bench alike")->capture_default_str();
   app.add_flag("--stages", stages, "also print where each step's time goes, by stage");
+  app.add_flag("--decode-only", decode_only, "time decode only (no prefill rows; e.g. an fp8 checkpoint beside a Q8_0 GGUF)");
   app.add_option("--llama-bench", llama, "llama.cpp's llama-bench binary: run on --gguf in each cycle");
   app.add_option("--gguf", gguf, "the same weights as a GGUF (../shared/anchors/llamacpp/hf_to_gguf_bf16.py)");
   CLI11_PARSE(app, argc, argv);
+  if (decode_only) prefill.clear();
   if (!llama.empty() && gguf.empty()) {
     std::fprintf(stderr, "--llama-bench needs --gguf\n");
     return 2;
@@ -190,7 +192,8 @@ int main(int argc, char** argv) {
   Checkpoint ck(dir);
   const Placement placement = Placement::make_default(cfg.routing.num_experts, 1, 0);
   KvOptions kv;
-  kv.tokens = std::max(depth + decode, *std::max_element(prefill.begin(), prefill.end())) + 64;
+  const int longest = prefill.empty() ? depth : std::max(depth, *std::max_element(prefill.begin(), prefill.end()));
+  kv.tokens = std::max(depth + decode, longest) + 64;
   for (const std::string& m : {std::string("f32"), std::string("bf16")}) {
     if (compute.find(m) == std::string::npos) continue;
     const ComputeMode mode = m == "bf16" ? ComputeMode::BF16 : ComputeMode::F32;
@@ -201,11 +204,12 @@ int main(int argc, char** argv) {
     Epmoe e{mode, std::make_unique<Model>(cfg, ck, placement, 0, mode, kv), make_local_backend(Device::Cpu, placement)};
     // Warm-up at the longest prompt: the first pass faults the mapped checkpoint in (every expert
     // a long prompt reaches) and grows the step buffers; the figures are the steady state.
-    time_prefill(e, *std::max_element(prefill.begin(), prefill.end()), 1);
+    time_prefill(e, longest, 1);
     runs.push_back(std::move(e));
   }
   std::printf("model %s: %d layers, hidden %d, %d experts top-%d; %d threads; %s\n", dir.c_str(), cfg.num_layers,
               cfg.hidden_size, cfg.routing.num_experts, cfg.routing.top_k, threads, kernel_description().c_str());
+  if (!llama.empty()) std::printf("llama.cpp: %s on %s, the same threads\n", llama.c_str(), gguf.c_str());
 
   BandwidthProbe probe;
   std::vector<Figure> all;
@@ -219,10 +223,13 @@ int main(int argc, char** argv) {
   for (int c = 0; c < cycles; c++) {
     std::printf("cycle %d of %d\n", c + 1, cycles);
     if (!llama.empty()) {
-      double bw = probe.gbs();
-      for (Figure f : run_llama(llama, gguf, "-p " + plist + " -n 0", threads)) {
-        f.gbs = bw;
-        record(f);
+      double bw;
+      if (!prefill.empty()) {
+        bw = probe.gbs();
+        for (Figure f : run_llama(llama, gguf, "-p " + plist + " -n 0", threads)) {
+          f.gbs = bw;
+          record(f);
+        }
       }
       bw = probe.gbs();
       for (Figure f : run_llama(llama, gguf, "-p 0 -n " + std::to_string(decode) + " -d " + std::to_string(depth), threads)) {
