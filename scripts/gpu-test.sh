@@ -91,7 +91,7 @@ for kv in "--kv-cache-tokens 96 --kv-block-size 4" "--kv-block-size 1 --no-prefi
 done
 if ((ngpu >= 2)); then
   # The same rollout on 2 GPUs with every backend: the same lines, bit for bit.
-  for b in none alltoall lowlatency; do
+  for b in none alltoall lowlatency onesided; do
     scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $rollout_args --moe-a2a-backend $b \
       > "$out/rollout_2gpu_$b.jsonl" 2> "$out/rollout_2gpu_$b.log"
     if cmp -s "$out/rollout_2gpu_$b.jsonl" "$out/rollout_1gpu_bf16.jsonl" && [[ -s $out/rollout_1gpu_bf16.jsonl ]]; then
@@ -100,7 +100,7 @@ if ((ngpu >= 2)); then
   done
   step gpu_ep_test 150 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test" --gtest_color=no
   printf '%s\n' "$ids" "${ids%,*}" "${ids#*,}" > "$out/prompts.txt"
-  for b in none alltoall lowlatency; do
+  for b in none alltoall lowlatency onesided; do
     step "cli_generate_2gpu_$b" 90 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda \
       --moe-a2a-backend $b --model $fx --prompts-file "$out/prompts.txt" --max-new-tokens 8
   done
@@ -108,7 +108,7 @@ if ((ngpu >= 2)); then
     --max-new-tokens 8
   # Greedy ids of 2 GPUs (every backend) == 1 GPU.
   ref=$(grep -E '^[0-9,]+$' "$out/cli_generate_1gpu_ref.log")
-  for b in none alltoall lowlatency; do
+  for b in none alltoall lowlatency onesided; do
     got=$(grep -E '^[0-9,]+$' "$out/cli_generate_2gpu_$b.log")
     if [[ -n $ref && $got == "$ref" ]]; then echo "generate 2 GPUs $b == 1 GPU: ok"
     else echo "generate 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
@@ -125,25 +125,34 @@ if ((ngpu >= 2)); then
   done
   step check_2gpu_redundant_cap3 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx \
     --ep-redundant-experts 2 --max-dispatch-tokens-per-rank 3
-  # The bug class of sglang #34006 must be caught: exit 1, every backend's audit says "reduced twice".
-  echo "=== check_2gpu_inject_double_reduce"
-  timeout 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx --inject double-reduce \
-    > "$out/check_2gpu_inject.log" 2>&1
-  rc=$?
-  tail -n 20 "$out/check_2gpu_inject.log"
-  caught=$(grep -cE '^(none|alltoall|lowlatency) +reduced twice .* FAIL$' "$out/check_2gpu_inject.log")
-  if ((rc == 1 && caught == 3)); then echo "=== check_2gpu_inject_double_reduce: caught (exit 1, 3/3 backends)"
-  else echo "=== check_2gpu_inject_double_reduce: NOT caught (exit $rc, $caught/3 backends)"; status=1; fi
-  # Fault classes the GPU backends do not implement yet are refused as bad input (exit 2), naming
-  # the device, before any work.
-  echo "=== check_2gpu_inject_unsupported"
-  timeout 60 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx --inject skip-reduce \
-    > "$out/check_2gpu_unsupported.log" 2>&1
-  rc=$?
-  tail -n 5 "$out/check_2gpu_unsupported.log"
-  if ((rc == 2)) && grep -q "implemented on --device cpu only" "$out/check_2gpu_unsupported.log"; then
-    echo "=== check_2gpu_inject_unsupported: refused (exit 2, names the device)"
-  else echo "=== check_2gpu_inject_unsupported: NOT refused as it should be (exit $rc)"; status=1; fi
+  # --combine fast (alltoall, onesided): passes within the documented tolerance.
+  step check_2gpu_combine_fast 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx \
+    --combine fast --moe-a2a-backend alltoall,onesided
+  # Every injected bug class must be caught by every backend it applies to, with the CPU's diagnosis
+  # (tests/check/check_test.cc): exit 1, each affected backend fails with its verdict, the others
+  # (drop-overflow exists only in the bounded lowlatency) pass.
+  for fv in "double-reduce:reduced twice" "skip-reduce:not reduced" "replica-per-rank:replica counted twice" \
+            "wrong-combine-ids:rows of another token" "drop-overflow:slot lost"; do
+    f=${fv%%:*} verdict=${fv#*:}
+    echo "=== check_2gpu_inject_$f"
+    timeout 180 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --model $fx --ep-redundant-experts 2 \
+      --inject "$f" --json "$out/check_2gpu_inject_$f.json" > "$out/check_2gpu_inject_$f.log" 2>&1
+    rc=$?
+    tail -n 8 "$out/check_2gpu_inject_$f.log"
+    if ((rc == 1)) && python3 - "$out/check_2gpu_inject_$f.json" "$f" "$verdict" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); fault, verdict = sys.argv[2], sys.argv[3]
+ok = len(j["backends"]) == 4
+for b in j["backends"]:
+    affected = fault != "drop-overflow" or b["backend"] == "lowlatency"
+    good = (not b["pass"] and b["audit"]["verdict"].startswith(verdict)) if affected else b["pass"]
+    print(f'  {b["backend"]:<11} {"fails" if not b["pass"] else "passes"}: {b["audit"]["verdict"]}')
+    ok &= good
+sys.exit(0 if ok else 1)
+PY
+    then echo "=== check_2gpu_inject_$f: caught by every backend it applies to (exit 1)"
+    else echo "=== check_2gpu_inject_$f: NOT caught as it should be (exit $rc)"; status=1; fi
+  done
   # A rank that hangs in the middle of a generation (the test-only hook of comm/test_fault.h, as
   # tests/cli/rank_faults_test.cc uses it on CPUs) is named by the other rank within the group's
   # timeout (10 s here), and the group ends with exit 1; a rank that dies ends the group at once.
@@ -160,21 +169,38 @@ if ((ngpu >= 2)); then
   if ((rc == 1)) && grep -q "rank 1 has not joined" "$out/rank_late.log"; then
     echo "=== rank_late_is_named: ok (exit 1 after $((SECONDS - start)) s)"
   else echo "=== rank_late_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
-  for action in hang kill; do
+  for action in hang kill hang-onesided; do
     echo "=== rank_${action}_is_named"
     start=$SECONDS
-    EPMOE_TEST_FAULT=$action:1:40 timeout 60 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --comm-timeout 10 \
-      --device cuda --model $fx --prompts-file "$out/prompts.txt" --max-new-tokens 64 --ignore-eos \
-      > "$out/rank_$action.log" 2>&1
+    backend=alltoall
+    [[ $action == hang-onesided ]] && backend=onesided
+    EPMOE_TEST_FAULT=${action%-onesided}:1:40 timeout 60 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate \
+      --comm-timeout 10 --device cuda --model $fx --prompts-file "$out/prompts.txt" --max-new-tokens 64 --ignore-eos \
+      --moe-a2a-backend $backend > "$out/rank_$action.log" 2>&1
     rc=$?
     pkill -9 -f "$GPU_BIN/epmoe" 2>/dev/null
     tail -n 4 "$out/rank_$action.log" | cut -c1-400
     # hang: rank 0 names rank 1 and aborts (exit 1). kill: the launcher sees rank 1 die and ends the
     # group with its code (137); either way, no hang.
-    if { [[ $action == hang ]] && ((rc == 1)) && grep -q "rank 1 does not answer" "$out/rank_$action.log"; } ||
+    if { [[ $action == hang* ]] && ((rc == 1)) && grep -q "rank 1 does not answer" "$out/rank_$action.log"; } ||
        { [[ $action == kill ]] && ((rc == 137)) && grep -q "exited with 137" "$out/rank_$action.log"; }; then
       echo "=== rank_${action}_is_named: ok (exit $rc after $((SECONDS - start)) s)"
     else echo "=== rank_${action}_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
+  done
+  # onesided's waits are on the device (flags written over NVLink, no NCCL call): a peer that stops
+  # after the buffers were mapped -- hangs, or exits as if it vanished -- is named within the
+  # timeout (5 s here) by the other rank's device-side deadline (gpu_ep_bench's fault drill).
+  for how in hang exit; do
+    echo "=== onesided_peer_${how}_is_named"
+    start=$SECONDS
+    EPMOE_COMM_TIMEOUT=5 timeout 60 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_bench" --t 128 --stop-rank 1 \
+      --stop-how $how > "$out/onesided_peer_$how.log" 2>&1
+    rc=$?
+    pkill -9 -f "$GPU_BIN/gpu_ep_bench" 2>/dev/null
+    tail -n 4 "$out/onesided_peer_$how.log" | cut -c1-400
+    if ((rc == 1)) && grep -q "rank 1 does not answer" "$out/onesided_peer_$how.log"; then
+      echo "=== onesided_peer_${how}_is_named: ok (exit $rc after $((SECONDS - start)) s)"
+    else echo "=== onesided_peer_${how}_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
   done
 else
   echo "only $ngpu GPU(s): the 2-GPU tests did not run"

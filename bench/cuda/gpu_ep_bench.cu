@@ -1,4 +1,4 @@
-// Dispatch + combine over NCCL on GPUs (issue 10), one process per GPU under
+// Dispatch + combine on GPUs (issues 10 and 19), one process per GPU under
 // scripts/gpu-launch.sh: T tokens per rank (128, 1024, 4096), hidden 2048, top-8 of 128 experts,
 // bf16 rows, uniform random routing. The experts are replaced by the plan alone (no GEMMs), so
 // the time is the backend's: planning, packing, the exchanges and the combine. Beside it, a raw
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nccl.h>
@@ -61,11 +62,19 @@ int main(int argc, char** argv) {
     FILE* f = nullptr;
     std::vector<int> Ts = {128, 1024, 4096};
     bool ll_full = true;  // the lowlatency variant whose capacity holds every token in one round
+    // --stop-rank R --stop-how hang|exit: a fault drill instead of the benchmark. After one call of
+    // onesided (--stop-backend) has mapped every peer, rank R stops (sleeps, or exits 0 as if it
+    // vanished); the others call again and must stop within the group's timeout naming rank R.
+    int stop_rank = -1;
+    std::string stop_how = "hang", stop_backend = "onesided";
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string a = argv[i], v = argv[i + 1];
       if (a == "--out" && me == 0) f = std::fopen(v.c_str(), "w");
       if (a == "--t") Ts = {std::stoi(v)};
       if (a == "--ll-full") ll_full = v != "0";
+      if (a == "--stop-rank") stop_rank = std::stoi(v);
+      if (a == "--stop-how") stop_how = v;
+      if (a == "--stop-backend") stop_backend = v;
     }
     if (f) std::fprintf(f, "tokens_per_rank\tbackend\tus\tbytes_sent_per_rank\traw_us\tratio\n");
     Placement pl = Placement::make_default(E, R, 0);
@@ -94,22 +103,52 @@ int main(int argc, char** argv) {
       tok.device = Device::Cuda, tok.act = DType::BF16;
       tok.T = T, tok.H = H, tok.K = K, tok.x = x.data(), tok.physical = dph.data(), tok.weights = dw.data();
       double a2a_bytes = 0;
-      std::vector<std::pair<std::string, int>> variants = {{"none", 128}, {"alltoall", 128}, {"lowlatency", 128}};
-      if (ll_full && T > 128) variants.push_back({"lowlatency", T});
-      std::vector<std::pair<std::string, std::pair<double, double>>> res;
-      for (auto& [name, cap] : variants) {
-        if (me == 0) std::fprintf(stderr, "gpu_ep_bench: T=%d %s cap %d\n", T, name.c_str(), cap);
+      if (stop_rank >= 0) {
         BackendOptions bo;
-        bo.max_dispatch_tokens_per_rank = cap;
-        auto be = make_backend(name, Device::Cuda, g, pl, bo);
+        bo.max_tokens_per_rank = T;  // no host-side agreement: the wait is on the device
+        auto be = make_backend(stop_backend, Device::Cuda, g, pl, bo);
+        be->run(tok, runner, y.data());
+        g.sync("fault drill: first call");
+        if (me == stop_rank) {
+          std::fprintf(stderr, "gpu_ep_bench: rank %d stops (%s)\n", me, stop_how.c_str());
+          if (stop_how == "exit") std::_Exit(0);
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+        be->run(tok, runner, y.data());
+        g.sync("fault drill: second call");
+        std::fprintf(stderr, "gpu_ep_bench: rank %d: the second call returned without rank %d\n", me, stop_rank);
+        return 3;
+      }
+      // Every GPU backend, lowlatency also with a capacity that holds every token in one round,
+      // onesided also with its bound promised (no per-call agreement), and the fast combine.
+      struct Variant {
+        std::string name;
+        int cap = 128, bound = 0;
+        bool fast = false;
+      };
+      std::vector<Variant> variants = {{"none"}, {"alltoall"}, {"alltoall", 128, 0, true}, {"lowlatency"}};
+      if (ll_full && T > 128) variants.push_back({"lowlatency", T});
+      variants.push_back({"onesided"});
+      variants.push_back({"onesided", 128, T});
+      variants.push_back({"onesided", 128, T, true});
+      std::vector<std::pair<std::string, std::pair<double, double>>> res;
+      for (const Variant& v : variants) {
+        const std::string label = v.name + (v.cap != 128 ? " (cap " + std::to_string(v.cap) + ")" : "") +
+                                  (v.bound ? " (bound)" : "") + (v.fast ? " --combine fast" : "");
+        if (me == 0) std::fprintf(stderr, "gpu_ep_bench: T=%d %s\n", T, label.c_str());
+        BackendOptions bo;
+        bo.max_dispatch_tokens_per_rank = v.cap;
+        bo.max_tokens_per_rank = v.bound;
+        bo.combine = v.fast ? CombineMode::Fast : CombineMode::Deterministic;
+        auto be = make_backend(v.name, Device::Cuda, g, pl, bo);
         be->run(tok, runner, y.data());  // allocate
         const uint64_t b0 = g.bytes_sent();
         be->run(tok, runner, y.data());
         const double sent = double(g.bytes_sent() - b0);
         const double us = median_us([&] { be->run(tok, runner, y.data()); }, 20);
-        if (name == "alltoall") a2a_bytes = sent;
-        std::fprintf(stderr, "gpu_ep_bench: rank %d: T=%d %s cap %d: %.0f us\n", me, T, name.c_str(), cap, us);
-        res.push_back({name + (cap != 128 ? " (cap " + std::to_string(cap) + ")" : ""), {us, sent}});
+        if (v.name == "alltoall" && !v.fast) a2a_bytes = sent;
+        std::fprintf(stderr, "gpu_ep_bench: rank %d: T=%d %s: %.0f us\n", me, T, label.c_str(), us);
+        res.push_back({label, {us, sent}});
       }
       // Raw NCCL all-to-all: the bytes the alltoall backend sent to other ranks (the most any rank
       // sent), in equal chunks to every other rank (grouped ncclSend/ncclRecv). Every rank must use
@@ -138,8 +177,10 @@ int main(int argc, char** argv) {
       for (auto& [name, v] : res) {
         const double us = double(g.allreduce_max(int64_t(v.first)));  // the slowest rank
         if (me == 0) {
-          std::printf("| %d | %s | %.0f | %.3g | %.0f | %.2f |\n", T, name.c_str(), us, v.second, raw,
-                      raw > 0 ? us / raw : 0.0);
+          // (The onesided backends write peers' memory from kernels: the group's byte counter does
+          // not see them.)
+          std::printf("| %d | %s | %.0f | %s | %.0f | %.2f |\n", T, name.c_str(), us,
+                      v.second > 0 ? std::to_string(int64_t(v.second)).c_str() : "-", raw, raw > 0 ? us / raw : 0.0);
           if (f) std::fprintf(f, "%d\t%s\t%.1f\t%.6g\t%.1f\t%.3f\n", T, name.c_str(), us, v.second, raw, raw > 0 ? us / raw : 0.0);
           std::fflush(stdout);
           if (f) std::fflush(f);

@@ -127,6 +127,7 @@ NcclGroup::NcclGroup(double timeout_s) {
 
 NcclGroup::~NcclGroup() {
   if (comm_) cuda::set_stream_wait(nullptr, nullptr);
+  if (peer_fault_host_) cudaFreeHost(peer_fault_host_);
   if (!status_base_.empty()) std::remove((status_base_ + std::to_string(rank_) + ".status").c_str());
   if (comm_) ncclCommDestroy(nc(comm_));
 }
@@ -176,6 +177,16 @@ void NcclGroup::sync(const char* what) {
   auto next_status = start + kStatusAfter;
   for (;;) {
     const cudaError_t e = cudaStreamQuery(stream());
+    // A device-side wait gave up on a peer (device_peer_fault): it names the peer, whatever the
+    // rest of the stream did after it.
+    if (peer_fault_host_ && reinterpret_cast<volatile int32_t*>(peer_fault_host_)[0] != 0) {
+      volatile int32_t* f = peer_fault_host_;
+      abort_group(std::string(what) + " (operation " + std::to_string(ops_) + "): rank " + std::to_string(f[1]) +
+                      " does not answer: its " + peer_fault_stage_name(f[2]) + " signal did not arrive over NVLink within " +
+                      std::to_string(int(timeout_s_)) + " s (--comm-timeout; " + diagnose_peers() +
+                      "). Aborting the group.",
+                  1);
+    }
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) EPMOE_CUDA_CHECK(e);
     ncclResult_t async;
@@ -195,6 +206,27 @@ void NcclGroup::sync(const char* what) {
                       ". Aborting the group.",
                   1);
     std::this_thread::yield();
+  }
+}
+
+int32_t* NcclGroup::device_peer_fault() {
+  if (!peer_fault_host_) {
+    void* h = nullptr;
+    EPMOE_CUDA_CHECK(cudaHostAlloc(&h, 4 * sizeof(int32_t), cudaHostAllocMapped));
+    std::memset(h, 0, 4 * sizeof(int32_t));
+    void* d = nullptr;
+    EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    peer_fault_host_ = static_cast<int32_t*>(h);
+    peer_fault_dev_ = static_cast<int32_t*>(d);
+  }
+  return peer_fault_dev_;
+}
+
+const char* NcclGroup::peer_fault_stage_name(int stage) {
+  switch (stage) {
+    case 1: return "dispatch";
+    case 2: return "combine";
+    default: return "exchange";
   }
 }
 

@@ -64,6 +64,14 @@ class NcclGroup final : public Group {
   // Operations (waits) this rank has entered so far.
   uint64_t operations() const { return ops_; }
 
+  // The word a device-side wait reports a silent peer in (the one-sided backends spin on flags
+  // that peers write over NVLink; no NCCL call is there to time out). Page-locked, mapped: the
+  // device pointer is for kernels, which write {1, peer, stage} when a wait passes the group's
+  // timeout and then stop waiting; sync() reads it and aborts the group naming the peer. Stages:
+  // peer_fault_stage_name().
+  int32_t* device_peer_fault();
+  static const char* peer_fault_stage_name(int stage);
+
  private:
   explicit NcclGroup(double timeout_s);
   // Rewrites this rank's status file: waiting in operation ops_ (`what`).
@@ -84,6 +92,8 @@ class NcclGroup final : public Group {
   std::string status_base_;  // "<id file>.rank" (empty in a group of one)
   struct Buffers;  // a DeviceArray and a PinnedArray (kernels/cuda/common.cuh): no CUDA types here
   std::unique_ptr<Buffers> buffers_;
+  int32_t* peer_fault_host_ = nullptr;  // [4], mapped (device_peer_fault)
+  int32_t* peer_fault_dev_ = nullptr;
 };
 
 }  // namespace epmoe

@@ -105,6 +105,10 @@ struct BackendOptions {
   CombineMode combine = CombineMode::Deterministic;
   int max_dispatch_tokens_per_rank = 128;  // bounded-capacity backends
   int chunk_tokens = 64;                   // pipelined backend
+  // > 0: a promise that no rank ever runs a call with more tokens. The GPU onesided backend then
+  // sizes its peer-mapped buffers once and skips its per-call agreement on the capacity (an
+  // allreduce and a host wait); 0: unknown.
+  int max_tokens_per_rank = 0;
   Fault fault = Fault::None;               // `epmoe check --inject`: a bug class to reproduce
 };
 

@@ -29,23 +29,22 @@ std::vector<std::string> devices_of(const BackendTraits& t) {
   return out;
 }
 
-// Options a device does not implement yet, refused before any work (exit 2, naming the device).
-void check_options_on(Device device, const BackendOptions& o) {
+// Options a backend does not implement on a device, refused before any work (exit 2, naming the
+// backend, the device and what does implement it). kind: nullptr for the single-process path.
+void check_options_on(Device device, const BackendKind* kind, const BackendOptions& o) {
   switch (device) {
     case Device::Cpu: return;
     case Device::Cuda:
-      if (o.combine == CombineMode::Fast)
-        throw InputError("--combine fast: implemented on --device cpu only (the GPU backends combine deterministically)");
-      switch (o.fault) {
-        case Fault::None:
-        case Fault::DoubleReduce: return;
-        case Fault::SkipReduce:
-        case Fault::ReplicaPerRank:
-        case Fault::WrongCombineIds:
-        case Fault::DropOverflow:
-          throw InputError("--inject " + fault_name(o.fault) +
-                           ": implemented on --device cpu only (on cuda: double-reduce)");
-      }
+      if (o.combine == CombineMode::Fast && kind) switch (*kind) {
+          case BackendKind::AllToAll:
+          case BackendKind::OneSided: break;
+          case BackendKind::None:
+          case BackendKind::LowLatency:
+          case BackendKind::Fused:
+            throw InputError("--combine fast with --moe-a2a-backend " + std::string(traits_of(*kind).name) +
+                             ": on --device cuda the fast combine is implemented by alltoall and onesided (on cpu: "
+                             "every backend)");
+        }
       return;
   }
 }
@@ -75,7 +74,7 @@ std::vector<std::string> backend_names(Device device) {
 }
 
 std::unique_ptr<A2ABackend> make_local_backend(Device device, const Placement& placement, const BackendOptions& opt) {
-  check_options_on(device, opt);
+  check_options_on(device, nullptr, opt);
   switch (device) {
     case Device::Cpu: return make_cpu_local_backend(placement, opt);
     case Device::Cuda:
@@ -100,7 +99,7 @@ std::unique_ptr<A2ABackend> make_backend(const std::string& name, Device device,
     throw InputError("--moe-a2a-backend " + name + " is not implemented on --device " + device_name(device) +
                      " (it runs on: " + join(devices_of(t), ", ") + "; on " + device_name(device) + " choose one of " +
                      join(backend_names(device), ", ") + ")");
-  check_options_on(device, opt);
+  check_options_on(device, &t.kind, opt);
   // A group of one has nobody to exchange with: every backend is the local path, which is
   // exactly what each of them computes at R = 1. (Under `mpirun -np 1` the MPI backends run
   // for real, so that their code paths can be tested on one rank.)
@@ -124,8 +123,8 @@ std::unique_ptr<A2ABackend> make_backend(const std::string& name, Device device,
       switch (t.kind) {
         case BackendKind::None: return make_nccl_none_backend(g, placement, opt);
         case BackendKind::AllToAll: return make_nccl_alltoall_backend(g, placement, opt);
-        case BackendKind::LowLatency: return make_nccl_lowlatency_backend(g, placement, opt);
-        case BackendKind::OneSided:
+        case BackendKind::LowLatency: return make_ipc_lowlatency_backend(g, placement, opt);
+        case BackendKind::OneSided: return make_ipc_onesided_backend(g, placement, opt);
         case BackendKind::Fused: break;  // refused above: the traits say cpu only
       }
 #endif

@@ -15,11 +15,14 @@ BackendTraits traits_of(BackendKind kind) {
     case BackendKind::LowLatency:
       return {kind, "lowlatency",
               "buffers of fixed capacity allocated once; one message per (token, expert); overflow in further rounds",
-              "fixed-capacity device buffers, fixed-size NCCL messages with no count exchange; overflow in further "
-              "rounds"};
+              "fixed-capacity buffers mapped with CUDA IPC, one record per (token, expert) written straight into the "
+              "destination over NVLink; overflow in further rounds"};
     case BackendKind::OneSided:
       return {kind, "onesided",
-              "MPI-3 RMA windows: slots reserved with MPI_Fetch_and_op, payload and results written with MPI_Put", ""};
+              "MPI-3 RMA windows: slots reserved with MPI_Fetch_and_op, payload and results written with MPI_Put",
+              "peers' buffers mapped with CUDA IPC: slots reserved with device atomics at the destination, records and "
+              "answers written by kernels straight into peer memory over NVLink, per-source epoch flags; no NCCL on the "
+              "hot path"};
     case BackendKind::Fused:
       return {kind, "fused",
               "token chunks pipelined with non-blocking all-to-alls: dispatch of chunk i+1 and combine of i-1 overlap "

@@ -47,6 +47,9 @@
 #include "model/language_model.h"
 #include "kernels/cuda/ops.cuh"
 #include "ep/cuda/expert_plan.cuh"
+#include "ep/cuda/plan_combine.cuh"
+#include "ep/fault.h"
+#include "ep/mpi/exchange.h"
 #include "moe/cuda/experts.cuh"
 #include "moe/cuda/routing.cuh"
 #include "moe/moe_layer.h"
@@ -1519,6 +1522,163 @@ TEST(GpuRouting, SoftmaxGroupLimited) {
   test_routing("softmax group-limited (4 groups, keep 2)", d, 0);
   d.group_limited = false;
   test_routing("softmax greedy (DeepSeek-V2 greedy)", d, 0);
+}
+
+// The GPU twins of the CPU's fault transforms and fast combine (ep/cuda/plan_combine.cuh against
+// ep/mpi/exchange.cc): for every bug class `epmoe check --inject` knows, the home rank's combine on
+// the GPU gives what the CPU's gives on the same slot rows (up to fp32 rounding: the GPU fuses the
+// multiply-adds), so the checker's diagnosis on GPUs is the CPU's.
+namespace {
+struct HomeCase {
+  Placement p = Placement::make_default(8, 3, 2);  // 10 physical experts over 3 ranks, 2 replicas
+  int me = 1, K = 3, H = 24;
+  int64_t T = 7;
+  std::vector<int32_t> phys;
+  std::vector<float> w, rows;  // rows: [T*K, H] slot rows
+  HomeCase() {
+    std::mt19937 g(7);
+    for (int64_t t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) {
+        phys.push_back(int32_t(g() % uint32_t(p.num_physical())));
+        w.push_back(float(g() % 1000) / 1000.0f);
+      }
+    rows = randu(size_t(T * K * H));
+  }
+  MoeTokens tokens() const {
+    MoeTokens in;
+    in.T = T, in.H = H, in.K = K, in.physical = phys.data(), in.weights = w.data();
+    return in;
+  }
+  FaultCombine fault(Fault f, const DeviceArray<int32_t>& dphys, const DeviceArray<int32_t>& rep) const {
+    FaultCombine fc;
+    fc.kind = int(f);
+    fc.me = me;
+    fc.owner.R = p.ranks;
+    for (int r = 0; r <= p.ranks; r++) fc.owner.begin[r] = p.rank_begin[size_t(r)];
+    fc.phys = dphys.data();
+    fc.replicas = rep.data();
+    fc.scale = fault_output_scale(f, p);
+    return fc;
+  }
+};
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); i++) worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+  EXPECT_LE(worst, 1e-5) << what;
+}
+}  // namespace
+
+TEST(GpuFaults, HomeCombineUnderEveryFaultIsTheCpus) {
+  REQUIRE_GPU();
+  HomeCase c;
+  std::vector<int32_t> rep;
+  for (int q = 0; q < c.p.num_physical(); q++)
+    rep.push_back(int32_t(c.p.replicas[size_t(c.p.logical_of[size_t(q)])].size()));
+  DeviceArray<int32_t> dphys, drep;
+  dphys.upload(c.phys);
+  drep.upload(rep);
+  DeviceArray<float> dw, drows, dy(size_t(c.T * c.H));
+  dw.upload(c.w);
+  drows.upload(c.rows);
+  for (Fault f : {Fault::DoubleReduce, Fault::SkipReduce, Fault::ReplicaPerRank, Fault::WrongCombineIds}) {
+    std::vector<float> rows = c.rows, want(size_t(c.T * c.H));
+    finish_slots(c.tokens(), c.p, f, c.me, 0, c.T, rows.data(), want.data());
+    combine_slots_faulty(drows.data(), nullptr, dw.data(), c.T, c.H, c.K, c.fault(f, dphys, drep), dy.data(), stream());
+    expect_close(dy.download(size_t(c.T * c.H)), want, "fault " + fault_name(f));
+    // The fault must change something here (remote slots, replicas and 3 ranks are all present).
+    std::vector<float> clean(size_t(c.T * c.H));
+    rows = c.rows;
+    finish_slots(c.tokens(), c.p, Fault::None, c.me, 0, c.T, rows.data(), clean.data());
+    EXPECT_NE(clean, want) << "fault " << fault_name(f) << " changed nothing on the CPU";
+  }
+  // The same rows through slot positions (answers as received, in another order).
+  std::vector<int32_t> pos(size_t(c.T * c.K));
+  std::vector<float> shuffled(c.rows.size());
+  for (int64_t i = 0; i < c.T * c.K; i++) {
+    pos[size_t(i)] = int32_t((i * 5 + 3) % (c.T * c.K));  // 5 is prime to 21: a permutation
+    std::copy_n(&c.rows[size_t(i * c.H)], c.H, &shuffled[size_t(pos[size_t(i)]) * size_t(c.H)]);
+  }
+  DeviceArray<int32_t> dpos;
+  dpos.upload(pos);
+  drows.upload(shuffled);
+  std::vector<float> rows = c.rows, want(size_t(c.T * c.H));
+  finish_slots(c.tokens(), c.p, Fault::WrongCombineIds, c.me, 0, c.T, rows.data(), want.data());
+  combine_slots_faulty(drows.data(), dpos.data(), dw.data(), c.T, c.H, c.K,
+                       c.fault(Fault::WrongCombineIds, dphys, drep), dy.data(), stream());
+  expect_close(dy.download(size_t(c.T * c.H)), want, "wrong-combine-ids through slot positions");
+}
+
+TEST(GpuFaults, FastCombineIsTheCpus) {
+  REQUIRE_GPU();
+  // Serving side: records of [row H fp32][K ids][K weights], partial = sum of served slots.
+  HomeCase c;
+  const int R = c.p.ranks, K = c.K, H = c.H;
+  const int64_t row = int64_t(H) * 4, rec = (row + 8 * K + 15) / 16 * 16, n = 5;
+  std::vector<unsigned char> recs(size_t(n * rec), 0);
+  std::vector<int32_t> base;
+  std::vector<float> out;  // compact expert outputs
+  std::vector<float> want_partial(size_t(n * H), 0.f);
+  std::mt19937 g(3);
+  int32_t j = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int32_t* ids = reinterpret_cast<int32_t*>(&recs[size_t(i * rec + row)]);
+    float* wt = reinterpret_cast<float*>(ids + K);
+    base.push_back(j);
+    for (int k = 0; k < K; k++) {
+      const bool served = (g() % 3) != 0;
+      ids[k] = served ? int32_t(k) : -1;
+      wt[k] = served ? float(g() % 100) / 100.f : 0.f;
+      if (!served) continue;
+      const auto o = randu(size_t(H));
+      out.insert(out.end(), o.begin(), o.end());
+      for (int h = 0; h < H; h++) want_partial[size_t(i * H + h)] += wt[k] * o[size_t(h)];
+      j++;
+    }
+  }
+  base.push_back(j);
+  DeviceArray<unsigned char> drec;
+  drec.upload(recs);
+  DeviceArray<int32_t> dbase;
+  dbase.upload(base);
+  DeviceArray<float> dout, dpartial(size_t(n * H));
+  dout.upload(out);
+  reduce_partials(drec.data(), rec, row, row + 4 * K, n, nullptr, dbase.data(), dout.data(), H, K, dpartial.data(),
+                  stream());
+  expect_close(dpartial.download(size_t(n * H)), want_partial, "reduce_partials");
+
+  // Home side: partials of (t, d) where d serves one of t's slots, summed in rank order, as
+  // ep/mpi/exchange.cc's add_partial + finish_partials, under every fault that acts there.
+  std::vector<int32_t> pos(size_t(c.T * R), -1);
+  std::vector<float> partials;
+  int32_t np = 0;
+  for (int64_t t = 0; t < c.T; t++)
+    for (int d = 0; d < R; d++) {
+      bool any = false;
+      for (int k = 0; k < K; k++) any |= c.p.owner(c.phys[size_t(t * K + k)]) == d;
+      if (!any) continue;
+      pos[size_t(t * R + d)] = np++;
+      const auto v = randu(size_t(H));
+      partials.insert(partials.end(), v.begin(), v.end());
+    }
+  DeviceArray<int32_t> dpos, dphys, drep;
+  dpos.upload(pos);
+  dphys.upload(c.phys);
+  drep.upload(std::vector<int32_t>(size_t(c.p.num_physical()), 1));
+  DeviceArray<float> dparts, dy(size_t(c.T * H));
+  dparts.upload(partials);
+  for (Fault f : {Fault::None, Fault::DoubleReduce, Fault::SkipReduce, Fault::WrongCombineIds}) {
+    std::vector<float> want(size_t(c.T * H), 0.f);
+    for (int d = 0; d < R; d++)
+      for (int64_t t = 0; t < c.T; t++)
+        if (pos[size_t(t * R + d)] >= 0)
+          add_partial(c.tokens(), f, c.me, d, int32_t(t), 0, c.T, &partials[size_t(pos[size_t(t * R + d)]) * size_t(H)],
+                      want.data());
+    finish_partials(c.tokens(), c.p, f, 0, c.T, want.data());
+    const FaultCombine fc = c.fault(f, dphys, drep);
+    combine_partials(dparts.data(), dpos.data(), c.T, R, H, f == Fault::None ? nullptr : &fc, dy.data(), stream());
+    expect_close(dy.download(size_t(c.T * H)), want, "combine_partials, fault " + fault_name(f));
+  }
 }
 
 TEST(GpuExperts, RunnerOneBlockPlan) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ep/fault.h"
+
 namespace epmoe::cuda {
 
 namespace {
@@ -237,7 +239,112 @@ __global__ void combine_kernel(const TS* rows, const int32_t* slot_pos, const fl
   }
 }
 
+constexpr int kSkipReduce = int(Fault::SkipReduce), kReplicaPerRank = int(Fault::ReplicaPerRank),
+              kWrongCombineIds = int(Fault::WrongCombineIds);
+
+template <class TS>
+__global__ void combine_faulty_kernel(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,
+                                      const FaultCombine f, float* y) {
+  const int64_t n = T * H;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / H, h = i - t * H;
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) {
+      const int p = f.phys[t * K + k];
+      const bool remote = owner_of(f.owner, p) != f.me;
+      int64_t src = t;
+      if (f.kind == kSkipReduce && remote) continue;
+      if (f.kind == kWrongCombineIds) {
+        // ep/fault.cc: a remote row of token t lands on token t + 1 (mod T); t's own remote row is
+        // gone. Where a local row and a moved one meet, the later write of the CPU's token loop
+        // stays: the local row, except at token 0, whose moved row comes from the last token.
+        const int64_t prev = (t + T - 1) % T;
+        const bool moved_in = owner_of(f.owner, f.phys[prev * K + k]) != f.me;
+        if (t > 0 ? remote && moved_in : moved_in) src = prev;
+        else if (remote) continue;
+      }
+      float wk = w[t * K + k];
+      if (f.kind == kReplicaPerRank) wk *= float(f.replicas[p]);
+      const int64_t r = slot_pos ? int64_t(slot_pos[src * K + k]) : src * K + k;
+      acc += wk * to_f32(rows[r * H + h]);
+    }
+    y[i] = acc * f.scale;
+  }
+}
+
+template <class TS>
+__global__ void reduce_partials_kernel(const unsigned char* records, int64_t rec_bytes, int64_t phys_off, int64_t w_off,
+                                       int64_t n, const int32_t* n_dev, const int32_t* row_base, const TS* out, int H,
+                                       int K, float* partial) {
+  const int64_t count = n_dev ? lmin(n, *n_dev) : n;
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const unsigned char* rec = records + i * rec_bytes;
+    const int32_t* phys = reinterpret_cast<const int32_t*>(rec + phys_off);
+    const float* wt = reinterpret_cast<const float*>(rec + w_off);
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.f;
+      int64_t j = row_base[i];
+      for (int k = 0; k < K; k++)
+        if (phys[k] >= 0) acc += wt[k] * to_f32(out[j++ * H + h]);
+      partial[i * H + h] = acc;
+    }
+  }
+}
+
+__global__ void combine_partials_kernel(const float* partials, const int32_t* pos, int64_t T, int R, int H,
+                                        FaultCombine f, bool faulty, float* y) {
+  const int64_t n = T * H;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / H, h = i - t * H;
+    float acc = 0.f;
+    for (int d = 0; d < R; d++) {
+      int64_t src = t;
+      if (faulty && d != f.me) {
+        if (f.kind == kSkipReduce) continue;
+        if (f.kind == kWrongCombineIds) src = (t + T - 1) % T;  // ep/fault.cc fault_partial_token
+      }
+      const int32_t p = pos[src * R + d];
+      if (p >= 0) acc += partials[int64_t(p) * H + h];
+    }
+    y[i] = faulty ? acc * f.scale : acc;
+  }
+}
+
 }  // namespace
+
+template <class TS>
+void combine_slots_faulty(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,
+                          const FaultCombine& f, float* y, cudaStream_t s) {
+  if (T == 0) return;
+  combine_faulty_kernel<TS><<<grid_for(T * H), 256, 0, s>>>(rows, slot_pos, w, T, H, K, f, y);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void combine_slots_faulty<float>(const float*, const int32_t*, const float*, int64_t, int, int,
+                                          const FaultCombine&, float*, cudaStream_t);
+template void combine_slots_faulty<bf16>(const bf16*, const int32_t*, const float*, int64_t, int, int,
+                                         const FaultCombine&, float*, cudaStream_t);
+
+template <class TS>
+void reduce_partials(const unsigned char* records, int64_t rec_bytes, int64_t phys_off, int64_t w_off, int64_t n,
+                     const int32_t* n_dev, const int32_t* row_base, const TS* out, int H, int K, float* partial,
+                     cudaStream_t s) {
+  if (n == 0) return;
+  reduce_partials_kernel<TS><<<unsigned(std::min<int64_t>(n, 4096)), 256, 0, s>>>(records, rec_bytes, phys_off, w_off, n,
+                                                                                   n_dev, row_base, out, H, K, partial);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void reduce_partials<float>(const unsigned char*, int64_t, int64_t, int64_t, int64_t, const int32_t*,
+                                     const int32_t*, const float*, int, int, float*, cudaStream_t);
+template void reduce_partials<bf16>(const unsigned char*, int64_t, int64_t, int64_t, int64_t, const int32_t*,
+                                    const int32_t*, const bf16*, int, int, float*, cudaStream_t);
+
+void combine_partials(const float* partials, const int32_t* pos, int64_t T, int R, int H, const FaultCombine* f,
+                      float* y, cudaStream_t s) {
+  if (T == 0) return;
+  combine_partials_kernel<<<grid_for(T * H), 256, 0, s>>>(partials, pos, T, R, H, f ? *f : FaultCombine{}, f != nullptr,
+                                                          y);
+  EPMOE_CUDA_LAUNCHED();
+}
 
 void plan(const PlanArgs& a, cudaStream_t s) {
   EPMOE_ASSERT(a.rows * a.K < (int64_t(1) << 31), "gpu plan: too many jobs");

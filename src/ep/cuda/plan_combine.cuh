@@ -52,4 +52,51 @@ template <class TS>
 void combine_slots(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K, float scale,
                    float* y, cudaStream_t s);
 
+// Which rank owns a physical expert (Placement::owner on the device): rank d owns
+// [begin[d], begin[d + 1]); ranks with an empty range share their begin with the next one and the
+// last such rank wins, as upper_bound does.
+constexpr int kMaxOwnerRanks = 16;
+struct OwnerTable {
+  int R = 1;
+  int begin[kMaxOwnerRanks + 1] = {};
+};
+__host__ __device__ inline int owner_of(const OwnerTable& o, int phys) {
+  int d = 0;
+  while (d + 1 < o.R && o.begin[d + 1] <= phys) d++;
+  return d;
+}
+
+// The injected bug classes of ep/fault.h on the GPU, applied where the home rank combines (the
+// correct path never reaches this code: backends call it only when a fault is set).
+struct FaultCombine {
+  int kind = 0;                      // int(Fault)
+  int me = 0;                        // the home rank
+  OwnerTable owner;
+  const int32_t* phys = nullptr;     // [T, K] of the tokens being combined
+  const int32_t* replicas = nullptr; // [P] replicas of each physical expert's logical expert
+  float scale = 1.0f;                // the output scale (double-reduce: the group size)
+};
+
+// combine_slots under an injected fault: skip-reduce drops the rows of slots served by another
+// rank; wrong-combine-ids moves them one token on (within the T tokens); replica-per-rank weighs
+// every slot by its expert's replica count; double-reduce scales the result. Same row lookup
+// (slot_pos or t*K + k) as combine_slots.
+template <class TS>
+void combine_slots_faulty(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,
+                          const FaultCombine& f, float* y, cudaStream_t s);
+
+// The fast combine's two halves (CombineMode::Fast). Serving side: for each of n records (a row
+// of the activation type, K physical ids at byte phys_off and K fp32 weights at byte w_off of the
+// record, rec_bytes apart), sum_k w_k * out[row_base[i] + j] over its served slots in slot order,
+// in fp32, into partial[i] (H floats). n_dev (optional): the actual count on the device.
+template <class TS>
+void reduce_partials(const unsigned char* records, int64_t rec_bytes, int64_t phys_off, int64_t w_off, int64_t n,
+                     const int32_t* n_dev, const int32_t* row_base, const TS* out, int H, int K, float* partial,
+                     cudaStream_t s);
+// Home side: y[t] = sum over ranks d in rank order of partials[pos[t*R + d]] (pos -1: rank d
+// served none of t's slots), fp32; under a fault (f != nullptr), skip-reduce and
+// wrong-combine-ids act on the partials of other ranks and the scale applies.
+void combine_partials(const float* partials, const int32_t* pos, int64_t T, int R, int H, const FaultCombine* f,
+                      float* y, cudaStream_t s);
+
 }  // namespace epmoe::cuda

@@ -1,4 +1,4 @@
-// Expert parallelism across GPUs over NCCL: three backends under the contract of ep/backend.h (the
+// Expert parallelism across GPUs over NCCL: two backends under the contract of ep/backend.h (the
 // GPU twins of src/ep/mpi/{none,alltoall,lowlatency}.cc), over the group of comm/nccl_group.h:
 //
 //   none        all-gather of tokens and routing (ncclAllGather, padded to the largest rank);
@@ -7,15 +7,15 @@
 //   alltoall    count exchange, then grouped ncclSend/ncclRecv of records, a token once per
 //               destination rank that owns one of its slots (dedup, DeepEP normal mode); answers
 //               back the same way
-//   lowlatency  fixed-capacity buffers allocated once, one record per (token, slot), fixed-size
-//               messages (no count exchange, no host synchronisation inside a round); more tokens
-//               than the capacity run in further rounds, never dropped
+// (lowlatency and onesided write straight into peers' memory over NVLink: ep/nccl/ipc_backends.cu.)
 //
 // Home side, every backend: the answer of (t, k) lands at slot_pos[t*K + k] of the received
 // answers, and combine_slots sums w_k * answer in slot order in fp32 -- the same kernel and the
-// same row values as the single-GPU path, hence the same bits. The injected fault the GPU backends
-// implement (BackendOptions::fault, `epmoe check --inject`) is double-reduce: the combine's scale
-// becomes the group size.
+// same row values as the single-GPU path, hence the same bits. Injected faults
+// (BackendOptions::fault, `epmoe check --inject`) act at home through combine_slots_faulty (and, for
+// drop-overflow, lowlatency's rounds); the correct path never calls it. `--combine fast` (alltoall):
+// records carry the top-k weights, the serving rank returns one fp32 partial per record, home sums
+// the partials in rank order.
 #include <nccl.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include "comm/nccl_check.cuh"
 #include "comm/nccl_group.h"
 #include "ep/cuda/plan_combine.cuh"
+#include "ep/nccl/home_plan.cuh"
 #include "ep/fault.h"
 #include "ep/nccl/nccl_backends.h"
 
@@ -32,12 +33,8 @@ namespace {
 
 ncclComm_t nc(const NcclGroup& g) { return static_cast<ncclComm_t>(g.nccl_comm()); }
 
-constexpr int kMaxRanks = 16;
-
-struct Ranks {
-  int R = 1;
-  int begin[kMaxRanks + 1] = {};
-};
+constexpr int kMaxRanks = kMaxOwnerRanks;
+using Ranks = OwnerTable;
 
 Ranks ranks_of(const Placement& p) {
   EPMOE_ASSERT(p.ranks <= kMaxRanks, "gpu backends: at most 16 ranks");
@@ -47,100 +44,14 @@ Ranks ranks_of(const Placement& p) {
   return r;
 }
 
-__device__ inline int owner_of(const Ranks& rk, int phys) {
-  int d = 0;
-  while (d + 1 < rk.R && rk.begin[d + 1] <= phys) d++;
-  // Ranks with an empty range share their begin with the next one: the last such rank wins,
-  // as Placement::owner (upper_bound) does.
-  return d;
-}
-
-// The home side's plan over its tokens [t0, t1): records per destination, and where each slot's
-// answer will be in the received answers. One block; per-destination counters per thread.
-struct HomePlanArgs {
-  Ranks rk;
-  const int32_t* phys = nullptr;  // [T, K]
-  int64_t t0 = 0, t1 = 0;
-  int K = 0;
-  bool per_slot = false;  // a record per (token, slot) (else per (token, destination))
-  int fixed = 0;          // > 0: the block of destination d starts at d * fixed (bounded capacity)
-  int32_t* counts = nullptr;     // [2R]: records to d, answers from d
-  int32_t* rec_token = nullptr;  // [records] (nullptr: no records needed)
-  int32_t* rec_slot = nullptr;
-  int32_t* rec_dest = nullptr;
-  int64_t rec_bound = 0;         // fixed mode: rec_* entries to clear to -1 first
-  int32_t* slot_pos = nullptr;   // [(t1 - t0) * K]
-};
-
-constexpr int kHomeThreads = 1024;
-
-__global__ void __launch_bounds__(kHomeThreads) home_plan_kernel(const HomePlanArgs a) {
-  __shared__ int scratch[33];
-  __shared__ int rec_off[kMaxRanks], ans_off[kMaxRanks];
-  const int tid = threadIdx.x, R = a.rk.R, K = a.K;
-  const int64_t n = a.t1 - a.t0;
-  const int64_t chunk = (n + kHomeThreads - 1) / kHomeThreads;
-  const int64_t c0 = a.t0 + lmin(n, tid * chunk), c1 = a.t0 + lmin(n, (tid + 1) * chunk);
-  if (a.fixed > 0 && a.rec_token)
-    for (int64_t i = tid; i < a.rec_bound; i += kHomeThreads) a.rec_token[i] = -1;
-  int nrec[kMaxRanks], nans[kMaxRanks];
-  for (int d = 0; d < R; d++) nrec[d] = nans[d] = 0;
-  for (int64_t t = c0; t < c1; t++) {
-    unsigned seen = 0;
-    for (int k = 0; k < K; k++) {
-      const int d = owner_of(a.rk, a.phys[t * K + k]);
-      nans[d]++;
-      if (a.per_slot || !(seen >> d & 1u)) nrec[d]++;
-      seen |= 1u << d;
-    }
-  }
-  int brec[kMaxRanks], bans[kMaxRanks];
-  for (int d = 0; d < R; d++) {
-    int tot = 0;
-    brec[d] = block_exclusive_scan(nrec[d], scratch, &tot);
-    if (tid == 0) rec_off[d] = tot;
-    __syncthreads();
-    bans[d] = block_exclusive_scan(nans[d], scratch, &tot);
-    if (tid == 0) ans_off[d] = tot;
-    __syncthreads();
-  }
-  if (tid == 0) {
-    int sr = 0, sa = 0;
-    for (int d = 0; d < R; d++) {
-      const int cr = rec_off[d], ca = ans_off[d];
-      a.counts[d] = cr;
-      a.counts[R + d] = ca;
-      rec_off[d] = a.fixed > 0 ? d * a.fixed : sr;
-      ans_off[d] = a.fixed > 0 ? d * a.fixed : sa;
-      sr += cr;
-      sa += ca;
-    }
-  }
-  __syncthreads();
-  for (int64_t t = c0; t < c1; t++) {
-    unsigned seen = 0;
-    for (int k = 0; k < K; k++) {
-      const int d = owner_of(a.rk, a.phys[t * K + k]);
-      const int apos = ans_off[d] + bans[d]++;
-      a.slot_pos[(t - a.t0) * K + k] = apos;
-      if (a.per_slot || !(seen >> d & 1u)) {
-        const int rpos = rec_off[d] + brec[d]++;
-        if (a.rec_token) {
-          a.rec_token[rpos] = int32_t(t);
-          a.rec_slot[rpos] = a.per_slot ? k : -1;
-          a.rec_dest[rpos] = d;
-        }
-      }
-      seen |= 1u << d;
-    }
-  }
-}
-
 // Records: [row: H elements][K int32 physical ids, -1 where the destination serves no slot],
 // padded to 16 bytes. One block per record.
+// The fast combine adds the K top-k weights (fp32, 0 where not served) after the ids; an injected
+// replica-per-rank fault weighs them by the replica count (replicas: [P], else nullptr).
 template <class TA>
 __global__ void pack_kernel(const TA* x, int H, const int32_t* phys, int K, Ranks rk, const int32_t* rec_token,
-                            const int32_t* rec_slot, const int32_t* rec_dest, int64_t rec_bytes, unsigned char* out) {
+                            const int32_t* rec_slot, const int32_t* rec_dest, int64_t rec_bytes, unsigned char* out,
+                            const float* weights, const int32_t* replicas) {
   const int64_t i = blockIdx.x;
   unsigned char* rec = out + i * rec_bytes;
   int32_t* meta = reinterpret_cast<int32_t*>(rec + int64_t(H) * sizeof(TA));
@@ -152,7 +63,12 @@ __global__ void pack_kernel(const TA* x, int H, const int32_t* phys, int K, Rank
   const int d = rec_dest[i], slot = rec_slot[i];
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     const int p = phys[int64_t(t) * K + k];
-    meta[k] = (slot >= 0 ? k == slot : owner_of(rk, p) == d) ? p : -1;
+    const bool served = slot >= 0 ? k == slot : owner_of(rk, p) == d;
+    meta[k] = served ? p : -1;
+    if (weights) {
+      const float w = weights[int64_t(t) * K + k];
+      reinterpret_cast<float*>(meta + K)[k] = served ? (replicas ? w * float(replicas[p]) : w) : 0.0f;
+    }
   }
   const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * H);
   uint4* dst = reinterpret_cast<uint4*>(rec);
@@ -167,11 +83,23 @@ __global__ void fill_i32(int32_t* p, int64_t n, int32_t v) {
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-// Shared by the three backends.
+// Shared by the NCCL backends.
 class NcclBackendBase : public A2ABackend {
  public:
   NcclBackendBase(NcclGroup& g, const Placement& p, const BackendOptions& o)
-      : g_(g), rk_(ranks_of(p)), scale_(fault_output_scale(o.fault, p)) {}
+      : g_(g), rk_(ranks_of(p)), fault_(o.fault), fast_(o.combine == CombineMode::Fast) {
+    if (fault_ != Fault::None) {
+      std::vector<int32_t> rep(size_t(p.num_physical()));
+      for (int q = 0; q < p.num_physical(); q++)
+        rep[size_t(q)] = int32_t(p.replicas[size_t(p.logical_of[size_t(q)])].size());
+      replicas_.upload(rep);
+      fc_.kind = int(fault_);
+      fc_.me = g.rank();
+      fc_.owner = rk_;
+      fc_.replicas = replicas_.data();
+      fc_.scale = fault_output_scale(fault_, p);
+    }
+  }
   Device device() const override { return Device::Cuda; }
 
  protected:
@@ -199,8 +127,17 @@ class NcclBackendBase : public A2ABackend {
     a.rec_dest = records ? rec_dest_.data() : nullptr;
     a.rec_bound = bound;
     a.slot_pos = slot_pos_.data();
-    home_plan_kernel<<<1, kHomeThreads, 0, stream()>>>(a);
-    EPMOE_CUDA_LAUNCHED();
+    if (fast_) {
+      rec_pos_.reserve(size_t(std::max<int64_t>(n, 1) * rk_.R));
+      a.rec_pos = rec_pos_.data();
+    }
+    cuda::home_plan(a, stream());
+  }
+
+  // Bytes of a record: the row, K ids and, for the fast combine, K weights; 16-byte aligned.
+  size_t record_bytes(const MoeTokens& in) const {
+    const size_t row = size_t(in.H) * (bf16_act(in) ? 2 : 4);
+    return align16(row + size_t(in.K) * 4 * (fast_ ? 2 : 1));
   }
 
   void pack(const MoeTokens& in, int64_t n_records, size_t rec_bytes, unsigned char* out) {
@@ -208,23 +145,47 @@ class NcclBackendBase : public A2ABackend {
     if (bf16_act(in))
       pack_kernel<bf16><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const bf16*>(in.x), in.H, in.physical,
                                                                    in.K, rk_, rec_token_.data(), rec_slot_.data(),
-                                                                   rec_dest_.data(), int64_t(rec_bytes), out);
+                                                                   rec_dest_.data(), int64_t(rec_bytes), out,
+                                                                   pack_weights(in), pack_replicas());
     else
       pack_kernel<float><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const float*>(in.x), in.H, in.physical,
                                                                     in.K, rk_, rec_token_.data(), rec_slot_.data(),
-                                                                    rec_dest_.data(), int64_t(rec_bytes), out);
+                                                                    rec_dest_.data(), int64_t(rec_bytes), out,
+                                                                    pack_weights(in), pack_replicas());
     EPMOE_CUDA_LAUNCHED();
   }
 
+  const float* pack_weights(const MoeTokens& in) const { return fast_ ? in.weights : nullptr; }
+  const int32_t* pack_replicas() const { return fault_ == Fault::ReplicaPerRank ? replicas_.data() : nullptr; }
+
+  // The deterministic combine of tokens [t0, t1) from the answers as received (slot_pos_); the
+  // faulty twin only when a fault is injected.
   void combine(const MoeTokens& in, const unsigned char* answers, int64_t t0, int64_t t1, float* y) {
     const int64_t n = t1 - t0;
-    const float scale = scale_;
+    const float* w = in.weights + t0 * in.K;
+    float* yo = y + t0 * in.H;
+    if (fault_ != Fault::None) {
+      FaultCombine f = fc_;
+      f.phys = in.physical + t0 * in.K;
+      if (bf16_act(in))
+        combine_slots_faulty(reinterpret_cast<const bf16*>(answers), slot_pos_.data(), w, n, in.H, in.K, f, yo, stream());
+      else
+        combine_slots_faulty(reinterpret_cast<const float*>(answers), slot_pos_.data(), w, n, in.H, in.K, f, yo,
+                             stream());
+      return;
+    }
     if (bf16_act(in))
-      combine_slots(reinterpret_cast<const bf16*>(answers), slot_pos_.data(), in.weights + t0 * in.K, n, in.H, in.K,
-                    scale, y + t0 * in.H, stream());
+      combine_slots(reinterpret_cast<const bf16*>(answers), slot_pos_.data(), w, n, in.H, in.K, 1.0f, yo, stream());
     else
-      combine_slots(reinterpret_cast<const float*>(answers), slot_pos_.data(), in.weights + t0 * in.K, n, in.H, in.K,
-                    scale, y + t0 * in.H, stream());
+      combine_slots(reinterpret_cast<const float*>(answers), slot_pos_.data(), w, n, in.H, in.K, 1.0f, yo, stream());
+  }
+
+  // The fast combine at home: fp32 partials, one per record, as received (rec_pos_).
+  void combine_fast(const MoeTokens& in, const unsigned char* partials, float* y) {
+    FaultCombine f = fc_;
+    f.phys = in.physical;
+    combine_partials(reinterpret_cast<const float*>(partials), rec_pos_.data(), in.T, rk_.R, in.H,
+                     fault_ != Fault::None ? &f : nullptr, y, stream());
   }
 
   // Grouped point-to-point exchange: send[d] bytes at send + soff[d], recv[s] bytes at recv + roff[s].
@@ -251,8 +212,11 @@ class NcclBackendBase : public A2ABackend {
 
   NcclGroup& g_;
   Ranks rk_;
-  float scale_;  // of the combine: 1, or the group size under an injected double reduce
-  DeviceArray<int32_t> slot_pos_, counts_, rec_token_, rec_slot_, rec_dest_;
+  Fault fault_;
+  bool fast_;          // CombineMode::Fast
+  FaultCombine fc_;    // the injected fault, when one is
+  DeviceArray<int32_t> replicas_;
+  DeviceArray<int32_t> slot_pos_, counts_, rec_token_, rec_slot_, rec_dest_, rec_pos_;
   PinnedArray<int32_t> counts_host_;  // counts the host needs to size an exchange
 };
 
@@ -264,7 +228,7 @@ class AllToAllGpu final : public NcclBackendBase {
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = rk_.R;
     const size_t elt = bf16_act(in) ? 2 : 4, row = size_t(in.H) * elt;
-    const size_t rec = align16(row + size_t(in.K) * 4);
+    const size_t rec = record_bytes(in);
     home_plan(in, 0, in.T, /*per_slot=*/false, /*fixed=*/0, /*records=*/true);
     // Counts: to d (records to d, answers I expect from d); from s the same pair. Two messages
     // per peer, matched in order (NCCL keeps the order of operations between a pair).
@@ -294,10 +258,13 @@ class AllToAllGpu final : public NcclBackendBase {
       nans_in += int64_t(sans[size_t(d)]);
       nans_out += int64_t(rans[size_t(d)]);
     }
+    // The fast combine returns one fp32 partial per record instead of a row per served slot.
+    const size_t ans_row = fast_ ? size_t(in.H) * 4 : row;
+    if (fast_) sans = srec, rans = rrec, nans_in = nsend;
     send_.reserve(size_t(std::max<int64_t>(nsend, 1)) * rec);
     recv_.reserve(size_t(std::max<int64_t>(nrecv, 1)) * rec);
     out_.reserve(size_t(std::max<int64_t>(nans_out, 1)) * row);
-    back_.reserve(size_t(std::max<int64_t>(nans_in, 1)) * row);
+    back_.reserve(size_t(std::max<int64_t>(nans_in, 1)) * ans_row);
     pack(in, nsend, rec, send_.data());
     auto bytes = [](const std::vector<size_t>& n, size_t b) {
       std::vector<size_t> o(n.size());
@@ -314,14 +281,33 @@ class AllToAllGpu final : public NcclBackendBase {
     j.rows = nrecv;
     j.K = in.K;
     j.compact = true;
+    if (fast_) {
+      base_.reserve(size_t(nrecv) + 1);
+      j.row_base = base_.data();
+    }
     experts.run(j, out_.data());
-    const auto ob = bytes(rans, row), ib = bytes(sans, row);
-    exchange(out_.data(), ob, prefix(ob), back_.data(), ib, prefix(ib));
-    combine(in, back_.data(), 0, in.T, y);
+    const unsigned char* answers = out_.data();
+    if (fast_) {
+      partial_.reserve(size_t(std::max<int64_t>(nrecv, 1)) * size_t(in.H));
+      if (bf16_act(in))
+        reduce_partials(recv_.data(), int64_t(rec), int64_t(row), int64_t(row + size_t(in.K) * 4), nrecv, nullptr,
+                        base_.data(), reinterpret_cast<const bf16*>(out_.data()), in.H, in.K, partial_.data(), stream());
+      else
+        reduce_partials(recv_.data(), int64_t(rec), int64_t(row), int64_t(row + size_t(in.K) * 4), nrecv, nullptr,
+                        base_.data(), reinterpret_cast<const float*>(out_.data()), in.H, in.K, partial_.data(),
+                        stream());
+      answers = reinterpret_cast<const unsigned char*>(partial_.data());
+    }
+    const auto ob = bytes(rans, ans_row), ib = bytes(sans, ans_row);
+    exchange(answers, ob, prefix(ob), back_.data(), ib, prefix(ib));
+    if (fast_) combine_fast(in, back_.data(), y);
+    else combine(in, back_.data(), 0, in.T, y);
   }
 
  private:
   DeviceArray<unsigned char> send_, recv_, out_, back_;
+  DeviceArray<int32_t> base_;
+  DeviceArray<float> partial_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -390,48 +376,6 @@ class NoneGpu final : public NcclBackendBase {
   DeviceArray<int32_t> pl_, pa_, base_;
 };
 
-// ---------------------------------------------------------------------------------------------
-class LowLatencyGpu final : public NcclBackendBase {
- public:
-  LowLatencyGpu(NcclGroup& g, const Placement& p, const BackendOptions& o)
-      : NcclBackendBase(g, p, o), cap_(o.max_dispatch_tokens_per_rank) {}
-  std::string name() const override { return "lowlatency"; }
-  void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
-    const int R = rk_.R;
-    const size_t elt = bf16_act(in) ? 2 : 4, row = size_t(in.H) * elt;
-    const size_t rec = align16(row + size_t(in.K) * 4);
-    const int block = cap_ * in.K;  // records (= answers) per destination per round
-    // Buffers of a fixed size, allocated on first use and kept.
-    send_.reserve(size_t(block) * size_t(R) * rec);
-    recv_.reserve(size_t(block) * size_t(R) * rec);
-    out_.reserve(size_t(block) * size_t(R) * row);
-    back_.reserve(size_t(block) * size_t(R) * row);
-    const int64_t rounds = g_.allreduce_max((in.T + cap_ - 1) / cap_);
-    const std::vector<size_t> rb(size_t(R), size_t(block) * rec), ab(size_t(R), size_t(block) * row);
-    for (int64_t r = 0; r < rounds; r++) {
-      const int64_t t0 = std::min<int64_t>(in.T, r * cap_), t1 = std::min<int64_t>(in.T, t0 + cap_);
-      home_plan(in, t0, t1, /*per_slot=*/true, block, /*records=*/true);
-      pack(in, int64_t(block) * R, rec, send_.data());
-      exchange(send_.data(), rb, prefix(rb), recv_.data(), rb, prefix(rb));
-      ExpertJobs j;
-      j.x = recv_.data();
-      j.x_stride = int64_t(rec / elt);
-      j.phys = reinterpret_cast<const int32_t*>(recv_.data() + row);
-      j.phys_stride = int64_t(rec / 4);
-      j.rows = int64_t(block) * R;
-      j.K = in.K;
-      j.one_per_row = true;
-      experts.run(j, out_.data());
-      exchange(out_.data(), ab, prefix(ab), back_.data(), ab, prefix(ab));
-      combine(in, back_.data(), t0, t1, y);
-    }
-  }
-
- private:
-  int cap_;
-  DeviceArray<unsigned char> send_, recv_, out_, back_;
-};
-
 }  // namespace
 
 }  // namespace epmoe::cuda
@@ -444,10 +388,6 @@ std::unique_ptr<A2ABackend> make_nccl_none_backend(NcclGroup& g, const Placement
 
 std::unique_ptr<A2ABackend> make_nccl_alltoall_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
   return std::make_unique<cuda::AllToAllGpu>(g, p, o);
-}
-
-std::unique_ptr<A2ABackend> make_nccl_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
-  return std::make_unique<cuda::LowLatencyGpu>(g, p, o);
 }
 
 }  // namespace epmoe

@@ -12,7 +12,11 @@ class NcclGroup;
 
 std::unique_ptr<A2ABackend> make_nccl_none_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
 std::unique_ptr<A2ABackend> make_nccl_alltoall_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
-std::unique_ptr<A2ABackend> make_nccl_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
+// Peers' buffers mapped over CUDA IPC, records and answers written straight into them
+// (ep/nccl/ipc_backends.cu): onesided (a record per (token, rank), capacity for every token) and
+// lowlatency (a record per (token, slot), fixed capacity per round, further rounds).
+std::unique_ptr<A2ABackend> make_ipc_onesided_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
+std::unique_ptr<A2ABackend> make_ipc_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
 // The single-GPU reference (every expert local, no communication).
 std::unique_ptr<A2ABackend> make_cuda_local_backend(const Placement& p, const BackendOptions& o);
 

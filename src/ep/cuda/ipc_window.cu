@@ -1,0 +1,107 @@
+#include "ep/cuda/ipc_window.cuh"
+
+#include <cstring>
+#include <string>
+
+#include "comm/nccl_group.h"
+
+namespace epmoe::cuda {
+
+namespace {
+
+__global__ void ipc_wait_kernel(IpcSignals* sig, int R, int stage, uint64_t epoch, uint64_t timeout_ns, int32_t* fault,
+                                int32_t* count_out, int32_t cap) {
+  volatile int32_t* vf = fault;
+  const int src = threadIdx.x;
+  if (src < R && vf[0] == 0) {
+    const uint64_t start = globaltimer_ns();
+    uint32_t spins = 0;
+    while (ld_acquire_sys(&sig->flag[stage][src]) < epoch) {
+      if ((++spins & 1023u) == 0) {
+        if (vf[0] != 0) break;  // another wait of this process gave up already
+        if (globaltimer_ns() - start > timeout_ns) {
+          // Host memory: plain stores, the peer and stage before the flag the host polls (two
+          // threads timing out together write the same kind of news; either one is named).
+          vf[1] = src;
+          vf[2] = stage + 1;
+          __threadfence_system();
+          vf[0] = 1;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (count_out && threadIdx.x == 0) {
+    __threadfence_system();
+    const int32_t n = atomicAdd(&sig->counter[epoch & 1], 0);
+    *count_out = n < cap ? n : cap;
+    // The other parity's counter, cleared for the next epoch: sources add to it only after this
+    // rank's combine signal of this epoch, which the stream orders after this kernel.
+    atomicExch(&sig->counter[(epoch + 1) & 1], 0);
+  }
+}
+
+}  // namespace
+
+uint64_t IpcWindow::timeout_ns() const { return uint64_t(g_.timeout() * 1e9); }
+
+void IpcWindow::release() {
+  if (!mine_) return;
+  for (int d = 0; d < kIpcMaxRanks; d++)
+    if (peers_.base[d] && peers_.base[d] != mine_) cudaIpcCloseMemHandle(peers_.base[d]);
+  cudaFree(mine_);
+  mine_ = nullptr;
+  peers_ = IpcPeers{};
+}
+
+void IpcWindow::allocate(const IpcLayout& layout) {
+  const int R = g_.size(), me = g_.rank();
+  EPMOE_ASSERT(R <= kIpcMaxRanks, "ipc window: at most 16 ranks (GPUs of one host)");
+  fault_ = g_.device_peer_fault();
+  if (mine_) {
+    // Every rank is past its last use of the window (its previous call ended); unmap the peers',
+    // then free this rank's once no peer maps it any more.
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    for (int d = 0; d < R; d++)
+      if (d != me && peers_.base[d]) EPMOE_CUDA_CHECK(cudaIpcCloseMemHandle(peers_.base[d]));
+    g_.barrier();
+    EPMOE_CUDA_CHECK(cudaFree(mine_));
+    mine_ = nullptr;
+    peers_ = IpcPeers{};
+  }
+  layout_ = layout;
+  void* p = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&p, layout.bytes));
+  mine_ = static_cast<unsigned char*>(p);
+  EPMOE_CUDA_CHECK(cudaMemset(mine_, 0, sizeof(IpcSignals)));
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaIpcMemHandle_t h;
+  EPMOE_CUDA_CHECK(cudaIpcGetMemHandle(&h, mine_));
+  std::vector<cudaIpcMemHandle_t> all(static_cast<size_t>(R));
+  g_.allgather(&h, sizeof h, all.data());
+  for (int d = 0; d < R; d++) {
+    if (d == me) {
+      peers_.base[d] = mine_;
+      continue;
+    }
+    void* q = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&q, all[size_t(d)], cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess)
+      throw Error("rank " + std::to_string(me) + ": cannot map rank " + std::to_string(d) +
+                  "'s buffer (CUDA IPC): " + cudaGetErrorString(e) +
+                  " -- the GPU backends that write into peers' memory need every GPU of the group in one host, "
+                  "with peer access (NVLink or PCIe)");
+    peers_.base[d] = static_cast<unsigned char*>(q);
+  }
+  // Nobody writes into a peer before every rank has mapped and zeroed its window.
+  g_.barrier();
+  epoch_ = 0;
+}
+
+void ipc_wait(const IpcWindow& w, int R, int stage, uint64_t epoch, int32_t* count_out, int32_t cap, cudaStream_t s) {
+  ipc_wait_kernel<<<1, 32, 0, s>>>(w.my_signals(), R, stage, epoch, w.timeout_ns(), w.fault_word(), count_out, cap);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+}  // namespace epmoe::cuda
