@@ -131,14 +131,17 @@ int main(int argc, char** argv) {
       variants.push_back({"onesided"});
       variants.push_back({"onesided", 128, T});
       variants.push_back({"onesided", 128, T, true});
+      variants.push_back({"fused", 128, T});  // chunks of T/4 tokens, pipelined over two streams
       std::vector<std::pair<std::string, std::pair<double, double>>> res;
       for (const Variant& v : variants) {
-        const std::string label = v.name + (v.cap != 128 ? " (cap " + std::to_string(v.cap) + ")" : "") +
+        const std::string label = v.name + (v.name == "fused" ? " (4 chunks)" : "") +
+                                  (v.cap != 128 ? " (cap " + std::to_string(v.cap) + ")" : "") +
                                   (v.bound ? " (bound)" : "") + (v.fast ? " --combine fast" : "");
         if (me == 0) std::fprintf(stderr, "gpu_ep_bench: T=%d %s\n", T, label.c_str());
         BackendOptions bo;
         bo.max_dispatch_tokens_per_rank = v.cap;
         bo.max_tokens_per_rank = v.bound;
+        bo.chunk_tokens = std::max(1, T / 4);
         bo.combine = v.fast ? CombineMode::Fast : CombineMode::Deterministic;
         auto be = make_backend(v.name, Device::Cuda, g, pl, bo);
         be->run(tok, runner, y.data());  // allocate

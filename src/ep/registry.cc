@@ -125,7 +125,7 @@ std::unique_ptr<A2ABackend> make_backend(const std::string& name, Device device,
         case BackendKind::AllToAll: return make_nccl_alltoall_backend(g, placement, opt);
         case BackendKind::LowLatency: return make_ipc_lowlatency_backend(g, placement, opt);
         case BackendKind::OneSided: return make_ipc_onesided_backend(g, placement, opt);
-        case BackendKind::Fused: break;  // refused above: the traits say cpu only
+        case BackendKind::Fused: return make_ipc_fused_backend(g, placement, opt);
       }
 #endif
       break;

@@ -27,7 +27,8 @@ BackendTraits traits_of(BackendKind kind) {
       return {kind, "fused",
               "token chunks pipelined with non-blocking all-to-alls: dispatch of chunk i+1 and combine of i-1 overlap "
               "experts of i",
-              ""};
+              "token chunks pipelined over two streams with onesided's NVLink writes: dispatch of chunk i+1 and combine "
+              "of i-1 (comm stream) overlap experts of i (compute stream)"};
   }
   return {kind, "?", "", ""};
 }

@@ -164,15 +164,18 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
       Placement pl = Placement::make_default(E, R, red);
       auto m = make_gpu_model(cfg, ckpt, pl, me, mo);
       // Every GPU backend at the default capacity; lowlatency with 3 tokens a round (several
-      // rounds); onesided with a promised bound (buffers sized once, no per-call agreement); the
-      // fast combine of alltoall and onesided.
+      // rounds), also with a promised bound; onesided with a promised bound (buffers sized once, no
+      // per-call agreement); fused in chunks of 3 (a pipeline); the fast combine of alltoall and
+      // onesided.
       struct Variant {
         std::string name;
         int cap = 128;
         int bound = 0;
         bool fast = false;
+        int chunk = 64;
         std::string label() const {
           return name + (cap != 128 ? " (cap " + std::to_string(cap) + ")" : "") +
+                 (chunk != 64 ? " (chunk " + std::to_string(chunk) + ")" : "") +
                  (bound ? " (bound " + std::to_string(bound) + ")" : "") + (fast ? " --combine fast" : "");
         }
       };
@@ -182,10 +185,13 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
       variants.push_back({"onesided", 128, 64});
       variants.push_back({"alltoall", 128, 0, true});
       variants.push_back({"onesided", 128, 0, true});
+      variants.push_back({"fused", 128, 0, false, 3});      // several chunks in flight
+      variants.push_back({"lowlatency", 3, 64});            // rounds fixed by the bound
       for (const Variant& v : variants) {
         BackendOptions bo;
         bo.max_dispatch_tokens_per_rank = v.cap;
         bo.max_tokens_per_rank = v.bound;
+        bo.chunk_tokens = v.chunk;
         bo.combine = v.fast ? CombineMode::Fast : CombineMode::Deterministic;
         auto be = make_backend(v.name, Device::Cuda, g, pl, bo);
         auto got = run_scenarios(*m, *be, g, seqs, false);
@@ -208,6 +214,7 @@ TEST_P(GpuEp, BitIdenticalToOneGpu) {
           for (Fault fault : {Fault::DoubleReduce, Fault::SkipReduce, Fault::ReplicaPerRank, Fault::WrongCombineIds,
                               Fault::DropOverflow}) {
             if (fault == Fault::DropOverflow && !(v.name == "lowlatency" && v.cap == 3)) continue;
+            if (v.chunk != 64 && fault != Fault::DoubleReduce) continue;  // (the pipeline combines as onesided)
             if (fault == Fault::ReplicaPerRank && red == 0) continue;
             BackendOptions fo = bo;
             fo.fault = fault;

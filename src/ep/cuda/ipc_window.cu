@@ -34,11 +34,11 @@ __global__ void ipc_wait_kernel(IpcSignals* sig, int R, int stage, uint64_t epoc
   __syncthreads();
   if (count_out && threadIdx.x == 0) {
     __threadfence_system();
-    const int32_t n = atomicAdd(&sig->counter[epoch & 1], 0);
+    // Read and cleared at once: every source reserved before it signalled, and none reserves in
+    // this counter again (epoch + 2) before this rank's combine signal of this epoch, which comes
+    // after this kernel.
+    const int32_t n = atomicExch(&sig->counter[epoch & 1], 0);
     *count_out = n < cap ? n : cap;
-    // The other parity's counter, cleared for the next epoch: sources add to it only after this
-    // rank's combine signal of this epoch, which the stream orders after this kernel.
-    atomicExch(&sig->counter[(epoch + 1) & 1], 0);
   }
 }
 

@@ -138,7 +138,7 @@ class IpcWindow {
 // Waits (one block, launched on the stream) until every source's flag of `stage` has reached
 // `epoch`, with the window's deadline. stage: 0 dispatch, 1 combine (the fault word says stage + 1).
 // Then, when count_out is given, copies min(counter[epoch & 1], cap) there (the rows a dispatch
-// reserved in this rank) and clears the other parity's counter for the next epoch.
+// reserved in this rank) and clears that counter for epoch + 2.
 void ipc_wait(const IpcWindow& w, int R, int stage, uint64_t epoch, int32_t* count_out, int32_t cap,
               cudaStream_t s);
 

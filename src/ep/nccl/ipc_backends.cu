@@ -173,22 +173,31 @@ __global__ void partial_positions_kernel(const int32_t* rec_pos, int64_t T, int 
     pos[i] = rec_pos[i] >= 0 ? int32_t(i) : -1;
 }
 
-// onesided, and lowlatency over the same machinery: a record per (token, slot), a fixed capacity of
-// C tokens per rank per round (BackendOptions::max_dispatch_tokens_per_rank), more tokens in further
-// rounds (never dropped), each round one epoch of the exchange above.
+enum class IpcMode {
+  OneSided,    // a record per (token, rank); capacity for every token of the call
+  LowLatency,  // a record per (token, slot); a fixed capacity per round, further rounds
+  Fused,       // chunks pipelined over two streams: dispatch of i+1 and combine of i-1 overlap experts of i
+};
+
+// The three GPU backends that write into peers' memory. Every window has two slots (recv and
+// answer regions, and reservation counters): epoch e uses slot e & 1, so that the fused pipeline
+// can have a chunk in flight while the next one is dispatched. Slot reuse is safe for every mode:
+// a source dispatches epoch e + 2 only after its combine of e (answers of e from everybody, which
+// each rank sends after it has read its records of e; the fused pipeline orders them on its comm
+// stream).
 class IpcBackend final : public A2ABackend {
  public:
-  IpcBackend(NcclGroup& g, const Placement& p, const BackendOptions& o, bool bounded)
+  IpcBackend(NcclGroup& g, const Placement& p, const BackendOptions& o, IpcMode mode)
       : g_(g),
         win_(g),
+        mode_(mode),
         fault_(o.fault),
         fast_(o.combine == CombineMode::Fast),
-        bounded_(bounded),
         bound_(o.max_tokens_per_rank),
-        round_cap_(o.max_dispatch_tokens_per_rank) {
-    EPMOE_ASSERT(p.ranks <= kMaxOwnerRanks, "onesided on gpus: at most 16 ranks");
-    EPMOE_ASSERT(!bounded_ || !fast_, "lowlatency on gpus combines deterministically");
-    EPMOE_ASSERT(!bounded_ || round_cap_ > 0, "lowlatency: a capacity of at least one token per round");
+        round_cap_(mode == IpcMode::Fused ? o.chunk_tokens : o.max_dispatch_tokens_per_rank) {
+    EPMOE_ASSERT(p.ranks <= kMaxOwnerRanks, "gpu backends over NVLink: at most 16 ranks");
+    EPMOE_ASSERT(mode_ == IpcMode::OneSided || !fast_, "the fast combine on gpus: alltoall and onesided only");
+    EPMOE_ASSERT(mode_ == IpcMode::OneSided || round_cap_ > 0, name() + ": a capacity of at least one token");
     rk_.R = p.ranks;
     for (int i = 0; i <= p.ranks; i++) rk_.begin[i] = p.rank_begin[size_t(i)];
     if (fault_ != Fault::None) {
@@ -205,43 +214,94 @@ class IpcBackend final : public A2ABackend {
     done_.reserve(2);
     EPMOE_CUDA_CHECK(cudaMemset(done_.data(), 0, 2 * sizeof(unsigned)));
   }
-  std::string name() const override { return bounded_ ? "lowlatency" : "onesided"; }
+  ~IpcBackend() override {
+    if (comm_) cudaStreamDestroy(comm_);
+    if (ev_in_) cudaEventDestroy(ev_in_);
+    if (ev_out_) cudaEventDestroy(ev_out_);
+  }
+  std::string name() const override {
+    switch (mode_) {
+      case IpcMode::OneSided: return "onesided";
+      case IpcMode::LowLatency: return "lowlatency";
+      case IpcMode::Fused: return "fused";
+    }
+    return "?";
+  }
   Device device() const override { return Device::Cuda; }
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     RecordLayout L;
     L.H = in.H, L.K = in.K, L.elt = in.act == DType::BF16 ? 2 : 4, L.fast = fast_;
-    EPMOE_ASSERT(L.row() % 16 == 0, "onesided on gpus: rows of a multiple of 16 bytes");
-    if (!bounded_) {
+    EPMOE_ASSERT(L.row() % 16 == 0, name() + " on gpus: rows of a multiple of 16 bytes");
+    cudaStream_t s = stream();
+    if (mode_ == IpcMode::OneSided) {
       ensure_window(L, agreed_tokens(in));
-      round(in, experts, y, 0, in.T, L);
+      const Round r = {win_.next_epoch(), 0, in.T};
+      dispatch(in, r, L, s);
+      serve(r, L, experts);
+      finish(in, r, L, y, s);
       return;
     }
-    // lowlatency: rounds of C tokens; the ranks agree on their number unless the promised bound
-    // fits in one.
+    // Rounds of C tokens (lowlatency: the capacity; fused: a chunk); the ranks agree on their
+    // number, unless a promised bound fixes it (rounds past a rank's tokens are empty there).
     const int64_t C = round_cap_;
     ensure_window(L, C);
     int64_t rounds;
-    if (bound_ > 0 && bound_ <= C) {
+    if (bound_ > 0) {
       check_bound(in);
-      rounds = 1;
+      rounds = (bound_ + C - 1) / C;
     } else {
       rounds = g_.allreduce_max((in.T + C - 1) / C);
     }
-    if (fault_drops_overflow(fault_) && rounds > 1) {
+    if (fault_drops_overflow(fault_) && mode_ == IpcMode::LowLatency && rounds > 1) {
       // The injected bug class (ep/fault.h): one round only; tokens beyond the capacity silently
       // get no expert output.
       rounds = 1;
-      if (in.T > C)
-        EPMOE_CUDA_CHECK(cudaMemsetAsync(y + C * in.H, 0, size_t(in.T - C) * size_t(in.H) * 4, stream()));
+      if (in.T > C) EPMOE_CUDA_CHECK(cudaMemsetAsync(y + C * in.H, 0, size_t(in.T - C) * size_t(in.H) * 4, s));
     }
+    std::vector<Round> rs;
     for (int64_t r = 0; r < rounds; r++) {
       const int64_t t0 = std::min(in.T, r * C), t1 = std::min(in.T, t0 + C);
-      round(in, experts, y, t0, t1, L);
+      rs.push_back({win_.next_epoch(), t0, t1});
     }
+    if (mode_ == IpcMode::LowLatency || rounds == 1) {
+      for (const Round& r : rs) {
+        dispatch(in, r, L, s);
+        serve(r, L, experts);
+        finish(in, r, L, y, s);
+      }
+      return;
+    }
+    // fused: the comm stream dispatches and combines, the process stream serves. The comm stream
+    // runs dispatch(0), dispatch(1), then for each i: finish(i), dispatch(i + 2); the process
+    // stream serve(0), serve(1), ... Each wait is on flags, so the two streams need no event
+    // between them except at the ends.
+    ensure_streams();
+    EPMOE_CUDA_CHECK(cudaEventRecord(ev_in_, s));
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_in_, 0));
+    for (size_t i = 0; i < rs.size() && i < 2; i++) dispatch(in, rs[i], L, comm_);
+    for (size_t i = 0; i < rs.size(); i++) {
+      serve(rs[i], L, experts);
+      finish(in, rs[i], L, y, comm_);
+      if (i + 2 < rs.size()) dispatch(in, rs[i + 2], L, comm_);
+    }
+    EPMOE_CUDA_CHECK(cudaEventRecord(ev_out_, comm_));
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_out_, 0));
   }
 
  private:
+  struct Round {
+    uint64_t epoch;
+    int64_t t0, t1;
+    int slot() const { return int(epoch & 1); }
+  };
+  // The home plan of one round, kept until its combine (the fused pipeline plans the next round
+  // before it combines this one): one set per slot.
+  struct HomeArrays {
+    DeviceArray<int32_t> counts, base, slot_pos, rec_token, rec_slot, rec_dest, rec_pos, pos;
+  };
+
+  bool per_slot() const { return mode_ == IpcMode::LowLatency; }
   void check_bound(const MoeTokens& in) const {
     if (in.T > bound_)
       throw Error(name() + ": " + std::to_string(in.T) + " tokens on rank " + std::to_string(g_.rank()) +
@@ -255,62 +315,68 @@ class IpcBackend final : public A2ABackend {
     }
     return g_.allreduce_max(in.T);
   }
+  void ensure_streams() {
+    if (comm_) return;
+    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_in_, cudaEventDisableTiming));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_out_, cudaEventDisableTiming));
+  }
 
-  // The window holds, per round, C tokens of every rank: R * C records (R * C * K with a record per
+  // The window holds, per slot, C tokens of every rank: R * C records (R * C * K with a record per
   // slot) and C tokens' answers. It only grows, and every rank grows it together (same C).
   void ensure_window(const RecordLayout& L, int64_t C) {
     if (win_.allocated() && C <= cap_ && L.bytes() == layout_rec_ && L.answer_bytes() == layout_ans_) return;
-    cap_ = bounded_ || bound_ > 0 ? std::max<int64_t>(C, 1) : std::max<int64_t>({C, 2 * cap_, 64});
+    cap_ = mode_ != IpcMode::OneSided || bound_ > 0 ? std::max<int64_t>(C, 1) : std::max<int64_t>({C, 2 * cap_, 64});
     layout_rec_ = L.bytes();
     layout_ans_ = L.answer_bytes();
     const size_t ans_rows = L.fast ? size_t(rk_.R) : size_t(L.K);
-    win_.allocate(IpcLayout({recv_capacity(L) * L.bytes(), size_t(cap_) * ans_rows * L.answer_bytes()}));
+    const size_t recv = recv_capacity(L) * L.bytes(), ans = size_t(cap_) * ans_rows * L.answer_bytes();
+    win_.allocate(IpcLayout({recv, recv, ans, ans}));
   }
   size_t recv_capacity(const RecordLayout& L) const {
-    return size_t(rk_.R) * size_t(cap_) * (bounded_ ? size_t(L.K) : 1);
+    return size_t(rk_.R) * size_t(cap_) * (per_slot() ? size_t(L.K) : 1);
   }
+  size_t recv_off(int slot) const { return win_.layout().offsets[size_t(slot)]; }
+  size_t answer_off(int slot) const { return win_.layout().offsets[2 + size_t(slot)]; }
 
-  // One epoch: tokens [t0, t1) of this rank out and home again, combined into y.
-  void round(const MoeTokens& in, ExpertRunner& experts, float* y, int64_t t0, int64_t t1, const RecordLayout& L) {
-    const int R = rk_.R, me = g_.rank(), K = in.K;
-    const uint64_t e = win_.next_epoch();
-    cudaStream_t s = stream();
-    const int64_t n = t1 - t0;
-
-    // 1-3. Plan, reserve, put.
-    const int64_t rec_bound = std::max<int64_t>(n, 1) * (bounded_ ? K : std::min(R, K));
-    counts_.reserve(2 * size_t(R));
-    base_.reserve(size_t(R));
-    slot_pos_.reserve(size_t(std::max<int64_t>(n, 1) * K));
-    rec_token_.reserve(size_t(rec_bound));
-    rec_slot_.reserve(size_t(rec_bound));
-    rec_dest_.reserve(size_t(rec_bound));
-    if (fast_) rec_pos_.reserve(size_t(std::max<int64_t>(n, 1) * R));
+  // 1-3. Plan, reserve, put: this rank's tokens of the round into the destinations' slot.
+  void dispatch(const MoeTokens& in, const Round& r, const RecordLayout& L, cudaStream_t s) {
+    const int R = rk_.R, K = in.K;
+    const int64_t n = r.t1 - r.t0;
+    HomeArrays& a = home_[r.slot()];
+    const int64_t rec_bound = std::max<int64_t>(n, 1) * (per_slot() ? K : std::min(R, K));
+    a.counts.reserve(2 * size_t(R));
+    a.base.reserve(size_t(R));
+    a.slot_pos.reserve(size_t(std::max<int64_t>(n, 1) * K));
+    a.rec_token.reserve(size_t(rec_bound));
+    a.rec_slot.reserve(size_t(rec_bound));
+    a.rec_dest.reserve(size_t(rec_bound));
+    if (fast_) a.rec_pos.reserve(size_t(std::max<int64_t>(n, 1) * R));
     HomePlanArgs hp;
     hp.rk = rk_;
     hp.phys = in.physical;
-    hp.t0 = t0, hp.t1 = t1, hp.K = K;
-    hp.per_slot = bounded_;
-    hp.counts = counts_.data();
-    hp.rec_token = rec_token_.data(), hp.rec_slot = rec_slot_.data(), hp.rec_dest = rec_dest_.data();
+    hp.t0 = r.t0, hp.t1 = r.t1, hp.K = K;
+    hp.per_slot = per_slot();
+    hp.counts = a.counts.data();
+    hp.rec_token = a.rec_token.data(), hp.rec_slot = a.rec_slot.data(), hp.rec_dest = a.rec_dest.data();
     hp.rec_bound = rec_bound;
-    hp.slot_pos = slot_pos_.data();
-    hp.rec_pos = fast_ ? rec_pos_.data() : nullptr;
+    hp.slot_pos = a.slot_pos.data();
+    hp.rec_pos = fast_ ? a.rec_pos.data() : nullptr;
     home_plan(hp, s);
-    reserve_kernel<<<1, 32, 0, s>>>(win_.peers(), R, e, counts_.data(), base_.data());
+    reserve_kernel<<<1, 32, 0, s>>>(win_.peers(), R, r.epoch, a.counts.data(), a.base.data());
     EPMOE_CUDA_LAUNCHED();
     PutArgs pa;
     pa.peers = win_.peers();
     pa.rk = rk_;
-    pa.me = me;
-    pa.epoch = e;
-    pa.recv_off = win_.layout().offsets[0];
-    pa.counts = counts_.data();
-    pa.base = base_.data();
-    pa.rec_token = rec_token_.data();
-    pa.rec_slot = rec_slot_.data();
-    pa.rec_dest = rec_dest_.data();
-    pa.t0 = t0;
+    pa.me = g_.rank();
+    pa.epoch = r.epoch;
+    pa.recv_off = recv_off(r.slot());
+    pa.counts = a.counts.data();
+    pa.base = a.base.data();
+    pa.rec_token = a.rec_token.data();
+    pa.rec_slot = a.rec_slot.data();
+    pa.rec_dest = a.rec_dest.data();
+    pa.t0 = r.t0;
     pa.phys = in.physical;
     pa.weights = in.weights;
     pa.replicas = fault_ == Fault::ReplicaPerRank ? replicas_.data() : nullptr;
@@ -321,15 +387,20 @@ class IpcBackend final : public A2ABackend {
     EPMOE_CUDA_LAUNCHED();
     // (Bytes to other ranks are known on the device only: the group's traffic counter does not
     // see these backends.)
+  }
 
-    // 4-5. Wait for every source, serve what arrived.
+  // 4-6. On the process stream (the experts run there): wait for every source, serve what arrived,
+  // write the answers home.
+  void serve(const Round& r, const RecordLayout& L, ExpertRunner& experts) {
+    cudaStream_t s = stream();
+    const int R = rk_.R, K = L.K;
     const int64_t recv_cap = int64_t(recv_capacity(L));
     recv_count_.reserve(1);
-    ipc_wait(win_, R, kDispatch, e, recv_count_.data(), int32_t(recv_cap), s);
+    ipc_wait(win_, R, kDispatch, r.epoch, recv_count_.data(), int32_t(recv_cap), s);
     row_base_.reserve(size_t(recv_cap) + 1);
-    out_.reserve(size_t(recv_cap) * size_t(bounded_ ? 1 : K) * L.row());
+    out_.reserve(size_t(recv_cap) * size_t(per_slot() ? 1 : K) * L.row());
     ExpertJobs j;
-    unsigned char* recv = win_.mine() + win_.layout().offsets[0];
+    unsigned char* recv = win_.mine() + recv_off(r.slot());
     j.x = recv;
     j.x_stride = int64_t(L.bytes() / L.elt);
     j.phys = reinterpret_cast<const int32_t*>(recv + L.phys_off());
@@ -340,12 +411,10 @@ class IpcBackend final : public A2ABackend {
     j.compact = true;
     j.row_base = row_base_.data();
     experts.run(j, out_.data());
-
-    // 6. Answers home.
     AnswerArgs aa;
     aa.peers = win_.peers();
-    aa.R = R, aa.me = me, aa.epoch = e;
-    aa.answer_off = win_.layout().offsets[1];
+    aa.R = R, aa.me = g_.rank(), aa.epoch = r.epoch;
+    aa.answer_off = answer_off(r.slot());
     aa.recv = recv;
     aa.count = recv_count_.data();
     aa.row_base = row_base_.data();
@@ -356,20 +425,25 @@ class IpcBackend final : public A2ABackend {
     if (L.elt == 2) answer_kernel<bf16><<<ablocks, 256, 0, s>>>(aa);
     else answer_kernel<float><<<ablocks, 256, 0, s>>>(aa);
     EPMOE_CUDA_LAUNCHED();
+  }
 
-    // 7. Wait for every answer, combine.
-    ipc_wait(win_, R, kCombine, e, nullptr, 0, s);
+  // 7. Wait for every answer of the round, combine its tokens into y.
+  void finish(const MoeTokens& in, const Round& r, const RecordLayout& L, float* y, cudaStream_t s) {
+    const int R = rk_.R, K = in.K;
+    ipc_wait(win_, R, kCombine, r.epoch, nullptr, 0, s);
+    const int64_t n = r.t1 - r.t0;
     if (n == 0) return;
-    const unsigned char* answers = win_.mine() + win_.layout().offsets[1];
-    const float* w = in.weights + t0 * K;
-    float* yo = y + t0 * in.H;
+    HomeArrays& a = home_[r.slot()];
+    const unsigned char* answers = win_.mine() + answer_off(r.slot());
+    const float* w = in.weights + r.t0 * K;
+    float* yo = y + r.t0 * in.H;
     FaultCombine f = fc_;
-    f.phys = in.physical + t0 * K;
+    f.phys = in.physical + r.t0 * K;
     if (fast_) {
-      pos_.reserve(size_t(n * R));
-      partial_positions_kernel<<<grid_for(n * R), 256, 0, s>>>(rec_pos_.data(), n, R, pos_.data());
+      a.pos.reserve(size_t(n * R));
+      partial_positions_kernel<<<grid_for(n * R), 256, 0, s>>>(a.rec_pos.data(), n, R, a.pos.data());
       EPMOE_CUDA_LAUNCHED();
-      combine_partials(reinterpret_cast<const float*>(answers), pos_.data(), n, R, in.H,
+      combine_partials(reinterpret_cast<const float*>(answers), a.pos.data(), n, R, in.H,
                        fault_ != Fault::None ? &f : nullptr, yo, s);
     } else if (fault_ != Fault::None) {
       if (L.elt == 2)
@@ -385,19 +459,21 @@ class IpcBackend final : public A2ABackend {
 
   NcclGroup& g_;
   IpcWindow win_;
+  IpcMode mode_;
   OwnerTable rk_;
   Fault fault_;
   bool fast_;
-  bool bounded_;       // lowlatency: a record per slot, rounds of round_cap_ tokens
   int64_t bound_;      // promised most tokens per rank per call (0: unknown)
-  int64_t round_cap_;
-  int64_t cap_ = 0;    // tokens per rank the window holds per round
+  int64_t round_cap_;  // lowlatency: tokens per round; fused: tokens per chunk
+  int64_t cap_ = 0;    // tokens per rank the window holds per slot
   size_t layout_rec_ = 0, layout_ans_ = 0;
   FaultCombine fc_;
-  DeviceArray<int32_t> replicas_, counts_, base_, slot_pos_, rec_token_, rec_slot_, rec_dest_, rec_pos_, pos_;
-  DeviceArray<int32_t> recv_count_, row_base_;
+  HomeArrays home_[2];
+  DeviceArray<int32_t> replicas_, recv_count_, row_base_;
   DeviceArray<unsigned> done_;
   DeviceArray<unsigned char> out_;
+  cudaStream_t comm_ = nullptr;
+  cudaEvent_t ev_in_ = nullptr, ev_out_ = nullptr;
 };
 
 }  // namespace
@@ -407,11 +483,15 @@ class IpcBackend final : public A2ABackend {
 namespace epmoe {
 
 std::unique_ptr<A2ABackend> make_ipc_onesided_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
-  return std::make_unique<cuda::IpcBackend>(g, p, o, /*bounded=*/false);
+  return std::make_unique<cuda::IpcBackend>(g, p, o, cuda::IpcMode::OneSided);
 }
 
 std::unique_ptr<A2ABackend> make_ipc_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
-  return std::make_unique<cuda::IpcBackend>(g, p, o, /*bounded=*/true);
+  return std::make_unique<cuda::IpcBackend>(g, p, o, cuda::IpcMode::LowLatency);
+}
+
+std::unique_ptr<A2ABackend> make_ipc_fused_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
+  return std::make_unique<cuda::IpcBackend>(g, p, o, cuda::IpcMode::Fused);
 }
 
 }  // namespace epmoe

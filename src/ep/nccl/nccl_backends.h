@@ -17,6 +17,8 @@ std::unique_ptr<A2ABackend> make_nccl_alltoall_backend(NcclGroup& g, const Place
 // lowlatency (a record per (token, slot), fixed capacity per round, further rounds).
 std::unique_ptr<A2ABackend> make_ipc_onesided_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
 std::unique_ptr<A2ABackend> make_ipc_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
+// fused: onesided's exchange in chunks, pipelined over two streams.
+std::unique_ptr<A2ABackend> make_ipc_fused_backend(NcclGroup& g, const Placement& p, const BackendOptions& o);
 // The single-GPU reference (every expert local, no communication).
 std::unique_ptr<A2ABackend> make_cuda_local_backend(const Placement& p, const BackendOptions& o);
 
