@@ -460,18 +460,21 @@ void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
 
 // ---------------------------------------------------------------------------------------------
 // The expert runner (plan + both GEMMs) against a CPU SwiGLU in double, slot and compact modes,
-// with ids of other ranks (skipped) in the rows.
+// with ids of other ranks (skipped) in the rows. extra > 0: the row count is on the device (what the
+// GPU backends that receive into peer-written buffers pass): `extra` more rows lie beyond it, all of
+// them for local experts, and must be neither served nor counted.
 template <class TA>
-void test_runner(int rows = 50, int K = 3) {
+void test_runner(int rows = 50, int K = 3, int extra = 0) {
   const int H = 64, I = 40, P = 6, p0 = 2, n_local = 3;
   const bool bf = std::is_same_v<TA, bf16>;
-  auto fx = randu(size_t(rows) * H);
+  auto fx = randu(size_t(rows + extra) * H);
   auto g = randu(size_t(P) * I * H, 0.2f), u = randu(size_t(P) * I * H, 0.2f), d = randu(size_t(P) * H * I, 0.2f);
   if (bf)
     for (auto* v : {&fx, &g, &u, &d})
       for (auto& x : *v) x = round_bf16(x);
-  std::vector<int32_t> phys(size_t(rows) * K);
+  std::vector<int32_t> phys(size_t(rows + extra) * K);
   for (auto& q : phys) q = int32_t(rng() % P);
+  for (size_t i = size_t(rows) * K; i < phys.size(); i++) phys[i] = p0;
   ExpertWeightsGpu<TA> w;
   w.H = H, w.I = I, w.p0 = p0, w.n_local = n_local;
   std::vector<float> w1(size_t(n_local) * 2 * I * H), w2(size_t(n_local) * H * I);
@@ -486,10 +489,11 @@ void test_runner(int rows = 50, int K = 3) {
   w.w1.upload(to_dev_type<TA>(w1));
   w.w2.upload(to_dev_type<TA>(w2));
   ExpertRunnerGpu<TA> runner(w);
-  DeviceArray<TA> dx, dout(size_t(rows) * K * H);
+  DeviceArray<TA> dx, dout(size_t(rows + extra) * K * H);
   dx.upload(to_dev_type<TA>(fx));
-  DeviceArray<int32_t> dp, base(size_t(rows) + 1);
+  DeviceArray<int32_t> dp, base(size_t(rows + extra) + 1), dcount;
   dp.upload(phys);
+  dcount.upload(std::vector<int32_t>{rows});
   auto expert_ref = [&](int pe, const float* x, std::vector<double>& y) {
     std::vector<double> h(static_cast<size_t>(I));
     for (int j = 0; j < I; j++) {
@@ -506,19 +510,20 @@ void test_runner(int rows = 50, int K = 3) {
       for (int j = 0; j < I; j++) y[size_t(q)] += h[size_t(j)] * d[((size_t(pe) * H) + q) * I + j];
   };
   for (bool compact : {false, true}) {
-    EPMOE_CUDA_CHECK(cudaMemset(dout.data(), 0, sizeof(TA) * size_t(rows) * K * H));
+    EPMOE_CUDA_CHECK(cudaMemset(dout.data(), 0, sizeof(TA) * size_t(rows + extra) * K * H));
     ExpertJobs j;
     j.x = dx.data();
     j.x_stride = H;
     j.phys = dp.data();
     j.phys_stride = K;
-    j.rows = rows;
+    j.rows = rows + extra;
+    if (extra) j.rows_dev = dcount.data();
     j.K = K;
     j.compact = compact;
     j.row_base = base.data();
     runner.run(j, dout.data());
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    auto got = from_dev(dout, size_t(rows) * K * H);
+    auto got = from_dev(dout, size_t(rows + extra) * K * H);
     auto rb = base.download(size_t(rows) + 1);
     std::vector<float> g_sel;
     std::vector<double> r_sel;
@@ -540,12 +545,19 @@ void test_runner(int rows = 50, int K = 3) {
       }
     }
     base_ok &= rb[size_t(rows)] == idx;
+    // Nothing past the device count was served: its output rows stay zero.
+    bool beyond_untouched = true;
+    const size_t first_beyond = (compact ? size_t(idx) : size_t(rows) * K) * H;
+    for (size_t i = first_beyond; i < got.size(); i++) beyond_untouched &= got[i] == 0.0f;
     const double e = rel_err(g_sel, r_sel);
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "expert runner %s %s, %d rows x %d slots (%s plan): %d jobs, rel err %.2e, row_base %s",
+    char buf[240];
+    std::snprintf(buf, sizeof buf,
+                  "expert runner %s %s, %d rows x %d slots%s (%s plan): %d jobs, rel err %.2e, row_base %s%s",
                   bf ? "bf16" : "f32", compact ? "compact" : "slots", rows, K,
-                  rows * K > 8192 ? "multi-block" : "one-block", idx, e, base_ok ? "ok" : "WRONG");
-    check(e < (bf ? 1e-2 : 1e-5) && base_ok, buf);
+                  extra ? (" + " + std::to_string(extra) + " past a device count").c_str() : "",
+                  plan_in_one_block(rows + extra, K, extra > 0) ? "one-block" : "multi-block", idx, e,
+                  base_ok ? "ok" : "WRONG", beyond_untouched ? "" : ", rows past the count SERVED");
+    check(e < (bf ? 1e-2 : 1e-5) && base_ok && beyond_untouched, buf);
   }
 }
 
@@ -1691,6 +1703,13 @@ TEST(GpuExperts, RunnerMultiBlockPlan) {
   REQUIRE_GPU();
   test_runner<bf16>(3000, 4);
   test_runner<float>(2100, 4);
+}
+
+TEST(GpuExperts, RunnerRowCountOnTheDevice) {
+  REQUIRE_GPU();
+  test_runner<bf16>(40, 3, 30);     // one-block plan
+  test_runner<bf16>(1500, 4, 700);  // multi-block plan over the bound
+  test_runner<float>(900, 4, 400);
 }
 
 

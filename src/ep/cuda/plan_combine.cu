@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_count_kernel(const Pla
   for (int e = threadIdx.x; e < a.n_local; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   const int64_t r = int64_t(blockIdx.x) * kPlanRowsPerBlock + threadIdx.x;
+  const int64_t rows = a.rows_dev ? lmin(a.rows, *a.rows_dev) : a.rows;  // blocks past it count nothing
   int mine = 0;
-  if (r < a.rows)
+  if (r < rows)
     for (int k = 0; k < a.K; k++) {
       const int e = local_expert(a, r, k);
       if (e >= 0) atomicAdd(&cnt[e], 1), mine++;
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_scan_kernel(const PlanArgs 
       ws_tot[b] = run;
       run += c;
     }
-    if (a.row_base) a.row_base[a.rows] = run;
+    if (a.row_base) a.row_base[a.rows_dev ? lmin(a.rows, *a.rows_dev) : a.rows] = run;
   }
   __syncthreads();
   write_tiles(a, scratch);
@@ -175,12 +176,13 @@ __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_scatter_kernel(const P
   int* scratch = cursor + a.n_local;
   for (int e = threadIdx.x; e < a.n_local; e += blockDim.x) cursor[e] = ws_cnt[int64_t(blockIdx.x) * a.n_local + e];
   const int64_t r = int64_t(blockIdx.x) * kPlanRowsPerBlock + threadIdx.x;
+  const int64_t rows = a.rows_dev ? lmin(a.rows, *a.rows_dev) : a.rows;
   int mine = 0;
-  if (r < a.rows)
+  if (r < rows)
     for (int k = 0; k < a.K; k++) mine += local_expert(a, r, k) >= 0;
   int tot = 0;
   int idx = ws_tot[blockIdx.x] + block_exclusive_scan(mine, scratch, &tot);  // syncs: cursors are ready
-  if (r >= a.rows) return;
+  if (r >= rows) return;
   if (a.row_base) a.row_base[r] = idx;
   for (int k = 0; k < a.K; k++) {
     const int e = local_expert(a, r, k);
@@ -356,6 +358,7 @@ void plan(const PlanArgs& a, cudaStream_t s) {
     // are cheap. A device row count is known only to the kernel: the full block.
     const int threads =
         a.rows_dev ? kPlanThreads : int(std::clamp<int64_t>((a.rows + 31) / 32 * 32, 128, kPlanThreads));
+    // (A row count on the device takes the full block: only the kernel knows how many rows come.)
     launch_pdl(plan_kernel, dim3(1), dim3(threads), smem, s, a);
     return;
   }
