@@ -33,8 +33,8 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
   }
   cmd.add_option("--combine", o.combine,
                  "deterministic: one row per (token, slot) summed at home in slot order (bit-identical for every "
-                 "layout); fast: per-rank partial sums (fewer bytes, ~1e-6 differences; every backend on cpu, alltoall and "
-                 "onesided on cuda)")
+                 "layout); fast: per-rank partial sums (fewer bytes, ~1e-6 differences; every backend has it on cpu, "
+                 "some on cuda: a backend without it is refused, naming those with it)")
       ->check(CLI::IsMember({"deterministic", "fast"}))
       ->capture_default_str();
   cmd.add_option("--ep-redundant-experts", o.redundant_experts,
