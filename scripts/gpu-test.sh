@@ -10,6 +10,8 @@
 #           epmoe generate --device cuda on 2 processes; epmoe check --device cuda on every
 #           fixture (must pass) and with an injected double reduce (must fail, naming it)
 # Logs go to $OUT (or /tmp/epmoe-gpu). Exit status 0 when everything passed.
+# EP_ONLY=1: the expert-parallel part (2 GPUs) and the single-GPU references it compares with only,
+# on three fixtures (the dense 1-GPU suite and the other fixtures' rollouts are skipped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
@@ -32,7 +34,8 @@ fx=tests/data/qwen3moe-tiny
 ids=$(python3 -c "
 from safetensors.numpy import load_file
 print(','.join(str(int(v)) for v in load_file('$fx/golden.safetensors')['seq0.all_ids']))" 2>/dev/null || echo 5,17,42,99,3)
-step gpu_test 150 "$GPU_BIN/gpu_test" --gtest_color=no
+ep_only=${EP_ONLY:-0}
+((ep_only)) || step gpu_test 150 "$GPU_BIN/gpu_test" --gtest_color=no
 step cli_score 60 "$GPU_BIN/epmoe" score --device cuda --model $fx --ids "$ids" --out "$out/score.safetensors"
 step cli_generate 60 "$GPU_BIN/epmoe" generate --device cuda --model $fx --prompt-ids "$ids" --max-new-tokens 8
 step cli_generate_f32 60 "$GPU_BIN/epmoe" generate --device cuda --compute f32 --model $fx --prompt-ids "$ids" \
@@ -57,7 +60,7 @@ for c in bf16 f32; do
     $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
 done
 # Every fixture, both kinds of draw (device: no masks; host: top-p and top-N), bf16.
-for name in qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny; do
+((ep_only)) || for name in qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny; do
   for kind in draw host; do
     if [[ $kind == draw ]]; then a=${draw_args//$fx/tests\/data\/$name}; else a=${rollout_args//$fx/tests\/data\/$name}; fi
     step "rollout_${name}_$kind" 120 bash -c "$GPU_BIN/epmoe generate --device cuda $a \
@@ -91,16 +94,16 @@ for kv in "--kv-cache-tokens 96 --kv-block-size 4" "--kv-block-size 1 --no-prefi
 done
 if ((ngpu >= 2)); then
   # The same rollout on 2 GPUs with every backend: the same lines, bit for bit.
-  for b in none alltoall lowlatency onesided; do
+  for b in none alltoall lowlatency onesided fused; do
     scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $rollout_args --moe-a2a-backend $b \
       > "$out/rollout_2gpu_$b.jsonl" 2> "$out/rollout_2gpu_$b.log"
     if cmp -s "$out/rollout_2gpu_$b.jsonl" "$out/rollout_1gpu_bf16.jsonl" && [[ -s $out/rollout_1gpu_bf16.jsonl ]]; then
       echo "=== rollout 2 GPUs $b == 1 GPU: ok"
     else echo "=== rollout 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
   done
-  step gpu_ep_test 150 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test" --gtest_color=no
+  step gpu_ep_test 240 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test" --gtest_color=no
   printf '%s\n' "$ids" "${ids%,*}" "${ids#*,}" > "$out/prompts.txt"
-  for b in none alltoall lowlatency onesided; do
+  for b in none alltoall lowlatency onesided fused; do
     step "cli_generate_2gpu_$b" 90 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda \
       --moe-a2a-backend $b --model $fx --prompts-file "$out/prompts.txt" --max-new-tokens 8
   done
@@ -108,16 +111,17 @@ if ((ngpu >= 2)); then
     --max-new-tokens 8
   # Greedy ids of 2 GPUs (every backend) == 1 GPU.
   ref=$(grep -E '^[0-9,]+$' "$out/cli_generate_1gpu_ref.log")
-  for b in none alltoall lowlatency onesided; do
+  for b in none alltoall lowlatency onesided fused; do
     got=$(grep -E '^[0-9,]+$' "$out/cli_generate_2gpu_$b.log")
     if [[ -n $ref && $got == "$ref" ]]; then echo "generate 2 GPUs $b == 1 GPU: ok"
     else echo "generate 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
   done
   # epmoe check on GPUs: every fixture, both compute modes; redundant experts and a capacity of
   # 3 tokens per round (several lowlatency rounds) on the first.
-  for name in qwen3moe-tiny qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny \
-              deepseek-v2-lite-tiny deepseek-v2-tiny deepseek-v3-tiny glm4moe-lite-tiny qwen3moe-fp8-tiny \
-              deepseek-v3-fp8-tiny; do
+  fixtures="qwen3moe-tiny qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny \
+            deepseek-v2-lite-tiny deepseek-v2-tiny deepseek-v3-tiny glm4moe-lite-tiny qwen3moe-fp8-tiny deepseek-v3-fp8-tiny"
+  ((ep_only)) && fixtures="qwen3moe-tiny deepseek-v2-tiny deepseek-v3-fp8-tiny"
+  for name in $fixtures; do
     for c in bf16 f32; do
       step "check_2gpu_${name}_$c" 120 scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" check --device cuda --compute $c \
         --model tests/data/$name --json "$out/check_2gpu_${name}_$c.json"
@@ -142,7 +146,7 @@ if ((ngpu >= 2)); then
     if ((rc == 1)) && python3 - "$out/check_2gpu_inject_$f.json" "$f" "$verdict" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); fault, verdict = sys.argv[2], sys.argv[3]
-ok = len(j["backends"]) == 4
+ok = len(j["backends"]) == 5
 for b in j["backends"]:
     affected = fault != "drop-overflow" or b["backend"] == "lowlatency"
     good = (not b["pass"] and b["audit"]["verdict"].startswith(verdict)) if affected else b["pass"]

@@ -46,11 +46,22 @@ __global__ void ipc_wait_kernel(IpcSignals* sig, int R, int stage, uint64_t epoc
 
 uint64_t IpcWindow::timeout_ns() const { return uint64_t(g_.timeout() * 1e9); }
 
+namespace {
+// Windows of destroyed backends, freed at the next collective point: freeing memory that a peer
+// still maps is undefined (the CUDA IPC contract), and a destructor cannot wait for the peers. A
+// peer closes its mapping of a window when its own backend is destroyed, which in the group's
+// common program order comes before it enters the next window's handle exchange.
+std::vector<void*>& retired_windows() {
+  static std::vector<void*> v;
+  return v;
+}
+}  // namespace
+
 void IpcWindow::release() {
   if (!mine_) return;
   for (int d = 0; d < kIpcMaxRanks; d++)
     if (peers_.base[d] && peers_.base[d] != mine_) cudaIpcCloseMemHandle(peers_.base[d]);
-  cudaFree(mine_);
+  retired_windows().push_back(mine_);
   mine_ = nullptr;
   peers_ = IpcPeers{};
 }
@@ -80,6 +91,8 @@ void IpcWindow::allocate(const IpcLayout& layout) {
   EPMOE_CUDA_CHECK(cudaIpcGetMemHandle(&h, mine_));
   std::vector<cudaIpcMemHandle_t> all(static_cast<size_t>(R));
   g_.allgather(&h, sizeof h, all.data());
+  for (void* old : retired_windows()) cudaFree(old);  // every peer has unmapped them (see above)
+  retired_windows().clear();
   for (int d = 0; d < R; d++) {
     if (d == me) {
       peers_.base[d] = mine_;
