@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ep/fault.h"
+#include "ep/placement.h"
 
 namespace epmoe::cuda {
 
@@ -313,6 +314,28 @@ __global__ void combine_partials_kernel(const float* partials, const int32_t* po
 }
 
 }  // namespace
+
+OwnerTable owner_table(const Placement& p) {
+  EPMOE_ASSERT(p.ranks <= kMaxOwnerRanks, "gpu backends: at most 16 ranks");
+  OwnerTable o;
+  o.R = p.ranks;
+  for (int i = 0; i <= p.ranks; i++) o.begin[i] = p.rank_begin[size_t(i)];
+  return o;
+}
+
+FaultCombine make_fault_combine(Fault f, const Placement& p, int me, DeviceArray<int32_t>& replicas) {
+  FaultCombine fc;
+  if (f == Fault::None) return fc;
+  std::vector<int32_t> rep(size_t(p.num_physical()));
+  for (int q = 0; q < p.num_physical(); q++) rep[size_t(q)] = int32_t(p.replicas[size_t(p.logical_of[size_t(q)])].size());
+  replicas.upload(rep);
+  fc.kind = int(f);
+  fc.me = me;
+  fc.owner = owner_table(p);
+  fc.replicas = replicas.data();
+  fc.scale = fault_output_scale(f, p);
+  return fc;
+}
 
 template <class TS>
 void combine_slots_faulty(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,

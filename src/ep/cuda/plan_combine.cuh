@@ -3,6 +3,8 @@
 // deterministic slot-order combine (what makes every backend's output the same bits).
 #pragma once
 
+#include "ep/fault.h"
+#include "ep/placement.h"
 #include "kernels/cuda/common.cuh"
 
 namespace epmoe::cuda {
@@ -74,6 +76,12 @@ struct FaultCombine {
   const int32_t* replicas = nullptr; // [P] replicas of each physical expert's logical expert
   float scale = 1.0f;                // the output scale (double-reduce: the group size)
 };
+
+// The owner table of a placement (at most kMaxOwnerRanks ranks).
+OwnerTable owner_table(const Placement& p);
+// The fault a backend injects, ready for the device: the replica counts are uploaded into
+// `replicas` (kept by the backend). Fault::None gives a FaultCombine nobody reads.
+FaultCombine make_fault_combine(Fault f, const Placement& p, int me, DeviceArray<int32_t>& replicas);
 
 // combine_slots under an injected fault: skip-reduce drops the rows of slots served by another
 // rank; wrong-combine-ids moves them one token on (within the T tokens); replica-per-rank weighs

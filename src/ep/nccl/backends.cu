@@ -36,13 +36,7 @@ ncclComm_t nc(const NcclGroup& g) { return static_cast<ncclComm_t>(g.nccl_comm()
 constexpr int kMaxRanks = kMaxOwnerRanks;
 using Ranks = OwnerTable;
 
-Ranks ranks_of(const Placement& p) {
-  EPMOE_ASSERT(p.ranks <= kMaxRanks, "gpu backends: at most 16 ranks");
-  Ranks r;
-  r.R = p.ranks;
-  for (int i = 0; i <= p.ranks; i++) r.begin[i] = p.rank_begin[size_t(i)];
-  return r;
-}
+Ranks ranks_of(const Placement& p) { return owner_table(p); }
 
 // Records: [row: H elements][K int32 physical ids, -1 where the destination serves no slot],
 // padded to 16 bytes. One block per record.
@@ -87,19 +81,11 @@ size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 class NcclBackendBase : public A2ABackend {
  public:
   NcclBackendBase(NcclGroup& g, const Placement& p, const BackendOptions& o)
-      : g_(g), rk_(ranks_of(p)), fault_(o.fault), fast_(o.combine == CombineMode::Fast) {
-    if (fault_ != Fault::None) {
-      std::vector<int32_t> rep(size_t(p.num_physical()));
-      for (int q = 0; q < p.num_physical(); q++)
-        rep[size_t(q)] = int32_t(p.replicas[size_t(p.logical_of[size_t(q)])].size());
-      replicas_.upload(rep);
-      fc_.kind = int(fault_);
-      fc_.me = g.rank();
-      fc_.owner = rk_;
-      fc_.replicas = replicas_.data();
-      fc_.scale = fault_output_scale(fault_, p);
-    }
-  }
+      : g_(g),
+        rk_(ranks_of(p)),
+        fault_(o.fault),
+        fast_(o.combine == CombineMode::Fast),
+        fc_(make_fault_combine(o.fault, p, g.rank(), replicas_)) {}
   Device device() const override { return Device::Cuda; }
 
  protected:
@@ -213,9 +199,9 @@ class NcclBackendBase : public A2ABackend {
   NcclGroup& g_;
   Ranks rk_;
   Fault fault_;
-  bool fast_;          // CombineMode::Fast
-  FaultCombine fc_;    // the injected fault, when one is
-  DeviceArray<int32_t> replicas_;
+  bool fast_;                      // CombineMode::Fast
+  DeviceArray<int32_t> replicas_;  // (before fc_, which points into it)
+  FaultCombine fc_;                // the injected fault, when one is
   DeviceArray<int32_t> slot_pos_, counts_, rec_token_, rec_slot_, rec_dest_, rec_pos_;
   PinnedArray<int32_t> counts_host_;  // counts the host needs to size an exchange
 };

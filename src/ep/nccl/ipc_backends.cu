@@ -195,22 +195,10 @@ class IpcBackend final : public A2ABackend {
         fast_(o.combine == CombineMode::Fast),
         bound_(o.max_tokens_per_rank),
         round_cap_(mode == IpcMode::Fused ? o.chunk_tokens : o.max_dispatch_tokens_per_rank) {
-    EPMOE_ASSERT(p.ranks <= kMaxOwnerRanks, "gpu backends over NVLink: at most 16 ranks");
     EPMOE_ASSERT(mode_ == IpcMode::OneSided || !fast_, "the fast combine on gpus: alltoall and onesided only");
     EPMOE_ASSERT(mode_ == IpcMode::OneSided || round_cap_ > 0, name() + ": a capacity of at least one token");
-    rk_.R = p.ranks;
-    for (int i = 0; i <= p.ranks; i++) rk_.begin[i] = p.rank_begin[size_t(i)];
-    if (fault_ != Fault::None) {
-      std::vector<int32_t> rep(size_t(p.num_physical()));
-      for (int q = 0; q < p.num_physical(); q++)
-        rep[size_t(q)] = int32_t(p.replicas[size_t(p.logical_of[size_t(q)])].size());
-      replicas_.upload(rep);
-      fc_.kind = int(fault_);
-      fc_.me = g.rank();
-      fc_.owner = rk_;
-      fc_.replicas = replicas_.data();
-      fc_.scale = fault_output_scale(fault_, p);
-    }
+    rk_ = owner_table(p);
+    fc_ = make_fault_combine(fault_, p, g.rank(), replicas_);
     done_.reserve(2);
     EPMOE_CUDA_CHECK(cudaMemset(done_.data(), 0, 2 * sizeof(unsigned)));
   }
