@@ -17,7 +17,7 @@ bash scripts/install-deps.sh
 # host code would double its time on CI's two cores. Device code is optimised by ptxas either way.
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=CompileCheck -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=ON \
   -DEPMOE_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
-cmake --build build-cuda -j"$(nproc)" --target epmoe_lib gpu_test gpu_ep_test
+cmake --build build-cuda -j"$(nproc)" --target epmoe_lib gpu_test gpu_ep_test gpu_ipc_test
 echo "build-cuda: the CUDA sources and the GPU tests compiled for sm_90a"
 # Without a GPU every gpu-labelled test must say so (ctest: skipped), and none may fail. ctest's own
 # summary ("100% tests passed" over entries that all skipped) would read as a test run; it is kept

@@ -123,9 +123,9 @@ std::unique_ptr<A2ABackend> make_backend(const std::string& name, Device device,
       switch (t.kind) {
         case BackendKind::None: return make_nccl_none_backend(g, placement, opt);
         case BackendKind::AllToAll: return make_nccl_alltoall_backend(g, placement, opt);
-        case BackendKind::LowLatency: return make_ipc_lowlatency_backend(g, placement, opt);
-        case BackendKind::OneSided: return make_ipc_onesided_backend(g, placement, opt);
-        case BackendKind::Fused: return make_ipc_fused_backend(g, placement, opt);
+        case BackendKind::LowLatency:
+        case BackendKind::OneSided:
+        case BackendKind::Fused: return make_ipc_backend(name, g, g.device_peer_fault(), placement, opt);
       }
 #endif
       break;

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "comm/nccl_group.h"
+#include "comm/group.h"
 
 namespace epmoe::cuda {
 
@@ -69,7 +69,7 @@ void IpcWindow::release() {
 void IpcWindow::allocate(const IpcLayout& layout) {
   const int R = g_.size(), me = g_.rank();
   EPMOE_ASSERT(R <= kIpcMaxRanks, "ipc window: at most 16 ranks (GPUs of one host)");
-  fault_ = g_.device_peer_fault();
+  EPMOE_ASSERT(fault_ != nullptr, "ipc window: a fault word for the waits");
   if (mine_) {
     // Every rank is past its last use of the window (its previous call ended); unmap the peers',
     // then free this rank's once no peer maps it any more.

@@ -23,7 +23,7 @@
 #include "kernels/cuda/common.cuh"
 
 namespace epmoe {
-class NcclGroup;
+class Group;
 }
 
 namespace epmoe::cuda {
@@ -103,7 +103,10 @@ struct IpcLayout {
 
 class IpcWindow {
  public:
-  explicit IpcWindow(NcclGroup& g) : g_(g) {}
+  // g: carries the handles and the barriers (in the runtime the NCCL group; any group of processes
+  // on one host's GPUs will do). fault_word: the group's device_peer_fault() word, or any mapped
+  // page-locked int32[4] the caller polls.
+  IpcWindow(Group& g, int32_t* fault_word) : g_(g), fault_(fault_word) {}
   ~IpcWindow() { release(); }
   IpcWindow(const IpcWindow&) = delete;
   IpcWindow& operator=(const IpcWindow&) = delete;
@@ -120,14 +123,14 @@ class IpcWindow {
   IpcSignals* my_signals() const { return reinterpret_cast<IpcSignals*>(mine_); }
   // The next epoch (one per call of the backend).
   uint64_t next_epoch() { return ++epoch_; }
-  // The group's word for a peer that does not signal in time (NcclGroup::device_peer_fault).
+  // The word a wait writes a peer that does not signal in time into.
   int32_t* fault_word() const { return fault_; }
   // The wait deadline in ns, from the group's timeout.
   uint64_t timeout_ns() const;
 
  private:
   void release();
-  NcclGroup& g_;
+  Group& g_;
   IpcLayout layout_{{}};
   IpcPeers peers_;
   unsigned char* mine_ = nullptr;

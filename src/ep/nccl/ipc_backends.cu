@@ -23,7 +23,7 @@
 // the ranks agree on C each call (one allreduce of T); a larger C grows every window together.
 #include <algorithm>
 
-#include "comm/nccl_group.h"
+#include "comm/group.h"
 #include "ep/cuda/ipc_window.cuh"
 #include "ep/cuda/plan_combine.cuh"
 #include "ep/fault.h"
@@ -187,9 +187,9 @@ enum class IpcMode {
 // stream).
 class IpcBackend final : public A2ABackend {
  public:
-  IpcBackend(NcclGroup& g, const Placement& p, const BackendOptions& o, IpcMode mode)
+  IpcBackend(Group& g, int32_t* fault_word, const Placement& p, const BackendOptions& o, IpcMode mode)
       : g_(g),
-        win_(g),
+        win_(g, fault_word),
         mode_(mode),
         fault_(o.fault),
         fast_(o.combine == CombineMode::Fast),
@@ -445,7 +445,7 @@ class IpcBackend final : public A2ABackend {
     }
   }
 
-  NcclGroup& g_;
+  Group& g_;
   IpcWindow win_;
   IpcMode mode_;
   OwnerTable rk_;
@@ -470,16 +470,12 @@ class IpcBackend final : public A2ABackend {
 
 namespace epmoe {
 
-std::unique_ptr<A2ABackend> make_ipc_onesided_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
-  return std::make_unique<cuda::IpcBackend>(g, p, o, cuda::IpcMode::OneSided);
-}
-
-std::unique_ptr<A2ABackend> make_ipc_lowlatency_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
-  return std::make_unique<cuda::IpcBackend>(g, p, o, cuda::IpcMode::LowLatency);
-}
-
-std::unique_ptr<A2ABackend> make_ipc_fused_backend(NcclGroup& g, const Placement& p, const BackendOptions& o) {
-  return std::make_unique<cuda::IpcBackend>(g, p, o, cuda::IpcMode::Fused);
+std::unique_ptr<A2ABackend> make_ipc_backend(const std::string& name, Group& g, int32_t* fault_word, const Placement& p,
+                                             const BackendOptions& o) {
+  if (name == "onesided") return std::make_unique<cuda::IpcBackend>(g, fault_word, p, o, cuda::IpcMode::OneSided);
+  if (name == "lowlatency") return std::make_unique<cuda::IpcBackend>(g, fault_word, p, o, cuda::IpcMode::LowLatency);
+  if (name == "fused") return std::make_unique<cuda::IpcBackend>(g, fault_word, p, o, cuda::IpcMode::Fused);
+  throw Error("make_ipc_backend: '" + name + "' does not write into peers' memory");
 }
 
 }  // namespace epmoe
