@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "check/audit.h"
 #include "comm/group.h"
 #include "common/golden.h"
 #include "ep/backend.h"
@@ -267,6 +268,37 @@ int run_rank(const std::string& dir, int me) {
         report(fault_host[0] == 0, where + "no device wait timed out");
       }
     }
+  }
+
+  // The reduction audit of `epmoe check` (probe experts, the CPU's diagnoses) over each backend:
+  // a clean run passes, each injected bug class fails with the verdict the CPU gives it
+  // (tests/check/check_test.cc); drop-overflow exists only in the bounded lowlatency.
+  {
+    const Placement pl = Placement::make_default(16, R, 2);
+    const std::vector<std::pair<Fault, std::string>> faults = {
+        {Fault::None, "ok"},
+        {Fault::DoubleReduce, "reduced twice"},
+        {Fault::SkipReduce, "not reduced"},
+        {Fault::ReplicaPerRank, "replica counted twice"},
+        {Fault::WrongCombineIds, "rows of another token"},
+        {Fault::DropOverflow, "slot lost"}};
+    for (const Variant& v : {Variant{"onesided"}, Variant{"lowlatency", 3}, Variant{"fused", 128, 0, 3}})
+      for (const auto& [f, verdict] : faults) {
+        BackendOptions bo;
+        bo.max_dispatch_tokens_per_rank = v.cap;
+        bo.chunk_tokens = v.chunk;
+        bo.fault = f;
+        auto be = make_ipc_backend(v.name, g, fault_dev, pl, bo);
+        AuditOptions ao;
+        ao.H = 64, ao.K = 4;
+        ao.tokens_per_rank = 8;  // more than a lowlatency round (3) and a fused chunk (3)
+        const AuditResult a = run_audit(g, Device::Cuda, pl, *be, ao);
+        const bool applies = f != Fault::DropOverflow || v.name == "lowlatency";
+        const std::string want = applies ? verdict : "ok";
+        const bool ok = a.verdict.rfind(want, 0) == 0 && a.pass == (want == "ok");
+        report(ok, "audit " + v.label() + (f == Fault::None ? "" : " --inject " + fault_name(f)) + ": " + a.verdict +
+                       (ok ? "" : " (want " + want + ")"));
+      }
   }
 
   // The fault drill: rank 1 stops after one call of onesided (bound: no host-side agreement); rank
