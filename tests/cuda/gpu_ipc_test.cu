@@ -212,10 +212,10 @@ int run_rank(const std::string& dir, int me) {
                                          {"onesided", 128, 0, 64, true},
                                          {"lowlatency"},
                                          {"lowlatency", 3},
-                                         {"lowlatency", 3, 64},
+                                         {"lowlatency", 64, 64},
                                          {"fused"},
                                          {"fused", 128, 0, 3},
-                                         {"fused", 128, 64, 3}};
+                                         {"fused", 128, 64, 64}};
   for (const std::string fx : {"qwen3moe-tiny", "deepseek-v2-tiny", "deepseek-v3-fp8-tiny"}) {
     ModelConfig cfg = load_model_config(test::fixture(fx));
     Checkpoint ckpt(test::fixture(fx));

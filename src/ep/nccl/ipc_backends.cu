@@ -231,13 +231,14 @@ class IpcBackend final : public A2ABackend {
       return;
     }
     // Rounds of C tokens (lowlatency: the capacity; fused: a chunk); the ranks agree on their
-    // number, unless a promised bound fixes it (rounds past a rank's tokens are empty there).
+    // number, unless a promised bound fits in one round. (A bound of several rounds would fix
+    // their number at the worst case: a decode step of a few tokens would pay for all of them.)
     const int64_t C = round_cap_;
     ensure_window(L, C);
     int64_t rounds;
-    if (bound_ > 0) {
+    if (bound_ > 0 && bound_ <= C) {
       check_bound(in);
-      rounds = (bound_ + C - 1) / C;
+      rounds = 1;
     } else {
       rounds = g_.allreduce_max((in.T + C - 1) / C);
     }
