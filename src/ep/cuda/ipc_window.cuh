@@ -8,8 +8,9 @@
 // then the regions a backend asks for. Completion is by epoch: every run() is one epoch; a source
 // writes its payload, then (release, system scope) sets its flag at the destination to the epoch;
 // the destination waits until every source's flag has reached it. Flags only grow, so nothing is
-// reset between calls, and a region is written for call e + 1 only after its owner said, by its
-// flag of call e, that it has finished reading it.
+// reset between calls. A backend keeps two slots of regions (epoch e uses slot e & 1, so that one
+// call can be dispatched while the previous one is combined) and writes a slot for epoch e + 2
+// only after every owner said, by its flag of epoch e, that it has finished reading it.
 //
 // Every wait has a deadline (the group's --comm-timeout, measured on the GPU's clock). A wait that
 // passes it writes {1, peer, stage} to the group's device_peer_fault() word and returns; the
