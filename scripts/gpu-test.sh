@@ -5,8 +5,10 @@
 #   1 GPU:  the GoogleTest binary gpu_test: kernels, and every fixture against transformers' goldens
 #           in bf16 and f32 (the ctest entries gpu.gemm, gpu.routing, gpu.experts, gpu.goldens);
 #           epmoe score / generate --device cuda
-#   2 GPUs: gpu_ep_test (ctest gpu.ep.2gpu): expert parallelism over NCCL, bit-identical to one GPU
-#           for every backend;
+#           gpu_ipc_test (ctest gpu.ipc.2proc): the backends that write into peers' memory, as two
+#           processes (on one GPU too)
+#   2 GPUs: gpu_ep_test (ctest gpu.ep.2gpu): expert parallelism, bit-identical to one GPU for every
+#           backend, every injected fault caught;
 #           epmoe generate --device cuda on 2 processes; epmoe check --device cuda on every
 #           fixture (must pass) and with an injected double reduce (must fail, naming it)
 # Logs go to $OUT (or /tmp/epmoe-gpu). Exit status 0 when everything passed.
@@ -36,6 +38,9 @@ from safetensors.numpy import load_file
 print(','.join(str(int(v)) for v in load_file('$fx/golden.safetensors')['seq0.all_ids']))" 2>/dev/null || echo 5,17,42,99,3)
 ep_only=${EP_ONLY:-0}
 ((ep_only)) || step gpu_test 150 "$GPU_BIN/gpu_test" --gtest_color=no
+# The NVLink backends as two processes (on two GPUs, or both on one): bit-identical to one process,
+# every fault caught with the CPU's diagnosis, a stopped peer named (issue 19).
+step gpu_ipc_test 300 "$GPU_BIN/gpu_ipc_test"
 step cli_score 60 "$GPU_BIN/epmoe" score --device cuda --model $fx --ids "$ids" --out "$out/score.safetensors"
 step cli_generate 60 "$GPU_BIN/epmoe" generate --device cuda --model $fx --prompt-ids "$ids" --max-new-tokens 8
 step cli_generate_f32 60 "$GPU_BIN/epmoe" generate --device cuda --compute f32 --model $fx --prompt-ids "$ids" \
