@@ -1,5 +1,6 @@
 #include "ep/cuda/ipc_window.cuh"
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -9,42 +10,19 @@ namespace epmoe::cuda {
 
 namespace {
 
-__global__ void ipc_wait_kernel(IpcSignals* sig, int R, int stage, uint64_t epoch, uint64_t timeout_ns, int32_t* fault,
-                                int32_t* count_out, int32_t cap) {
-  volatile int32_t* vf = fault;
-  const int src = threadIdx.x;
-  if (src < R && vf[0] == 0) {
-    const uint64_t start = globaltimer_ns();
-    uint32_t spins = 0;
-    while (ld_acquire_sys(&sig->flag[stage][src]) < epoch) {
-      if ((++spins & 1023u) == 0) {
-        if (vf[0] != 0) break;  // another wait of this process gave up already
-        if (globaltimer_ns() - start > timeout_ns) {
-          // Host memory: plain stores, the peer and stage before the flag the host polls (two
-          // threads timing out together write the same kind of news; either one is named).
-          vf[1] = src;
-          vf[2] = stage + 1;
-          __threadfence_system();
-          vf[0] = 1;
-          break;
-        }
-      }
-    }
-  }
-  __syncthreads();
+__global__ void ipc_wait_kernel(const FlagWait w, IpcSignals* sig, int32_t* count_out, int32_t cap) {
+  wait_flags(w);
   if (count_out && threadIdx.x == 0) {
     __threadfence_system();
     // Read and cleared at once: every source reserved before it signalled, and none reserves in
     // this counter again (epoch + 2) before this rank's combine signal of this epoch, which comes
     // after this kernel.
-    const int32_t n = atomicExch(&sig->counter[epoch & 1], 0);
+    const int32_t n = atomicExch(&sig->counter[w.epoch & 1], 0);
     *count_out = n < cap ? n : cap;
   }
 }
 
 }  // namespace
-
-uint64_t IpcWindow::timeout_ns() const { return uint64_t(g_.timeout() * 1e9); }
 
 namespace {
 // Windows of destroyed backends, freed at the next collective point: freeing memory that a peer
@@ -112,8 +90,21 @@ void IpcWindow::allocate(const IpcLayout& layout) {
   epoch_ = 0;
 }
 
+FlagWait ipc_flag_wait(const IpcWindow& w, int R, int stage, uint64_t epoch) {
+  FlagWait f;
+  // (Address arithmetic only: the signals live on the device.)
+  f.flags = reinterpret_cast<const uint64_t*>(reinterpret_cast<const unsigned char*>(w.my_signals()) +
+                                              offsetof(IpcSignals, flag) + size_t(stage) * sizeof(uint64_t) * kIpcMaxRanks);
+  f.n = R;
+  f.epoch = epoch;
+  f.timeout_ns = w.timeout_ns();
+  f.fault = w.fault_word();
+  f.stage = stage + 1;
+  return f;
+}
+
 void ipc_wait(const IpcWindow& w, int R, int stage, uint64_t epoch, int32_t* count_out, int32_t cap, cudaStream_t s) {
-  ipc_wait_kernel<<<1, 32, 0, s>>>(w.my_signals(), R, stage, epoch, w.timeout_ns(), w.fault_word(), count_out, cap);
+  ipc_wait_kernel<<<1, 32, 0, s>>>(ipc_flag_wait(w, R, stage, epoch), w.my_signals(), count_out, cap);
   EPMOE_CUDA_LAUNCHED();
 }
 

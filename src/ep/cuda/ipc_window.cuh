@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ep/cuda/flag_wait.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace epmoe {
@@ -45,20 +46,6 @@ struct IpcSignals {
 static_assert(sizeof(IpcSignals) % 16 == 0, "regions after the signals stay 16-byte aligned");
 
 // --- device side --------------------------------------------------------------------------------
-
-__device__ inline uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ inline uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ inline void st_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 // Sets this rank's flag of `stage` at every peer to `epoch`; call from one thread once every write
 // of the payload is complete and fenced.
@@ -138,6 +125,10 @@ class IpcWindow {
   uint64_t epoch_ = 0;
   int32_t* fault_ = nullptr;
 };
+
+// What waiting for every source's flag of `stage` (0 dispatch, 1 combine) to reach `epoch` takes,
+// for a kernel that waits in its prologue (flag_wait.cuh).
+FlagWait ipc_flag_wait(const IpcWindow& w, int R, int stage, uint64_t epoch);
 
 // Waits (one block, launched on the stream) until every source's flag of `stage` has reached
 // `epoch`, with the window's deadline. stage: 0 dispatch, 1 combine (the fault word says stage + 1).

@@ -199,9 +199,10 @@ __global__ void __launch_bounds__(kPlanRowsPerBlock) plan_scatter_kernel(const P
 
 // bf16 rows, H % 8 == 0: eight columns per thread, 16-byte loads (same sums, same order).
 __global__ void combine_bf16x8_kernel(const bf16* rows, const int32_t* slot_pos, const float* w, int64_t T, int H,
-                                      int K, float scale, float* y) {
+                                      int K, float scale, float* y, const FlagWait fw) {
   pdl_trigger();
   pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
+  wait_flags(fw);
   const int H8 = H / 8;
   const int64_t n = T * H8;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -226,9 +227,10 @@ __global__ void combine_bf16x8_kernel(const bf16* rows, const int32_t* slot_pos,
 
 template <class TS>
 __global__ void combine_kernel(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K,
-                               float scale, float* y) {
+                               float scale, float* y, const FlagWait fw) {
   pdl_trigger();
   pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
+  wait_flags(fw);
   const int64_t n = T * H;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / H, h = i - t * H;
@@ -399,20 +401,21 @@ void plan(const PlanArgs& a, cudaStream_t s) {
 
 template <class TS>
 void combine_slots(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K, float scale,
-                   float* y, cudaStream_t s) {
+                   float* y, cudaStream_t s, const FlagWait* wait) {
   if (T == 0) return;
+  const FlagWait fw = wait ? *wait : FlagWait{};
   if constexpr (std::is_same_v<TS, bf16>) {
     if (H % 8 == 0) {
       launch_pdl(combine_bf16x8_kernel, dim3(grid_for(T * H / 8)), dim3(256), 0, s, rows, slot_pos, w, T, H, K, scale,
-                 y);
+                 y, fw);
       return;
     }
   }
-  launch_pdl(combine_kernel<TS>, dim3(grid_for(T * H)), dim3(256), 0, s, rows, slot_pos, w, T, H, K, scale, y);
+  launch_pdl(combine_kernel<TS>, dim3(grid_for(T * H)), dim3(256), 0, s, rows, slot_pos, w, T, H, K, scale, y, fw);
 }
 template void combine_slots<float>(const float*, const int32_t*, const float*, int64_t, int, int, float, float*,
-                                   cudaStream_t);
+                                   cudaStream_t, const FlagWait*);
 template void combine_slots<bf16>(const bf16*, const int32_t*, const float*, int64_t, int, int, float, float*,
-                                  cudaStream_t);
+                                  cudaStream_t, const FlagWait*);
 
 }  // namespace epmoe::cuda

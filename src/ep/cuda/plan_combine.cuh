@@ -3,6 +3,7 @@
 // deterministic slot-order combine (what makes every backend's output the same bits).
 #pragma once
 
+#include "ep/cuda/flag_wait.cuh"
 #include "ep/fault.h"
 #include "ep/placement.h"
 #include "kernels/cuda/common.cuh"
@@ -48,9 +49,10 @@ inline int plan_max_tiles(int64_t rows, int K, int n_local, int tile_m) {
 // ep/combine.cc combine_slots: y[t] = sum_{k=0..K-1} w[t,k] * rows[t*K + k] in slot order, fp32,
 // then y *= scale (scale != 1 only under an injected double-reduce fault).
 // slot_pos (optional): the row of (t, k) is rows[slot_pos[t*K + k]] (answers as received).
+// wait (optional): flags every block waits for first (answers written by peers over NVLink).
 template <class TS>
 void combine_slots(const TS* rows, const int32_t* slot_pos, const float* w, int64_t T, int H, int K, float scale,
-                   float* y, cudaStream_t s);
+                   float* y, cudaStream_t s, const FlagWait* wait = nullptr);
 
 // Which rank owns a physical expert (Placement::owner on the device): rank d owns
 // [begin[d], begin[d + 1]); ranks with an empty range share their begin with the next one and the

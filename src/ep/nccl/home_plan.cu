@@ -36,6 +36,13 @@ __global__ void __launch_bounds__(kHomeThreads) home_plan_kernel(const HomePlanA
     if (tid == 0) ans_off[d] = tot;
     __syncthreads();
   }
+  // Reservation at the destinations (the NVLink backends): one system-scope atomic per destination,
+  // in parallel, before the totals below become offsets.
+  if (a.reserved && tid < R) {
+    const int n_rec = rec_off[tid];
+    a.reserved[tid] = n_rec > 0 ? atomicAdd_system(a.reserve_at[tid], n_rec) : 0;
+  }
+  __syncthreads();
   if (tid == 0) {
     int sr = 0, sa = 0;
     for (int d = 0; d < R; d++) {

@@ -22,6 +22,11 @@ struct HomePlanArgs {
   int64_t rec_bound = 0;         // fixed mode: rec_* entries to clear to -1 first
   int32_t* slot_pos = nullptr;   // [(t1 - t0) * K]
   int32_t* rec_pos = nullptr;    // optional, dedup: [(t1 - t0) * R] the record of (t, d), or -1
+  // Optional (the NVLink backends): reserve this plan's records at each destination d by an atomic
+  // add of its record count on *reserve_at[d] (its counter, mapped here); the old values, where
+  // this rank's records start there, go to reserved[d].
+  int32_t* reserve_at[kMaxOwnerRanks] = {};
+  int32_t* reserved = nullptr;
 };
 void home_plan(const HomePlanArgs& a, cudaStream_t s);
 

@@ -4,8 +4,8 @@
 //
 // One call (one epoch e):
 //   1. home plan (dedup: a record per (token, destination rank), as alltoall)
-//   2. reserve: one device atomic add per destination on its counter[e & 1] -> where this rank's
-//      records start in the destination's receive region
+//   2. reserve (in the plan's kernel): one device atomic add per destination on its counter of the
+//      epoch's slot -> where this rank's records start in the destination's receive region
 //   3. put: the records written into the destinations' regions; the last block sets this rank's
 //      dispatch flag at every peer to e (release, system scope)
 //   4. wait for every source's dispatch flag; the received count is the counter's value
@@ -70,15 +70,6 @@ struct PutArgs {
   RecordLayout L;
   unsigned* blocks_done = nullptr;
 };
-
-__global__ void reserve_kernel(IpcPeers peers, int R, uint64_t epoch, const int32_t* counts, int32_t* base) {
-  const int d = threadIdx.x;
-  if (d < R) {
-    const int n = counts[d];
-    auto* sig = reinterpret_cast<IpcSignals*>(peers.base[d]);
-    base[d] = n > 0 ? atomicAdd_system(&sig->counter[epoch & 1], n) : 0;
-  }
-}
 
 __global__ void __launch_bounds__(256) put_kernel(const PutArgs a) {
   const int R = a.rk.R, K = a.L.K;
@@ -351,9 +342,10 @@ class IpcBackend final : public A2ABackend {
     hp.rec_bound = rec_bound;
     hp.slot_pos = a.slot_pos.data();
     hp.rec_pos = fast_ ? a.rec_pos.data() : nullptr;
+    for (int d = 0; d < R; d++)
+      hp.reserve_at[d] = &reinterpret_cast<IpcSignals*>(win_.peers().base[d])->counter[r.epoch & 1];
+    hp.reserved = a.base.data();
     home_plan(hp, s);
-    reserve_kernel<<<1, 32, 0, s>>>(win_.peers(), R, r.epoch, a.counts.data(), a.base.data());
-    EPMOE_CUDA_LAUNCHED();
     PutArgs pa;
     pa.peers = win_.peers();
     pa.rk = rk_;
@@ -416,11 +408,14 @@ class IpcBackend final : public A2ABackend {
     EPMOE_CUDA_LAUNCHED();
   }
 
-  // 7. Wait for every answer of the round, combine its tokens into y.
+  // 7. Wait for every answer of the round, combine its tokens into y. (The plain combine waits in
+  // its own prologue: one launch less. A rank without tokens still waits: the flags also say that
+  // every peer has read its records of this slot, which the dispatch of epoch + 2 relies on.)
   void finish(const MoeTokens& in, const Round& r, const RecordLayout& L, float* y, cudaStream_t s) {
     const int R = rk_.R, K = in.K;
-    ipc_wait(win_, R, kCombine, r.epoch, nullptr, 0, s);
     const int64_t n = r.t1 - r.t0;
+    const bool plain = n > 0 && !fast_ && fault_ == Fault::None;
+    if (!plain) ipc_wait(win_, R, kCombine, r.epoch, nullptr, 0, s);
     if (n == 0) return;
     HomeArrays& a = home_[r.slot()];
     const unsigned char* answers = win_.mine() + answer_off(r.slot());
@@ -439,10 +434,10 @@ class IpcBackend final : public A2ABackend {
         combine_slots_faulty(reinterpret_cast<const bf16*>(answers), nullptr, w, n, in.H, K, f, yo, s);
       else
         combine_slots_faulty(reinterpret_cast<const float*>(answers), nullptr, w, n, in.H, K, f, yo, s);
-    } else if (L.elt == 2) {
-      combine_slots(reinterpret_cast<const bf16*>(answers), nullptr, w, n, in.H, K, 1.0f, yo, s);
     } else {
-      combine_slots(reinterpret_cast<const float*>(answers), nullptr, w, n, in.H, K, 1.0f, yo, s);
+      const FlagWait fw = ipc_flag_wait(win_, R, kCombine, r.epoch);
+      if (L.elt == 2) combine_slots(reinterpret_cast<const bf16*>(answers), nullptr, w, n, in.H, K, 1.0f, yo, s, &fw);
+      else combine_slots(reinterpret_cast<const float*>(answers), nullptr, w, n, in.H, K, 1.0f, yo, s, &fw);
     }
   }
 
