@@ -22,9 +22,6 @@ __global__ void ipc_wait_kernel(const FlagWait w, IpcSignals* sig, int32_t* coun
   }
 }
 
-}  // namespace
-
-namespace {
 // Windows of destroyed backends, freed at the next collective point: freeing memory that a peer
 // still maps is undefined (the CUDA IPC contract), and a destructor cannot wait for the peers. A
 // peer closes its mapping of a window when its own backend is destroyed, which in the group's
@@ -33,7 +30,10 @@ std::vector<void*>& retired_windows() {
   static std::vector<void*> v;
   return v;
 }
+
 }  // namespace
+
+uint64_t IpcWindow::timeout_ns() const { return uint64_t(g_.timeout() * 1e9); }
 
 void IpcWindow::release() {
   if (!mine_) return;
