@@ -149,7 +149,9 @@ int run_generate(const GenerateOptions& o) {
   if (o.n < 1) throw InputError("--n " + std::to_string(o.n) + ": at least one sample per prompt");
   if (o.n > 1 && o.sampling.temperature <= 0.0f)
     throw InputError("--n " + std::to_string(o.n) + ": greedy decoding gives one answer; set --temperature > 0");
-  Runtime rt = start_runtime(o.run);
+  RunOptions run = o.run;
+  run.max_tokens_per_call = o.max_batch_tokens;  // (0: unbounded) the scheduler never feeds more a step
+  Runtime rt = start_runtime(run);
   const int me = rt.group->rank();
   // The seed of sampling: given, or drawn by rank 0 and agreed by every rank (and reported, to
   // replay). Greedy decoding needs none (and makes no collective for it).

@@ -91,6 +91,7 @@ EngineOptions engine_options(const RunOptions& o) {
   e.backend_options.combine = o.combine == "fast" ? CombineMode::Fast : CombineMode::Deterministic;
   e.backend_options.max_dispatch_tokens_per_rank = o.max_dispatch_tokens_per_rank;
   e.backend_options.chunk_tokens = o.chunk_tokens;
+  e.backend_options.max_tokens_per_rank = int(std::min<int64_t>(o.max_tokens_per_call, INT32_MAX));
   e.redundant_experts = o.redundant_experts;
   e.placement_file = o.placement_file;
   e.comm_timeout = o.comm_timeout;
@@ -111,6 +112,14 @@ Runtime start_runtime(const RunOptions& o) {
     ao.H = rt.cfg.hidden_size;
     ao.K = rt.cfg.routing.top_k;
     ao.tokens_per_rank = o.max_dispatch_tokens_per_rank + 5;
+    // Under a bound on the tokens of a call, the audit keeps to it too (rank r audits
+    // tokens_per_rank + 3r tokens).
+    if (o.max_tokens_per_call > 0)
+      ao.tokens_per_rank = std::min<int64_t>(ao.tokens_per_rank, o.max_tokens_per_call - 3 * (rt.group->size() - 1));
+    if (ao.tokens_per_rank < 1)
+      throw InputError("--audit with --max-batch-tokens " + std::to_string(o.max_tokens_per_call) +
+                       ": too few tokens a step for the audit's " + std::to_string(rt.group->size()) +
+                       " ranks (at least " + std::to_string(3 * rt.group->size() - 2) + ")");
     ao.exact = rt.options.backend_options.combine == CombineMode::Deterministic;
     AuditResult a = run_audit(*rt.group, rt.device, rt.placement, *rt.backend, ao);
     if (!a.pass) throw CheckError("reduction audit of --moe-a2a-backend " + o.backend + " failed: " + a.verdict);

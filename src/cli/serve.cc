@@ -46,7 +46,9 @@ int run_serve(const ServeCliOptions& o) {
   // The tokenizer is optional: without its files the server takes token ids only.
   std::unique_ptr<Tokenizer> tok;
   if (Tokenizer::available(o.run.model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::load(o.run.model_dir));
-  Runtime rt = start_runtime(o.run);
+  RunOptions run = o.run;
+  run.max_tokens_per_call = o.max_batch_tokens;  // the scheduler never feeds more in one step
+  Runtime rt = start_runtime(run);
   const bool root = rt.group->rank() == 0;
 
   ServeEngineOptions eo;
