@@ -197,9 +197,10 @@ PY
     else echo "=== rank_${action}_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
   done
   # onesided's waits are on the device (flags written over NVLink, no NCCL call): a peer that stops
-  # after the buffers were mapped -- hangs, or exits as if it vanished -- is named within the
-  # timeout (5 s here) by the other rank's device-side deadline (gpu_ep_bench's fault drill).
-  for how in hang exit; do
+  # after the buffers were mapped is named within the timeout (5 s here) by the other rank's
+  # device-side deadline; a peer that is killed ends the group through the launcher at once
+  # (gpu_ep_bench's fault drill).
+  for how in hang kill; do
     echo "=== onesided_peer_${how}_is_named"
     start=$SECONDS
     EPMOE_COMM_TIMEOUT=5 timeout 60 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_bench" --t 128 --stop-rank 1 \
@@ -207,7 +208,8 @@ PY
     rc=$?
     pkill -9 -f "$GPU_BIN/gpu_ep_bench" 2>/dev/null
     tail -n 4 "$out/onesided_peer_$how.log" | cut -c1-400
-    if ((rc == 1)) && grep -q "rank 1 does not answer" "$out/onesided_peer_$how.log"; then
+    if { [[ $how == hang ]] && ((rc == 1)) && grep -q "rank 1 does not answer" "$out/onesided_peer_$how.log"; } ||
+       { [[ $how == kill ]] && ((rc == 137)) && grep -q "exited with 137" "$out/onesided_peer_$how.log"; }; then
       echo "=== onesided_peer_${how}_is_named: ok (exit $rc after $((SECONDS - start)) s)"
     else echo "=== onesided_peer_${how}_is_named: FAIL (exit $rc after $((SECONDS - start)) s)"; status=1; fi
   done

@@ -10,6 +10,8 @@
 #include <random>
 #include <string>
 #include <thread>
+
+#include <csignal>
 #include <vector>
 
 #include <nccl.h>
@@ -62,9 +64,10 @@ int main(int argc, char** argv) {
     FILE* f = nullptr;
     std::vector<int> Ts = {128, 1024, 4096};
     bool ll_full = true;  // the lowlatency variant whose capacity holds every token in one round
-    // --stop-rank R --stop-how hang|exit: a fault drill instead of the benchmark. After one call of
-    // onesided (--stop-backend) has mapped every peer, rank R stops (sleeps, or exits 0 as if it
-    // vanished); the others call again and must stop within the group's timeout naming rank R.
+    // --stop-rank R --stop-how hang|kill: a fault drill instead of the benchmark. After one call of
+    // onesided (--stop-backend) has mapped every peer, rank R stops: it sleeps (the others' device
+    // waits must give up within the group's timeout, naming rank R), or it is killed (SIGKILL: the
+    // launcher ends the group at once with its exit code).
     int stop_rank = -1;
     std::string stop_how = "hang", stop_backend = "onesided";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
         g.sync("fault drill: first call");
         if (me == stop_rank) {
           std::fprintf(stderr, "gpu_ep_bench: rank %d stops (%s)\n", me, stop_how.c_str());
-          if (stop_how == "exit") std::_Exit(0);
+          if (stop_how == "kill") raise(SIGKILL);
           for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
         }
         be->run(tok, runner, y.data());
