@@ -74,11 +74,14 @@ done
   done
 done
 if ((ngpu >= 2)); then
-  scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $draw_args --moe-a2a-backend alltoall \
-    --max-batch-tokens 5 > "$out/rollout_draw_2gpu.jsonl" 2> "$out/rollout_draw_2gpu.log"
-  if [[ -s $out/rollout_draw_bf16.jsonl ]] && cmp -s "$out/rollout_draw_2gpu.jsonl" "$out/rollout_draw_bf16.jsonl"; then
-    echo "=== rollout device draws 2 GPUs (alltoall, 5 tokens a step) == 1 GPU: ok"
-  else echo "=== rollout device draws 2 GPUs differ from 1 GPU: FAIL"; status=1; fi
+  # (onesided under --max-batch-tokens: the promised bound, windows sized once, no host agreement)
+  for b in alltoall onesided; do
+    scripts/gpu-launch.sh 2 "$GPU_BIN/epmoe" generate --device cuda $draw_args --moe-a2a-backend $b \
+      --max-batch-tokens 5 > "$out/rollout_draw_2gpu_$b.jsonl" 2> "$out/rollout_draw_2gpu_$b.log"
+    if [[ -s $out/rollout_draw_bf16.jsonl ]] && cmp -s "$out/rollout_draw_2gpu_$b.jsonl" "$out/rollout_draw_bf16.jsonl"; then
+      echo "=== rollout device draws 2 GPUs ($b, 5 tokens a step) == 1 GPU: ok"
+    else echo "=== rollout device draws 2 GPUs ($b) differ from 1 GPU: FAIL"; status=1; fi
+  done
 fi
 # The scheduler's limits (chunked prefill of 7 tokens a step, 2 sequences in flight) change no bit.
 "$GPU_BIN/epmoe" generate --device cuda $rollout_args --max-batch-tokens 7 --max-running-requests 2 \
