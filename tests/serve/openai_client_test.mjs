@@ -281,7 +281,10 @@ async function main() {
       }
     }
     const w = whole.choices[0];
-    check(`stream completions: ${chunks} chunks, one id`, chunks > 2 && ids.size === 1, `${chunks} chunks, ids ${show([...ids])}`);
+    // (At least a content chunk and the usage chunk: tokens made between two writes of the server
+    // share one event, so how many chunks 20 tokens take depends on timing -- on a loaded machine
+    // all of them can arrive in one.)
+    check(`stream completions: ${chunks} chunks, one id`, chunks >= 2 && ids.size === 1, `${chunks} chunks, ids ${show([...ids])}`);
     check('stream completions: deltas joined == the non-streamed text', text === w.text, `${show(text)} vs ${show(w.text)}`);
     check('stream completions: tokens and logprob bits == non-streamed',
       eq(tokens, w.logprobs.tokens) && eq(lps, w.logprobs.token_logprobs), `${show(lps)} vs ${show(w.logprobs.token_logprobs)}`);
