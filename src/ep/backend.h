@@ -10,6 +10,7 @@
 // device it does not support, naming the devices that do.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -91,6 +92,9 @@ enum class CombineMode {
 class A2ABackend {
  public:
   virtual ~A2ABackend() = default;
+  // A number no other backend of the process has had: what caches of work captured with a backend
+  // (the GPU model's decode graphs) key on -- an address can come back for a new backend.
+  uint64_t uid() const { return uid_; }
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
   // y: [T, H] fp32 on the tokens' device, overwritten.
@@ -99,6 +103,10 @@ class A2ABackend {
   // (on peers or downloads) and no host-side sizes that change from step to step. The GPU model
   // replays its decode steps as graphs only through such a backend.
   virtual bool graph_capturable() const { return false; }
+
+ private:
+  inline static std::atomic<uint64_t> next_uid_{0};
+  const uint64_t uid_ = ++next_uid_;
 };
 
 struct BackendOptions {

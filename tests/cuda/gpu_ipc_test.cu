@@ -246,12 +246,17 @@ int run_rank(const std::string& dir, int me) {
           bo.chunk_tokens = v.chunk;
           bo.combine = v.fast ? CombineMode::Fast : CombineMode::Deterministic;
           auto be = make_ipc_backend(v.name, g, fault_dev, pl, bo);
+          const int64_t replays0 = gpu_graph_stats(*m).replays;
           const Diff d = compare(run_scenarios(*m, *be, R, me, seqs, false), ref);
+          const int64_t replays = gpu_graph_stats(*m).replays - replays0;
           const double tol = f32 ? 1e-5 : 1e-3;  // the fast combine's (as tests/cuda/gpu_ep_test.cu)
-          char buf[160];
-          std::snprintf(buf, sizeof buf, "%s(max |diff| %.3g)", v.fast ? "within tolerance " : "bit-identical ",
-                        d.max_diff);
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "%s(max |diff| %.3g; %lld decode steps replayed as CUDA graphs)",
+                        v.fast ? "within tolerance " : "bit-identical ", d.max_diff, (long long)replays);
           report(v.fast ? d.max_diff <= tol : d.identical, where + v.label() + ": " + buf);
+          // Under a promised bound that fits one round, the decode steps (scenario C: one eager,
+          // then a capture and a replay) run as graphs through the backend.
+          if (be->graph_capturable()) report(replays > 0, where + v.label() + ": decode steps replayed as graphs");
           if (v.bound || v.fast) continue;
           for (Fault f : {Fault::DoubleReduce, Fault::SkipReduce, Fault::ReplicaPerRank, Fault::WrongCombineIds,
                           Fault::DropOverflow}) {

@@ -16,6 +16,7 @@ namespace epmoe::cuda {
 // list of m-tiles. One object per runner; its arrays only grow.
 struct ExpertPlanGpu {
   DeviceArray<int32_t> offsets, a_rows, c_rows, tiles, num_tiles;
+  DeviceArray<int32_t> workspace;  // the multi-block plan's scratch, this plan's own
   int hint = 0;       // expected rows per expert (picks the GEMM's tile shape)
   int max_tiles = 0;  // bound on the tile count (with_tiles)
   bool with_tiles = false;
@@ -53,6 +54,7 @@ struct ExpertPlanGpu {
     pa.a_rows = a_rows.data();
     pa.c_rows = c_rows.data();
     pa.row_base = j.row_base;
+    pa.workspace = &workspace;
     if (tiled) {
       pa.tile_m = tile_m;
       pa.tiles = tiles.data();

@@ -28,6 +28,7 @@ struct FlagWait {
   const uint64_t* flags = nullptr;  // nullptr: nothing to wait for
   int n = 0;
   uint64_t epoch = 0;
+  const uint64_t* epoch_dev = nullptr;  // when set, the epoch is read here (a graph replays the call)
   uint64_t timeout_ns = 0;
   int32_t* fault = nullptr;
   int stage = 0;  // what the fault word names: 1 dispatch, 2 combine
@@ -39,10 +40,11 @@ __device__ inline void wait_flags(const FlagWait& w) {
   if (!w.flags) return;
   volatile int32_t* vf = w.fault;
   const int src = threadIdx.x;
+  const uint64_t epoch = w.epoch_dev ? *reinterpret_cast<const volatile uint64_t*>(w.epoch_dev) : w.epoch;
   if (src < w.n && vf[0] == 0) {
     const uint64_t start = globaltimer_ns();
     uint32_t spins = 0;
-    while (ld_acquire_sys(&w.flags[src]) < w.epoch) {
+    while (ld_acquire_sys(&w.flags[src]) < epoch) {
       if ((++spins & 1023u) == 0) {
         if (vf[0] != 0) break;  // another wait of this process gave up already
         if (globaltimer_ns() - start > w.timeout_ns) {

@@ -10,14 +10,14 @@ namespace epmoe::cuda {
 
 namespace {
 
-__global__ void ipc_wait_kernel(const FlagWait w, IpcSignals* sig, int32_t* count_out, int32_t cap) {
+__global__ void ipc_wait_kernel(const FlagWait w, IpcSignals* sig, int counter, int32_t* count_out, int32_t cap) {
   wait_flags(w);
   if (count_out && threadIdx.x == 0) {
     __threadfence_system();
     // Read and cleared at once: every source reserved before it signalled, and none reserves in
-    // this counter again (epoch + 2) before this rank's combine signal of this epoch, which comes
-    // after this kernel.
-    const int32_t n = atomicExch(&sig->counter[w.epoch & 1], 0);
+    // this counter again (the slot's next epoch) before this rank's combine signal of this epoch,
+    // which comes after this kernel.
+    const int32_t n = atomicExch(&sig->counter[counter], 0);
     *count_out = n < cap ? n : cap;
   }
 }
@@ -90,21 +90,23 @@ void IpcWindow::allocate(const IpcLayout& layout) {
   epoch_ = 0;
 }
 
-FlagWait ipc_flag_wait(const IpcWindow& w, int R, int stage, uint64_t epoch) {
+FlagWait ipc_flag_wait(const IpcWindow& w, int R, int stage, IpcEpoch epoch) {
   FlagWait f;
   // (Address arithmetic only: the signals live on the device.)
   f.flags = reinterpret_cast<const uint64_t*>(reinterpret_cast<const unsigned char*>(w.my_signals()) +
                                               offsetof(IpcSignals, flag) + size_t(stage) * sizeof(uint64_t) * kIpcMaxRanks);
   f.n = R;
-  f.epoch = epoch;
+  f.epoch = epoch.value;
+  f.epoch_dev = epoch.dev;
   f.timeout_ns = w.timeout_ns();
   f.fault = w.fault_word();
   f.stage = stage + 1;
   return f;
 }
 
-void ipc_wait(const IpcWindow& w, int R, int stage, uint64_t epoch, int32_t* count_out, int32_t cap, cudaStream_t s) {
-  ipc_wait_kernel<<<1, 32, 0, s>>>(ipc_flag_wait(w, R, stage, epoch), w.my_signals(), count_out, cap);
+void ipc_wait(const IpcWindow& w, int R, int stage, IpcEpoch epoch, int counter, int32_t* count_out, int32_t cap,
+              cudaStream_t s) {
+  ipc_wait_kernel<<<1, 32, 0, s>>>(ipc_flag_wait(w, R, stage, epoch), w.my_signals(), counter, count_out, cap);
   EPMOE_CUDA_LAUNCHED();
 }
 

@@ -18,6 +18,7 @@
 // return at once once the word is set, so a dead peer costs one timeout, not one per layer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -40,8 +41,11 @@ struct IpcPeers {
 // The signal block at the start of every allocation.
 struct IpcSignals {
   uint64_t flag[2][kIpcMaxRanks];  // [stage][source]: the last epoch the source completed
-  int32_t counter[2];              // reservation counters, by epoch parity
+  int32_t counter[2];              // reservation counters, one per slot
   int32_t pad[2];
+  uint64_t epoch_now;              // this rank's epoch when the device keeps it (a call that a CUDA
+                                   // graph replays cannot take its epoch from the host)
+  uint64_t pad2;
 };
 static_assert(sizeof(IpcSignals) % 16 == 0, "regions after the signals stay 16-byte aligned");
 
@@ -55,11 +59,20 @@ __device__ inline void ipc_signal_all(const IpcPeers& peers, int R, int me, int 
     st_release_sys(&reinterpret_cast<IpcSignals*>(peers.base[d])->flag[stage][me], epoch);
 }
 
+// An epoch given by the host, or kept on the device (epoch_dev: IpcSignals::epoch_now of this rank;
+// the call's dispatch advances it, the rest of the call reads it).
+struct IpcEpoch {
+  uint64_t value = 0;
+  uint64_t* dev = nullptr;
+  __device__ uint64_t get() const { return dev ? *reinterpret_cast<volatile uint64_t*>(dev) : value; }
+};
+
 // The "last block signals" pattern of a grid that writes a payload to peers: every block fences
 // its writes and takes a ticket; the last one sets the flags (and rearms the ticket counter).
+// advance: a device-kept epoch moves to the next one first (the dispatch of a call).
 // Call from every thread of every block, after the block's writes.
-__device__ inline void ipc_grid_done_signal(const IpcPeers& peers, int R, int me, int stage, uint64_t epoch,
-                                            unsigned* blocks_done) {
+__device__ inline void ipc_grid_done_signal(const IpcPeers& peers, int R, int me, int stage, IpcEpoch epoch,
+                                            bool advance, unsigned* blocks_done) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -69,7 +82,9 @@ __device__ inline void ipc_grid_done_signal(const IpcPeers& peers, int R, int me
   __syncthreads();
   if (last && threadIdx.x == 0) {
     *blocks_done = 0;
-    ipc_signal_all(peers, R, me, stage, epoch);
+    uint64_t e = epoch.get();
+    if (advance && epoch.dev) *epoch.dev = ++e;
+    ipc_signal_all(peers, R, me, stage, e);
   }
 }
 
@@ -109,8 +124,12 @@ class IpcWindow {
   const IpcPeers& peers() const { return peers_; }
   unsigned char* mine() const { return mine_; }
   IpcSignals* my_signals() const { return reinterpret_cast<IpcSignals*>(mine_); }
-  // The next epoch (one per call of the backend).
+  // The next epoch (one per call of the backend), kept by the host.
   uint64_t next_epoch() { return ++epoch_; }
+  // This rank's epoch kept on the device instead (IpcSignals::epoch_now).
+  uint64_t* device_epoch() const {
+    return reinterpret_cast<uint64_t*>(mine_ + offsetof(IpcSignals, epoch_now));
+  }
   // The word a wait writes a peer that does not signal in time into.
   int32_t* fault_word() const { return fault_; }
   // The wait deadline in ns, from the group's timeout.
@@ -128,13 +147,14 @@ class IpcWindow {
 
 // What waiting for every source's flag of `stage` (0 dispatch, 1 combine) to reach `epoch` takes,
 // for a kernel that waits in its prologue (flag_wait.cuh).
-FlagWait ipc_flag_wait(const IpcWindow& w, int R, int stage, uint64_t epoch);
+FlagWait ipc_flag_wait(const IpcWindow& w, int R, int stage, IpcEpoch epoch);
 
 // Waits (one block, launched on the stream) until every source's flag of `stage` has reached
 // `epoch`, with the window's deadline. stage: 0 dispatch, 1 combine (the fault word says stage + 1).
-// Then, when count_out is given, copies min(counter[epoch & 1], cap) there (the rows a dispatch
-// reserved in this rank) and clears that counter for epoch + 2.
-void ipc_wait(const IpcWindow& w, int R, int stage, uint64_t epoch, int32_t* count_out, int32_t cap,
+// Then, when count_out is given, copies min(counter[counter], cap) there (the rows a dispatch
+// reserved in this rank) and clears it for the next use of the slot.
+// counter: which reservation counter (the slot) count_out reads.
+void ipc_wait(const IpcWindow& w, int R, int stage, IpcEpoch epoch, int counter, int32_t* count_out, int32_t cap,
               cudaStream_t s);
 
 }  // namespace epmoe::cuda

@@ -388,7 +388,10 @@ void plan(const PlanArgs& a, cudaStream_t s) {
     return;
   }
   const int nb = ceil_div(a.rows, kPlanRowsPerBlock);
-  static DeviceArray<int32_t> ws;  // grow-only; sized before any graph capture by a warm-up run
+  // The caller's workspace (a plan captured into a graph must own what it points to), else one
+  // shared by the process; grow-only either way.
+  static DeviceArray<int32_t> shared_ws;
+  DeviceArray<int32_t>& ws = a.workspace ? *a.workspace : shared_ws;
   ws.reserve(size_t(nb) * (size_t(a.n_local) + 1));
   int32_t* ws_cnt = ws.data();
   int32_t* ws_tot = ws.data() + size_t(nb) * size_t(a.n_local);

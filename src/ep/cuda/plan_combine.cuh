@@ -35,6 +35,9 @@ struct PlanArgs {
   int tile_m = 0;
   int32_t* tiles = nullptr;      // [2 * plan_max_tiles(...)]
   int32_t* num_tiles = nullptr;  // [1]
+  // The multi-block form's scratch (host side only): the caller's own, or nullptr for one shared
+  // by the process (which a graph must not capture: another plan may move it).
+  DeviceArray<int32_t>* workspace = nullptr;
 };
 void plan(const PlanArgs& a, cudaStream_t s);
 // Whether plan() runs as one block (else three launches over the chip, through a workspace shared

@@ -22,6 +22,7 @@
 // rank has in a call. Unless the caller promised a bound (BackendOptions::max_tokens_per_rank),
 // the ranks agree on C each call (one allreduce of T); a larger C grows every window together.
 #include <algorithm>
+#include <cstddef>
 
 #include "comm/group.h"
 #include "ep/cuda/ipc_window.cuh"
@@ -55,7 +56,7 @@ struct PutArgs {
   IpcPeers peers;
   OwnerTable rk;
   int me = 0;
-  uint64_t epoch = 0;
+  IpcEpoch epoch;       // the dispatch advances a device-kept epoch
   size_t recv_off = 0;  // region of received records in every window
   const int32_t* counts = nullptr;     // [R] records to each destination (home plan)
   const int32_t* base = nullptr;       // [R] reserved first slot at each destination
@@ -104,13 +105,13 @@ __global__ void __launch_bounds__(256) put_kernel(const PutArgs a) {
     const int n16 = int(a.L.row() / 16);
     for (int q = threadIdx.x; q < n16; q += blockDim.x) dst[q] = src[q];
   }
-  ipc_grid_done_signal(a.peers, R, a.me, kDispatch, a.epoch, a.blocks_done);
+  ipc_grid_done_signal(a.peers, R, a.me, kDispatch, a.epoch, /*advance=*/true, a.blocks_done);
 }
 
 struct AnswerArgs {
   IpcPeers peers;
   int R = 0, me = 0;
-  uint64_t epoch = 0;
+  IpcEpoch epoch;
   size_t answer_off = 0;  // region of answers in every window
   const unsigned char* recv = nullptr;
   const int32_t* count = nullptr;  // received records (device)
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(256) answer_kernel(const AnswerArgs a) {
       }
     }
   }
-  ipc_grid_done_signal(a.peers, a.R, a.me, kCombine, a.epoch, a.blocks_done);
+  ipc_grid_done_signal(a.peers, a.R, a.me, kCombine, a.epoch, /*advance=*/false, a.blocks_done);
 }
 
 // Fast combine at home: where the partial of (t, d) is (t * R + d), or -1 when d serves none of
@@ -207,6 +208,12 @@ class IpcBackend final : public A2ABackend {
     return "?";
   }
   Device device() const override { return Device::Cuda; }
+  // Under a promised bound that fits one round, a call waits on no host and sizes nothing: a CUDA
+  // graph can capture and replay it (its epoch lives on the device). The fused pipeline's two
+  // streams and host-kept epochs cannot be.
+  bool graph_capturable() const override {
+    return bound_ > 0 && (mode_ == IpcMode::OneSided || (mode_ == IpcMode::LowLatency && bound_ <= round_cap_));
+  }
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     RecordLayout L;
@@ -215,7 +222,7 @@ class IpcBackend final : public A2ABackend {
     cudaStream_t s = stream();
     if (mode_ == IpcMode::OneSided) {
       ensure_window(L, agreed_tokens(in));
-      const Round r = {win_.next_epoch(), 0, in.T};
+      const Round r = sequential_round(0, in.T);
       dispatch(in, r, L, s);
       serve(r, L, experts);
       finish(in, r, L, y, s);
@@ -242,7 +249,12 @@ class IpcBackend final : public A2ABackend {
     std::vector<Round> rs;
     for (int64_t r = 0; r < rounds; r++) {
       const int64_t t0 = std::min(in.T, r * C), t1 = std::min(in.T, t0 + C);
-      rs.push_back({win_.next_epoch(), t0, t1});
+      if (mode_ == IpcMode::Fused) {
+        const uint64_t e = win_.next_epoch();
+        rs.push_back({IpcEpoch{e, nullptr}, int(e & 1), t0, t1});
+      } else {
+        rs.push_back(sequential_round(t0, t1));
+      }
     }
     if (mode_ == IpcMode::LowLatency || rounds == 1) {
       for (const Round& r : rs) {
@@ -270,11 +282,15 @@ class IpcBackend final : public A2ABackend {
   }
 
  private:
+  // One epoch of the exchange. Calls one after the other (onesided, lowlatency) use slot 0 and keep
+  // the epoch on the device, so that a CUDA graph can replay them; the fused pipeline has two
+  // epochs in flight, slot e & 1, and keeps the epoch on the host.
   struct Round {
-    uint64_t epoch;
+    IpcEpoch epoch;
+    int slot;
     int64_t t0, t1;
-    int slot() const { return int(epoch & 1); }
   };
+  Round sequential_round(int64_t t0, int64_t t1) const { return {IpcEpoch{0, win_.device_epoch()}, 0, t0, t1}; }
   // The home plan of one round, kept until its combine (the fused pipeline plans the next round
   // before it combines this one): one set per slot.
   struct HomeArrays {
@@ -323,7 +339,7 @@ class IpcBackend final : public A2ABackend {
   void dispatch(const MoeTokens& in, const Round& r, const RecordLayout& L, cudaStream_t s) {
     const int R = rk_.R, K = in.K;
     const int64_t n = r.t1 - r.t0;
-    HomeArrays& a = home_[r.slot()];
+    HomeArrays& a = home_[r.slot];
     const int64_t rec_bound = std::max<int64_t>(n, 1) * (per_slot() ? K : std::min(R, K));
     a.counts.reserve(2 * size_t(R));
     a.base.reserve(size_t(R));
@@ -343,7 +359,7 @@ class IpcBackend final : public A2ABackend {
     hp.slot_pos = a.slot_pos.data();
     hp.rec_pos = fast_ ? a.rec_pos.data() : nullptr;
     for (int d = 0; d < R; d++)
-      hp.reserve_at[d] = &reinterpret_cast<IpcSignals*>(win_.peers().base[d])->counter[r.epoch & 1];
+      hp.reserve_at[d] = reinterpret_cast<int32_t*>(win_.peers().base[d] + offsetof(IpcSignals, counter)) + r.slot;
     hp.reserved = a.base.data();
     home_plan(hp, s);
     PutArgs pa;
@@ -351,7 +367,7 @@ class IpcBackend final : public A2ABackend {
     pa.rk = rk_;
     pa.me = g_.rank();
     pa.epoch = r.epoch;
-    pa.recv_off = recv_off(r.slot());
+    pa.recv_off = recv_off(r.slot);
     pa.counts = a.counts.data();
     pa.base = a.base.data();
     pa.rec_token = a.rec_token.data();
@@ -377,11 +393,11 @@ class IpcBackend final : public A2ABackend {
     const int R = rk_.R, K = L.K;
     const int64_t recv_cap = int64_t(recv_capacity(L));
     recv_count_.reserve(1);
-    ipc_wait(win_, R, kDispatch, r.epoch, recv_count_.data(), int32_t(recv_cap), s);
+    ipc_wait(win_, R, kDispatch, r.epoch, r.slot, recv_count_.data(), int32_t(recv_cap), s);
     row_base_.reserve(size_t(recv_cap) + 1);
     out_.reserve(size_t(recv_cap) * size_t(per_slot() ? 1 : K) * L.row());
     ExpertJobs j;
-    unsigned char* recv = win_.mine() + recv_off(r.slot());
+    unsigned char* recv = win_.mine() + recv_off(r.slot);
     j.x = recv;
     j.x_stride = int64_t(L.bytes() / L.elt);
     j.phys = reinterpret_cast<const int32_t*>(recv + L.phys_off());
@@ -395,7 +411,7 @@ class IpcBackend final : public A2ABackend {
     AnswerArgs aa;
     aa.peers = win_.peers();
     aa.R = R, aa.me = g_.rank(), aa.epoch = r.epoch;
-    aa.answer_off = answer_off(r.slot());
+    aa.answer_off = answer_off(r.slot);
     aa.recv = recv;
     aa.count = recv_count_.data();
     aa.row_base = row_base_.data();
@@ -415,10 +431,10 @@ class IpcBackend final : public A2ABackend {
     const int R = rk_.R, K = in.K;
     const int64_t n = r.t1 - r.t0;
     const bool plain = n > 0 && !fast_ && fault_ == Fault::None;
-    if (!plain) ipc_wait(win_, R, kCombine, r.epoch, nullptr, 0, s);
+    if (!plain) ipc_wait(win_, R, kCombine, r.epoch, 0, nullptr, 0, s);
     if (n == 0) return;
-    HomeArrays& a = home_[r.slot()];
-    const unsigned char* answers = win_.mine() + answer_off(r.slot());
+    HomeArrays& a = home_[r.slot];
+    const unsigned char* answers = win_.mine() + answer_off(r.slot);
     const float* w = in.weights + r.t0 * K;
     float* yo = y + r.t0 * in.H;
     FaultCombine f = fc_;

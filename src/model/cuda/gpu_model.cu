@@ -190,7 +190,7 @@ struct GpuModel final : LanguageModel {
   struct GraphKey {
     int64_t B = 0;       // sequences (= tokens) of the step
     int ctx = 0;         // context bucket (ctx_bucket)
-    uintptr_t be = 0;    // the backend (a backend must outlive the graphs captured with it)
+    uintptr_t be = 0;    // the backend's uid (A2ABackend::uid): a graph of a destroyed backend never matches
     auto operator<=>(const GraphKey&) const = default;
   };
   struct GraphEntry {
@@ -959,7 +959,7 @@ struct GpuModel final : LanguageModel {
   // After a step run kernel by kernel.
   void note_eager_step(const A2ABackend& be, int64_t T_) {
     gstats.eager_steps++;
-    if (seen.insert({reinterpret_cast<uintptr_t>(&be), T_}).second) epoch++;
+    if (seen.insert({uintptr_t(be.uid()), T_}).second) epoch++;
     note_layout();
   }
 
@@ -993,7 +993,7 @@ struct GpuModel final : LanguageModel {
   bool graph_step(A2ABackend& be, int64_t B, int max_ctx, const std::vector<int32_t>& ids_h,
                   const std::vector<uint64_t>& gids_h, const std::vector<TokenSlot>& slots_h,
                   const std::vector<int32_t>& tables_h, const std::vector<int32_t>& sel_h) {
-    const uintptr_t bid = reinterpret_cast<uintptr_t>(&be);
+    const uintptr_t bid = uintptr_t(be.uid());  // (not its address: a new backend can get an old one's)
     if (!seen.count({bid, B})) return false;
     static_assert(sizeof(TokenSlot) == 8 && sizeof(uint64_t) == 8, "graph input layout");
     const int cap = ctx_bucket(max_ctx);
