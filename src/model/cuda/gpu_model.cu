@@ -172,7 +172,7 @@ struct GpuModel final : LanguageModel {
   int st_run = 1;  // the most tokens of one sequence in the step (AttnArgs::max_run)
 
   // ---- Decode steps as CUDA graphs (docs/gpu.md, "Decode as one CUDA graph").
-  // A step of one token per sequence on the single-GPU backend is captured once per key and
+  // A step of one token per sequence on a capturable backend is captured once per key and
   // replayed: every kernel argument that changes from step to step (token ids, positions, block
   // tables, the rows of the logits) is read from the entry's device buffer, refreshed by one
   // cudaMemcpyAsync from pinned memory before the launch. What stays baked in: the batch size
@@ -974,9 +974,10 @@ struct GpuModel final : LanguageModel {
   }
 
   bool graph_eligible(const std::vector<std::vector<int32_t>>& tokens, const A2ABackend& be, int64_t T_) const {
-    // Only a backend that says it can be captured (the single-GPU one: the NCCL backends wait on
-    // their peers with a deadline from the host and size their messages from counts exchanged
-    // during the step, so they run eagerly, always).
+    // Only a backend that says it can be captured: the single-GPU one, and onesided / lowlatency
+    // under a promised bound (epochs on the device, no host wait). The NCCL backends wait on their
+    // peers with a deadline from the host and size their messages from counts exchanged during the
+    // step, so they run eagerly, always.
     if (!graphs_on || T_ == 0 || !be.graph_capturable()) return false;
     for (const auto& t : tokens)
       if (t.size() != 1) return false;  // prefill and mixed steps: their shapes rarely repeat
