@@ -974,10 +974,10 @@ struct GpuModel final : LanguageModel {
   }
 
   bool graph_eligible(const std::vector<std::vector<int32_t>>& tokens, const A2ABackend& be, int64_t T_) const {
-    // Only a backend that says it can be captured: the single-GPU one, and onesided / lowlatency
-    // under a promised bound (epochs on the device, no host wait). The NCCL backends wait on their
-    // peers with a deadline from the host and size their messages from counts exchanged during the
-    // step, so they run eagerly, always.
+    // Only a backend that says it can be captured (graph_capturable: its waits run on the device
+    // and its message sizes are fixed by a promised bound). A backend that waits on its peers from
+    // the host, or sizes its messages from counts exchanged during the step, runs eagerly, always;
+    // which backends those are is the ep layer's business, not the model's.
     if (!graphs_on || T_ == 0 || !be.graph_capturable()) return false;
     for (const auto& t : tokens)
       if (t.size() != 1) return false;  // prefill and mixed steps: their shapes rarely repeat
