@@ -185,9 +185,15 @@ int main(int argc, char** argv) {
         if (me == 0) {
           // (The onesided backends write peers' memory from kernels: the group's byte counter does
           // not see them.)
-          std::printf("| %d | %s | %.0f | %s | %.0f | %.2f |\n", T, name.c_str(), us,
-                      v.second > 0 ? std::to_string(int64_t(v.second)).c_str() : "-", raw, raw > 0 ? us / raw : 0.0);
-          if (f) std::fprintf(f, "%d\t%s\t%.1f\t%.6g\t%.1f\t%.3f\n", T, name.c_str(), us, v.second, raw, raw > 0 ? us / raw : 0.0);
+          // One rank has no all-to-all to compare with: the figure is the backend's local floor
+          // (plan, pack, combine), and the raw and ratio columns say so instead of dividing by ~0.
+          const std::string raw_s = R > 1 ? std::to_string(int64_t(raw + 0.5)) : "-";
+          char ratio_s[32] = "-";
+          if (R > 1 && raw > 0) std::snprintf(ratio_s, sizeof ratio_s, "%.2f", us / raw);
+          std::printf("| %d | %s | %.0f | %s | %s | %s |\n", T, name.c_str(), us,
+                      v.second > 0 ? std::to_string(int64_t(v.second)).c_str() : "-", raw_s.c_str(), ratio_s);
+          if (f) std::fprintf(f, "%d\t%s\t%.1f\t%.6g\t%.1f\t%.3f\n", T, name.c_str(), us, v.second, R > 1 ? raw : 0.0,
+                              R > 1 && raw > 0 ? us / raw : 0.0);
           std::fflush(stdout);
           if (f) std::fflush(f);
         }
