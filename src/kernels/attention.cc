@@ -44,7 +44,11 @@ void causal_attention(const AttentionDims& d, const std::vector<AttentionSeq>& s
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work > b.work; });
 
   const Micro dotk = select_micro(DType::F32);  // the scores: the fp32 matmul micro-kernel
-  const bool avx512 = std::string(dotk.name) != "generic";
+  // The vector row kernels go with the scores' path: AVX-512, or its AVX2 twin (the same bits).
+  const std::string path = dotk.name;
+  const bool vec = path == "avx512" || path == "avx2";
+  auto softmax_row = path == "avx512" ? &softmax_row_avx512 : &softmax_row_avx2;
+  auto pv_rows = path == "avx512" ? &pv_rows_avx512 : &pv_rows_avx2;
   parallel_for(int64_t(jobs.size()), 1, [&](int64_t jb, int64_t je) {
     thread_local std::vector<float> scores;
     std::vector<const float*> qrow, prow;
@@ -89,7 +93,7 @@ void causal_attention(const AttentionDims& d, const std::vector<AttentionSeq>& s
         }
       }
 
-      if (!avx512) {  // the plain loop's arithmetic: ops.h softmax, vec.h axpy
+      if (!vec) {  // the plain loop's arithmetic: ops.h softmax, vec.h axpy
         for (int r = 0; r < R; r++) {
           float* p = &scores[size_t(r) * size_t(ld)];
           softmax(p, len[size_t(r)]);
@@ -99,16 +103,16 @@ void causal_attention(const AttentionDims& d, const std::vector<AttentionSeq>& s
         }
         continue;
       }
-      for (int r = 0; r < R; r++) softmax_row_avx512(&scores[size_t(r) * size_t(ld)], len[size_t(r)]);
+      for (int r = 0; r < R; r++) softmax_row(&scores[size_t(r) * size_t(ld)], len[size_t(r)]);
       // Context: up to 4 rows share each V row over the keys they all see (lengths ascend with r);
       // each row then continues alone over the rest of its own keys.
       for (int r0 = 0; r0 < R; r0 += 4) {
         const int n4 = std::min(4, R - r0);
         const int64_t common = len[size_t(r0)];
-        pv_rows_avx512(n4, &prow[size_t(r0)], 0, common, sq.v, koff, D, &orow[size_t(r0)]);
+        pv_rows(n4, &prow[size_t(r0)], 0, common, sq.v, koff, D, &orow[size_t(r0)]);
         for (int r = r0; r < r0 + n4; r++)
           if (len[size_t(r)] > common)
-            pv_rows_avx512(1, &prow[size_t(r)], common, len[size_t(r)], sq.v, koff, D, &orow[size_t(r)]);
+            pv_rows(1, &prow[size_t(r)], common, len[size_t(r)], sq.v, koff, D, &orow[size_t(r)]);
       }
     }
   });

@@ -13,7 +13,8 @@
 //                             then add)
 // Nothing in a row's arithmetic depends on the other rows, the tiling, the thread count, the cache's
 // block size or which sequences share the call: a row's bits are the same in a prefill of any
-// chunking as in token-by-token decode (batch invariance, ARCHITECTURE.md). The generic path is the
+// chunking as in token-by-token decode (batch invariance, ARCHITECTURE.md). AVX2 + FMA CPUs run
+// the AVX-512 arithmetic on 8-lane registers (attention_avx2.cc): the same bits. The generic path is the
 // arithmetic of the plain loop (causal_attention_ref's float form: vec.h dot, ops.h softmax, axpy).
 //
 // Speed comes from the layout of the work, not from changing that arithmetic: the rows of a kv

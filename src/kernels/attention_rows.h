@@ -1,5 +1,6 @@
 // Internal to src/kernels: the AVX-512 row kernels of causal_attention (attention_avx512.cc), with
-// the arithmetic attention.h defines. Only call when cpu_features().avx512.
+// the arithmetic attention.h defines, and their AVX2 twins (attention_avx2.cc: the same bits).
+// Only call the _avx512 ones when cpu_features().avx512, the _avx2 ones with .avx2 and .fma.
 #pragma once
 
 #include <cstdint>
@@ -16,5 +17,9 @@ void softmax_row_avx512(float* s, int64_t n);
 // row's sum may be continued alone past the keys its tile shares).
 void pv_rows_avx512(int R, const float* const* p, int64_t j0, int64_t j1, const KvRows& v, int64_t off, int D,
                     float* const* o);
+
+void softmax_row_avx2(float* s, int64_t n);
+void pv_rows_avx2(int R, const float* const* p, int64_t j0, int64_t j1, const KvRows& v, int64_t off, int D,
+                  float* const* o);
 
 }  // namespace epmoe

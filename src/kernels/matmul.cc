@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -17,7 +19,21 @@ namespace epmoe {
 namespace {
 
 ComputeMode g_mode = ComputeMode::F32;
-KernelPath g_path = KernelPath::Auto;
+
+// EPMOE_KERNELS=generic|avx2|avx512 caps the path for the whole process (benchmarks comparing
+// paths in one binary; a bit-equality check between machines). Unset or "auto": the best the CPU
+// has. A path the CPU lacks falls back to the next one down, as Auto would.
+KernelPath path_from_env() {
+  const char* e = std::getenv("EPMOE_KERNELS");
+  if (e == nullptr || *e == 0 || std::string(e) == "auto") return KernelPath::Auto;
+  if (std::string(e) == "generic") return KernelPath::Generic;
+  if (std::string(e) == "avx2") return KernelPath::Avx2;
+  if (std::string(e) == "avx512") return KernelPath::Avx512;
+  // Read before main: no exception can reach a handler here, so say it and stop as bad input does.
+  std::fprintf(stderr, "epmoe: EPMOE_KERNELS=%s: expected auto, generic, avx2 or avx512\n", e);
+  std::exit(2);
+}
+KernelPath g_path = path_from_env();
 
 // ---- generic path: GCC vector extensions, 16 lanes, no FMA (same bits on AVX2 and baseline) ----
 
@@ -302,13 +318,18 @@ void drive(const Micro& m, const Activations& a, int64_t T, int64_t tiles, int r
 
 Micro select_micro(DType w) {
   const CpuFeatures& cpu = cpu_features();
-  const bool avx512 = g_path != KernelPath::Generic && cpu.avx512;
+  const bool avx512 = (g_path == KernelPath::Auto || g_path == KernelPath::Avx512) && cpu.avx512;
+  const bool avx2 = g_path != KernelPath::Generic && cpu.avx2 && cpu.fma;
   if (avx512 && g_mode == ComputeMode::BF16 && cpu.avx512_bf16) {
     Micro m = avx512_bf16_micro(w);
     if (m.fn) return m;
   }
   if (avx512) {
     Micro m = avx512_micro(w);
+    if (m.fn) return m;
+  }
+  if (avx2) {
+    Micro m = avx2_micro(w);
     if (m.fn) return m;
   }
   return generic_micro(w);
@@ -323,7 +344,7 @@ Micro generic_micro(DType w) {
   }
 }
 
-void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst) {
+__attribute__((target_clones("avx2", "default"))) void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst) {
   typedef int8_t i8x16 __attribute__((vector_size(16)));
   typedef int32_t i32x16 __attribute__((vector_size(64)));
   for (int64_t b = 0; b * kFp8Block < K; b++) {

@@ -13,7 +13,11 @@
 //   avx512       16 fp32 lanes, FMA; weights F32, BF16 or F8_E4M3 converted on the fly
 //   avx512-bf16  --compute bf16: activations rounded to bf16, vdpbf16ps (32 bf16 pairs per
 //                instruction) on BF16 and F8_E4M3 weights; F32 weights keep the avx512 path
-//   generic      GCC vector extensions, any x86-64 (AVX2 or baseline), and every F16 weight
+//   avx2         AVX2 + FMA without AVX-512: the avx512 path's 16 lanes as two 8-lane registers,
+//                the same FMAs and reduction tree -- the avx512 path's bits (matmul_avx2.cc);
+//                bf16 compute runs this fp32 arithmetic (no vdpbf16ps to twin)
+//   generic      GCC vector extensions, any x86-64 (baseline), and every F16 weight; no FMA, so
+//                its bits are its own
 //
 // F8_E4M3 weights (FP8 checkpoints: e4m3 codes and a 128 x 128 block scale grid, TensorView::
 // scale; one without a scale is refused): the codes are read in place, one byte per weight.
@@ -44,7 +48,7 @@
 namespace epmoe {
 
 enum class ComputeMode { F32, BF16 };
-enum class KernelPath { Auto, Generic, Avx512 };
+enum class KernelPath { Auto, Generic, Avx2, Avx512 };
 
 // The compute mode the kernels read. A model owns its mode (model/model.h) and installs it for
 // the length of each pass with ComputeModeScope; tests and benchmarks of the kernels set it here.

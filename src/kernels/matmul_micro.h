@@ -90,6 +90,7 @@ Micro select_micro(DType w);
 // pointers are Fp8Row*, with all scales of the rows foldable (see above).
 Micro generic_micro(DType w);
 Micro avx512_micro(DType w);       // only call when cpu_features().avx512
+Micro avx2_micro(DType w);         // only call when cpu_features().avx2 and .fma: avx512_micro's fp32 bits
 Micro avx512_bf16_micro(DType w);  // only call when cpu_features().avx512_bf16
 
 }  // namespace epmoe

@@ -99,6 +99,8 @@ class AttentionPaths : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
     if (GetParam() == KernelPath::Avx512 && !cpu_features().avx512) GTEST_SKIP() << "CPU without AVX-512";
+    if (GetParam() == KernelPath::Avx2 && !(cpu_features().avx2 && cpu_features().fma))
+      GTEST_SKIP() << "CPU without AVX2 + FMA";
     set_kernel_path(GetParam());
   }
   void TearDown() override {
@@ -167,8 +169,31 @@ TEST_P(AttentionPaths, ATokensBitsDoNotDependOnChunkingThreadsBlocksOrNeighbours
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, AttentionPaths, ::testing::Values(KernelPath::Generic, KernelPath::Avx512),
-                         [](const auto& info) { return info.param == KernelPath::Generic ? "generic" : "avx512"; });
+INSTANTIATE_TEST_SUITE_P(Paths, AttentionPaths, ::testing::Values(KernelPath::Generic, KernelPath::Avx2, KernelPath::Avx512),
+                         [](const auto& info) {
+                           return info.param == KernelPath::Generic ? "generic"
+                                  : info.param == KernelPath::Avx2  ? "avx2"
+                                                                    : "avx512";
+                         });
+
+// The AVX2 twins (scores, softmax, context) give the AVX-512 path's bits on every shape, prefill
+// and decode, in a paged cache. Needs a CPU with both.
+TEST(Attention, Avx2GivesTheAvx512Bits) {
+  if (!cpu_features().avx512 || !cpu_features().fma) GTEST_SKIP() << "CPU without AVX-512: nothing to compare with";
+  for (const Shape& sh : kShapes)
+    for (int64_t len : {1, 7, 16, 17, 45, 130}) {
+      const AttentionDims d{sh.heads, sh.kv_heads, sh.D, 1.0f / std::sqrt(float(sh.D))};
+      const SeqData s(len, d, uint32_t(len * 31 + sh.D));
+      set_kernel_path(KernelPath::Avx2);
+      const std::vector<float> a = attend(d, s, 0, len, 16), a_dec = attend(d, s, len - 1, 1, 5);
+      set_kernel_path(KernelPath::Avx512);
+      const std::vector<float> b = attend(d, s, 0, len, 16), b_dec = attend(d, s, len - 1, 1, 5);
+      set_kernel_path(KernelPath::Auto);
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << sh.heads << "/" << sh.kv_heads << " D " << sh.D << " len " << len;
+      ASSERT_EQ(0, std::memcmp(a_dec.data(), b_dec.data(), a_dec.size() * sizeof(float))) << "decode, len " << len;
+    }
+}
 
 // The generic path is the plain loop of the model's first attention, bit for bit.
 TEST(Attention, GenericPathIsThePlainLoop) {

@@ -28,6 +28,7 @@ class KernelPaths : public ::testing::TestWithParam<PathCase> {
     const auto& cpu = cpu_features();
     const PathCase& c = GetParam();
     if (c.path == KernelPath::Avx512 && !cpu.avx512) GTEST_SKIP() << "CPU without AVX-512";
+    if (c.path == KernelPath::Avx2 && !(cpu.avx2 && cpu.fma)) GTEST_SKIP() << "CPU without AVX2 + FMA";
     if (c.mode == ComputeMode::BF16 && !cpu.avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
     set_kernel_path(c.path);
     set_compute_mode(c.mode);
@@ -134,9 +135,51 @@ TEST_P(KernelPaths, FusedSwigluEqualsTwoMatmulsAndSiluMul) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelPaths,
                          ::testing::Values(PathCase{KernelPath::Generic, ComputeMode::F32, "generic"},
+                                           PathCase{KernelPath::Avx2, ComputeMode::F32, "avx2"},
                                            PathCase{KernelPath::Avx512, ComputeMode::F32, "avx512"},
                                            PathCase{KernelPath::Avx512, ComputeMode::BF16, "avx512_bf16"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The AVX2 path is the AVX-512 path's arithmetic on half-width registers (matmul_avx2.cc): the
+// same bits for every weight dtype it serves, every tile shape and both tilings (few-token
+// one-row tiles and 4 x 4 tiles, K blocks past 4096), and the fused SwiGLU. Needs a CPU with both.
+TEST(KernelPathsAcross, Avx2GivesTheAvx512Bits) {
+  const auto& cpu = cpu_features();
+  if (!cpu.avx512 || !cpu.fma) GTEST_SKIP() << "CPU without AVX-512: nothing to compare the AVX2 path with";
+  std::mt19937 rng(14);
+  auto run = [](KernelPath p, const float* x, int64_t T, const TensorView& w, std::vector<float>& y) {
+    set_kernel_path(p);
+    y.assign(size_t(T * w.shape[0]), NAN);
+    matmul(x, T, w, y.data());
+    set_kernel_path(KernelPath::Auto);
+  };
+  int compared = 0;
+  for (DType d : {DType::F32, DType::BF16})
+    for (int64_t K : {16, 33, 100, 513, 2048, 4200})
+      for (int64_t N : {1, 5, 9, 130})
+        for (int64_t T : {1, 2, 3, 7, 13, 70}) {
+          Mat w(d, N, K, rng);
+          auto x = randn(rng, T * K);
+          std::vector<float> a, b;
+          run(KernelPath::Avx2, x.data(), T, w.v, a);
+          run(KernelPath::Avx512, x.data(), T, w.v, b);
+          ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+              << dtype_name(d) << " K=" << K << " N=" << N << " T=" << T;
+          compared++;
+        }
+  for (int64_t T : {1, 5, 40}) {
+    Mat g(DType::BF16, 24, 1100, rng), u(DType::BF16, 24, 1100, rng);
+    auto x = randn(rng, T * 1100);
+    std::vector<float> a(size_t(T * 24)), b(a.size());
+    set_kernel_path(KernelPath::Avx2);
+    matmul_swiglu(x.data(), T, g.v, u.v, a.data());
+    set_kernel_path(KernelPath::Avx512);
+    matmul_swiglu(x.data(), T, g.v, u.v, b.data());
+    set_kernel_path(KernelPath::Auto);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "swiglu T=" << T;
+  }
+  EXPECT_EQ(compared, 2 * 6 * 4 * 6);
+}
 
 }  // namespace
 }  // namespace epmoe

@@ -1,0 +1,227 @@
+// AVX2 + FMA micro-kernels: the AVX-512 fp32 kernels' arithmetic (matmul_avx512.cc) on half-width
+// registers, for the many CPUs without AVX-512 (Zen 2 / Zen 3, most Intel client parts).
+//
+// Why not a kernel of its own with 8 lanes: an element's bits are fixed by its reduction order
+// (matmul.h), and the AVX-512 kernels give each element 16 lane partial sums over k = 16c + l. Here
+// each of those 16 lanes lives in one of two 8-lane registers (lanes 0-7 and 8-15), sees the same
+// FMAs in the same ascending c, and the 16 are reduced by the same tree (l + l+8, + l+4, + l+2,
+// + l+1) -- so the AVX2 path gives the AVX-512 path's bits, and a model's logits do not depend on
+// whether the CPU has AVX-512 (tests/kernels/kernel_paths_test.cc holds the two paths equal where
+// both run). bf16 compute (vdpbf16ps) has no AVX2 twin: on AVX2 it runs the fp32 arithmetic.
+//
+// Tiles: 16 ymm registers hold 2 x 2 elements' 16 lanes (8 accumulators) with their weights and
+// activations; the drivers' 4 x 4 tiles run as 2 x 2 sub-tiles (1 x 4 at one token), each element
+// with the same arithmetic whichever sub-tile computes it.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/matmul_micro.h"
+
+namespace epmoe {
+
+namespace {
+
+#define EPMOE_AVX2 __attribute__((target("avx2,fma")))
+
+// Weights of lanes [k, k + 8) as fp32: F32 as stored, BF16 widened exactly (shifted into the high half).
+template <DType D>
+EPMOE_AVX2 inline __m256 load_w8(const void* w, int64_t k) {
+  if constexpr (D == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(w) + k);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <DType D>
+inline float load_w1(const void* w, int64_t k) {
+  if constexpr (D == DType::F32) return static_cast<const float*>(w)[k];
+  else return bf16_to_f32(static_cast<const uint16_t*>(w)[k]);
+}
+
+// matmul_avx512.cc's reduce16 on the two halves: lo + hi is its first step (l + l+8).
+EPMOE_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
+  const __m256 a = _mm256_add_ps(lo, hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  const __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+// 8 fp8 codes -> q * 2^-120 as fp32 (matmul_micro.h; matmul_avx512.cc's fp8_bits16 on 8 lanes).
+EPMOE_AVX2 inline __m256 fp8_bits8(const uint8_t* q) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int(0x87F00000u))));
+}
+
+// Where a sub-tile's lane accumulators and results sit in the whole tile's layout (acc:
+// [mr][nr_all][16] floats, lanes 0-7 then 8-15; out: [mr][nr_all]).
+struct SubTile {
+  int nr_all;
+  float* acc;  // at the sub-tile's first element, or nullptr (no K blocks)
+  float* out;  // likewise
+};
+
+// The element (i, j) of a sub-tile: its 16 lanes start from zero (k0 = 0) or from acc.
+template <int MR, int NR>
+EPMOE_AVX2 inline void lanes_start(__m256 (&lo)[MR][NR], __m256 (&hi)[MR][NR], int64_t k0, const SubTile& t) {
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+      const float* m = t.acc + (i * t.nr_all + j) * 16;
+      lo[i][j] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(m);
+      hi[i][j] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(m + 8);
+    }
+}
+
+template <int MR, int NR>
+EPMOE_AVX2 inline void lanes_save(__m256 (&lo)[MR][NR], __m256 (&hi)[MR][NR], const SubTile& t) {
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+      float* m = t.acc + (i * t.nr_all + j) * 16;
+      _mm256_storeu_ps(m, lo[i][j]);
+      _mm256_storeu_ps(m + 8, hi[i][j]);
+    }
+}
+
+// The last K block: reduce16, then the scalar tail beyond the last full 16 in ascending k (as
+// matmul_avx512.cc's finish_tile; -ffp-contract=off keeps the tail's multiply and add apart in both).
+template <int MR, int NR, class Tail>
+EPMOE_AVX2 inline void lanes_finish(__m256 (&lo)[MR][NR], __m256 (&hi)[MR][NR], int64_t kv, int64_t K, Tail tail,
+                                    const SubTile& t) {
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+      float s = reduce16(lo[i][j], hi[i][j]);
+      for (int64_t k = kv; k < K; k++) s += tail(i, j, k);
+      t.out[i * t.nr_all + j] = s;
+    }
+}
+
+// F32 / BF16 weights: micro_f32's FMAs, half a 16-lane step at a time.
+template <DType D, int MR, int NR>
+EPMOE_AVX2 void f32_part(const float* const* x, const void* const* w, int64_t K, int64_t k0, int64_t k1, SubTile t) {
+  __m256 lo[MR][NR], hi[MR][NR];
+  lanes_start<MR, NR>(lo, hi, k0, t);
+  const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
+  for (int64_t k = k0; k < ke; k += 16) {
+    __m256 wr[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = load_w8<D>(w[j], k);
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      const __m256 xr = _mm256_loadu_ps(x[i] + k);
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) lo[i][j] = _mm256_fmadd_ps(xr, wr[j], lo[i][j]);
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = load_w8<D>(w[j], k + 8);
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      const __m256 xr = _mm256_loadu_ps(x[i] + k + 8);
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) hi[i][j] = _mm256_fmadd_ps(xr, wr[j], hi[i][j]);
+    }
+  }
+  if (k1 < K) return lanes_save<MR, NR>(lo, hi, t);
+  lanes_finish<MR, NR>(lo, hi, kv, K, [&](int i, int j, int64_t k) { return x[i][k] * load_w1<D>(w[j], k); }, t);
+}
+
+// F8_E4M3 weights, fp32 compute: micro_fp8's arithmetic -- each weight q * s with one rounding
+// (the dequantized F32 tensor's bits), then the FMA; the scale re-read once per 128 columns.
+template <int MR, int NR>
+EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K, int64_t k0, int64_t k1, SubTile t) {
+  const Fp8Row* r[NR];
+  #pragma GCC unroll 4
+  for (int j = 0; j < NR; j++) r[j] = static_cast<const Fp8Row*>(wv[j]);
+  __m256 lo[MR][NR], hi[MR][NR];
+  lanes_start<MR, NR>(lo, hi, k0, t);
+  const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
+  for (int64_t k = k0; k < ke;) {
+    const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
+    __m256 sc[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p120f);
+    for (; k < be; k += 16) {
+      __m256 wr[NR];
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) wr[j] = _mm256_mul_ps(fp8_bits8(r[j]->q + k), sc[j]);
+      #pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) {
+        const __m256 xr = _mm256_loadu_ps(x[i] + k);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) lo[i][j] = _mm256_fmadd_ps(xr, wr[j], lo[i][j]);
+      }
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) wr[j] = _mm256_mul_ps(fp8_bits8(r[j]->q + k + 8), sc[j]);
+      #pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) {
+        const __m256 xr = _mm256_loadu_ps(x[i] + k + 8);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) hi[i][j] = _mm256_fmadd_ps(xr, wr[j], hi[i][j]);
+      }
+    }
+  }
+  if (k1 < K) return lanes_save<MR, NR>(lo, hi, t);
+  lanes_finish<MR, NR>(
+      lo, hi, kv, K,
+      [&](int i, int j, int64_t k) {
+        return x[i][k] * (fp8_times_2m120(r[j]->q[k]) * (fp8_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+      },
+      t);
+}
+
+using PartFn = void (*)(const float* const*, const void* const*, int64_t, int64_t, int64_t, SubTile);
+
+template <DType D>
+struct F32Parts {
+  template <int MR, int NR>
+  static void fn(const float* const* x, const void* const* w, int64_t K, int64_t k0, int64_t k1, SubTile t) {
+    f32_part<D, MR, NR>(x, w, K, k0, k1, t);
+  }
+};
+struct Fp8Parts {
+  template <int MR, int NR>
+  static void fn(const float* const* x, const void* const* w, int64_t K, int64_t k0, int64_t k1, SubTile t) {
+    fp8_part<MR, NR>(x, w, K, k0, k1, t);
+  }
+};
+
+// An mr x nr tile (<= 4 x 4) as sub-tiles: one row of up to 4 columns, or up to 2 x 2.
+template <class P>
+void tile(int mr, int nr, const void* const* xv, const void* const* w, int64_t K, int64_t k0, int64_t k1, float* acc,
+          float* out) {
+  static constexpr PartFn one_row[4] = {P::template fn<1, 1>, P::template fn<1, 2>, P::template fn<1, 3>,
+                                        P::template fn<1, 4>};
+  static constexpr PartFn parts[2][2] = {{P::template fn<1, 1>, P::template fn<1, 2>},
+                                         {P::template fn<2, 1>, P::template fn<2, 2>}};
+  const float* const* x = reinterpret_cast<const float* const*>(xv);
+  if (mr == 1) return one_row[nr - 1](x, w, K, k0, k1, SubTile{nr, acc, out});
+  for (int i0 = 0; i0 < mr; i0 += 2)
+    for (int j0 = 0; j0 < nr; j0 += 2) {
+      const int m = std::min(2, mr - i0), n = std::min(2, nr - j0);
+      const SubTile t{nr, acc ? acc + (i0 * nr + j0) * 16 : nullptr, out + i0 * nr + j0};
+      parts[m - 1][n - 1](x + i0, w + j0, K, k0, k1, t);
+    }
+}
+
+}  // namespace
+
+Micro avx2_micro(DType w) {
+  switch (w) {
+    case DType::F32: return {&tile<F32Parts<DType::F32>>, false, true, "avx2"};
+    case DType::BF16: return {&tile<F32Parts<DType::BF16>>, false, true, "avx2"};
+    // Four rows per few-token tile, as on AVX-512 (independent FMA chains per token).
+    case DType::F8_E4M3: return {&tile<Fp8Parts>, false, true, "avx2", 4};
+    default: return {};
+  }
+}
+
+}  // namespace epmoe
