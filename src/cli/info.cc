@@ -7,6 +7,7 @@
 #include "cli/options.h"
 #include "io/checkpoint.h"
 #include "io/hf_config.h"
+#include "kernels/matmul.h"
 
 namespace epmoe {
 
@@ -94,6 +95,7 @@ int run_info(const RunOptions& o) {
                 c.num_nextn_predict_layers, (long long)mtp);
   }
   std::printf("files          %zu\n", ck.files().size());
+  std::printf("cpu kernels    %s\n", kernel_description().c_str());
   return 0;
 }
 

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 
 #include "kernels/matmul_micro.h"
 
@@ -261,39 +260,8 @@ EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const Fp8Row* cons
       for (int j = 0; j < NR; j++) bacc[i][j] = _mm512_dpbf16_ps(bacc[i][j], xv, wv[j]);
     }
   };
-  // Few accumulators (the few-token tiles): G whole blocks at a time, their block lanes side by
-  // side, so that G independent vdpbf16ps chains hide the instruction's latency even with ONE
-  // weight row per tile (a single sequential stream per thread; one block's chain of 4 was
-  // latency-bound at one row). Each block's lanes still start at zero and see its 4 steps in
-  // order, and the blocks are added into the row lanes in ascending order: the same bits.
-  constexpr int G = MR * NR >= 8 ? 1 : MR * NR >= 4 ? 2 : 4;
   for (int64_t k = k0; k < ke;) {
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
-    if constexpr (G > 1) {
-      if (k == blk * kFp8Block && k + G * kFp8Block <= ke) {
-        __m512 bg[G][MR][NR];
-        #pragma GCC unroll 4
-        for (int g = 0; g < G; g++)
-          #pragma GCC unroll 4
-          for (int i = 0; i < MR; i++)
-            #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) bg[g][i][j] = _mm512_setzero_ps();
-        #pragma GCC unroll 4
-        for (int s = 0; s < 4; s++)
-          #pragma GCC unroll 4
-          for (int g = 0; g < G; g++) step(k + g * kFp8Block + 32 * s, bg[g]);
-        #pragma GCC unroll 4
-        for (int g = 0; g < G; g++)
-          #pragma GCC unroll 4
-          for (int j = 0; j < NR; j++) {
-            const __m512 sc = _mm512_set1_ps(fp8_block_scale(*r[j], blk + g) * 0x1p-8f);
-            #pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) tot[i][j] = _mm512_fmadd_ps(bg[g][i][j], sc, tot[i][j]);
-          }
-        k += G * kFp8Block;
-        continue;
-      }
-    }
     __m512 bacc[MR][NR];
     #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
@@ -437,7 +405,7 @@ EPMOE_AVX512 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst) {
 Micro avx512_bf16_micro(DType w) {
   // Two rows per few-token tile (same experiment: 1 row 2.0 ms, 2 rows 1.5, 4 rows 1.7 at one
   // token; at 8 tokens 8.5 / 6.1 / 6.0).
-  if (w == DType::F8_E4M3) { static int sr = getenv("EPMOE_FP8_SR") ? atoi(getenv("EPMOE_FP8_SR")) : 2; return {&Table<Fp8Bf16Codes>::call, true, true, "avx512-bf16", sr}; }
+  if (w == DType::F8_E4M3) return {&Table<Fp8Bf16Codes>::call, true, true, "avx512-bf16", 2};
   if (w != DType::BF16) return {};
   return {&Table<Bf16K>::call, true, true, "avx512-bf16"};
 }
