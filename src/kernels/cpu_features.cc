@@ -11,10 +11,13 @@ const CpuFeatures& cpu_features() {
     c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl");
     c.avx512_bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
+    c.subnormal_assists = __builtin_cpu_is("intel");
     return c;
   }();
   return f;
 }
+
+void set_subnormal_assists_for_tests(bool on) { const_cast<CpuFeatures&>(cpu_features()).subnormal_assists = on; }
 
 std::string cpu_features_string() {
   const CpuFeatures& c = cpu_features();

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu_features.h"
 #include "kernels/matmul_micro.h"
 
 namespace epmoe {
@@ -55,6 +56,20 @@ EPMOE_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
 EPMOE_AVX2 inline __m256 fp8_bits8(const uint8_t* q) {
   const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int(0x87F00000u))));
+}
+
+// The same 8 codes as q * 2^-112, normal for every nonzero code (matmul_micro.h's second form, for
+// CPUs that stall on subnormal operands): lanes with exponent field 0 get one more in it and 2^-118
+// taken off (other lanes subtract +0: exact for the positive magnitudes), then the sign.
+EPMOE_AVX2 inline __m256 fp8_bits8_normal(const uint8_t* q) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  const __m256i t = _mm256_slli_epi32(v, 20);
+  const __m256i mag = _mm256_and_si256(t, _mm256_set1_epi32(0x07F00000));
+  const __m256i e0 = _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(0x07800000)), _mm256_setzero_si256());
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(8 << 23)),
+                                     _mm256_and_si256(e0, _mm256_set1_epi32(1 << 23)));
+  const __m256 f = _mm256_sub_ps(_mm256_castsi256_ps(r), _mm256_and_ps(_mm256_castsi256_ps(e0), _mm256_set1_ps(0x1p-118f)));
+  return _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_and_si256(t, _mm256_set1_epi32(int(0x80000000u)))));
 }
 
 // Where a sub-tile's lane accumulators and results sit in the whole tile's layout (acc:
@@ -136,7 +151,8 @@ EPMOE_AVX2 void f32_part(const float* const* x, const void* const* w, int64_t K,
 
 // F8_E4M3 weights, fp32 compute: micro_fp8's arithmetic -- each weight q * s with one rounding
 // (the dequantized F32 tensor's bits), then the FMA; the scale re-read once per 128 columns.
-template <int MR, int NR>
+// kNormal: the codes' second form (CpuFeatures::subnormal_assists), the same bits.
+template <int MR, int NR, bool kNormal>
 EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K, int64_t k0, int64_t k1, SubTile t) {
   const Fp8Row* r[NR];
   #pragma GCC unroll 4
@@ -148,11 +164,12 @@ EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m256 sc[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p120f);
+    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(fp8_block_scale(*r[j], blk) * (kNormal ? 0x1p112f : 0x1p120f));
     for (; k < be; k += 16) {
       __m256 wr[NR];
       #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++) wr[j] = _mm256_mul_ps(fp8_bits8(r[j]->q + k), sc[j]);
+      for (int j = 0; j < NR; j++)
+        wr[j] = _mm256_mul_ps(kNormal ? fp8_bits8_normal(r[j]->q + k) : fp8_bits8(r[j]->q + k), sc[j]);
       #pragma GCC unroll 4
       for (int i = 0; i < MR; i++) {
         const __m256 xr = _mm256_loadu_ps(x[i] + k);
@@ -160,7 +177,8 @@ EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K
         for (int j = 0; j < NR; j++) lo[i][j] = _mm256_fmadd_ps(xr, wr[j], lo[i][j]);
       }
       #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++) wr[j] = _mm256_mul_ps(fp8_bits8(r[j]->q + k + 8), sc[j]);
+      for (int j = 0; j < NR; j++)
+        wr[j] = _mm256_mul_ps(kNormal ? fp8_bits8_normal(r[j]->q + k + 8) : fp8_bits8(r[j]->q + k + 8), sc[j]);
       #pragma GCC unroll 4
       for (int i = 0; i < MR; i++) {
         const __m256 xr = _mm256_loadu_ps(x[i] + k + 8);
@@ -187,10 +205,11 @@ struct F32Parts {
     f32_part<D, MR, NR>(x, w, K, k0, k1, t);
   }
 };
+template <bool kNormal>
 struct Fp8Parts {
   template <int MR, int NR>
   static void fn(const float* const* x, const void* const* w, int64_t K, int64_t k0, int64_t k1, SubTile t) {
-    fp8_part<MR, NR>(x, w, K, k0, k1, t);
+    fp8_part<MR, NR, kNormal>(x, w, K, k0, k1, t);
   }
 };
 
@@ -224,7 +243,8 @@ Micro avx2_micro(DType w) {
     case DType::F32: return {&tile<F32Parts<DType::F32>>, false, true, "avx2", 4};
     case DType::BF16: return {&tile<F32Parts<DType::BF16>>, false, true, "avx2", 4};
     // Four rows per few-token tile, as on AVX-512 (independent FMA chains per token).
-    case DType::F8_E4M3: return {&tile<Fp8Parts>, false, true, "avx2", 4};
+    case DType::F8_E4M3:
+      return {cpu_features().subnormal_assists ? &tile<Fp8Parts<true>> : &tile<Fp8Parts<false>>, false, true, "avx2", 4};
     default: return {};
   }
 }

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu_features.h"
 #include "kernels/matmul_micro.h"
 
 namespace epmoe {
@@ -170,10 +171,24 @@ EPMOE_AVX512 inline __m512 fp8_bits16(const uint8_t* q) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(int(0x87F00000u))));
 }
 
+// 16 codes -> q * 2^-112 as fp32, normal for every nonzero code (matmul_micro.h's second form).
+EPMOE_AVX512 inline __m512 fp8_bits16_normal(const uint8_t* q) {
+  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  const __m512i t = _mm512_slli_epi32(v, 20);
+  const __m512i mag = _mm512_and_si512(t, _mm512_set1_epi32(0x07F00000));
+  const __mmask16 e0 = _mm512_testn_epi32_mask(mag, _mm512_set1_epi32(0x07800000));  // zero or subnormal
+  __m512i r = _mm512_add_epi32(mag, _mm512_set1_epi32(8 << 23));
+  r = _mm512_mask_add_epi32(r, e0, r, _mm512_set1_epi32(1 << 23));
+  const __m512 f = _mm512_mask_sub_ps(_mm512_castsi512_ps(r), e0, _mm512_castsi512_ps(r), _mm512_set1_ps(0x1p-118f));
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(f), _mm512_and_si512(t, _mm512_set1_epi32(int(0x80000000u)))));
+}
+
 // Every element gets exactly micro_f32<F32>'s operations on the dequantized weight w = q * s (one
 // rounding, the same bits as the F32 tensor of dequantized weights): the lanes' FMAs in ascending
 // k, the same reduction, the same scalar tail. The scale is re-read once per 128 columns.
-template <int MR, int NR>
+// kNormal: the codes in the second form (no subnormal operand: CpuFeatures::subnormal_assists).
+template <int MR, int NR, bool kNormal>
 EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1, float* accm,
                             float* out) {
   const float* const* x = reinterpret_cast<const float* const*>(xv);
@@ -186,7 +201,8 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
   auto step = [&](int64_t k, const __m512(&sc)[NR]) EPMOE_AVX512_LAMBDA {
     __m512 wr[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) wr[j] = _mm512_mul_ps(fp8_bits16(r[j]->q + k), sc[j]);
+    for (int j = 0; j < NR; j++)
+      wr[j] = _mm512_mul_ps(kNormal ? fp8_bits16_normal(r[j]->q + k) : fp8_bits16(r[j]->q + k), sc[j]);
     #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
       const __m512 xr = _mm512_loadu_ps(x[i] + k);
@@ -198,7 +214,7 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m512 sc[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p120f);
+    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * (kNormal ? 0x1p112f : 0x1p120f));
     if (be - k == kFp8Block) {  // a whole block: straight-line code, no inner loop exit to predict
       #pragma GCC unroll 8
       for (int s = 0; s < 8; s++) step(k + 16 * s, sc);
@@ -356,13 +372,20 @@ struct Bf16K {
   }
 };
 
-template <int MR, int NR>
-struct Fp8K {
-  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
-                 float* out) {
-    micro_fp8<MR, NR>(x, w, Kd, k0, k1, acc, out);
-  }
+template <bool kNormal>
+struct Fp8Form {
+  template <int MR, int NR>
+  struct K {
+    static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                   float* out) {
+      micro_fp8<MR, NR, kNormal>(x, w, Kd, k0, k1, acc, out);
+    }
+  };
 };
+template <int MR, int NR>
+using Fp8K = Fp8Form<false>::K<MR, NR>;
+template <int MR, int NR>
+using Fp8KNormal = Fp8Form<true>::K<MR, NR>;
 
 template <int MR, int NR>
 using F32KF32 = F32K<DType::F32>::K<MR, NR>;
@@ -378,7 +401,8 @@ Micro avx512_micro(DType w) {
     // Four rows per few-token tile: four independent FMA chains per token (one row's chain, an
     // FMA every 4 cycles, is slower than DRAM at one byte per weight). Measured on Zen 4, 8 cold
     // fp8 experts at one token: 1 row 4.7 ms, 2 rows 3.1, 4 rows 3.1; at 8 tokens 17.4 / 13.3 / 8.8.
-    case DType::F8_E4M3: return {&Table<Fp8K>::call, false, true, "avx512", 4};
+    case DType::F8_E4M3:
+      return {cpu_features().subnormal_assists ? &Table<Fp8KNormal>::call : &Table<Fp8K>::call, false, true, "avx512", 4};
     default: return {};
   }
 }
@@ -386,16 +410,18 @@ Micro avx512_micro(DType w) {
 EPMOE_AVX512 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst) {
   const __m512i nan = _mm512_set1_epi32(0x7fc00000);
   for (int64_t b = 0; b * kFp8Block < K; b++) {
+    // The second form of the codes (never a subnormal operand: no assist on Intel), and s * 2^112,
+    // finite whenever s * 2^120 is.
     const float s = fp8_block_scale(r, b), s120 = s * 0x1p120f;
     const int64_t k0 = b * kFp8Block, k1 = std::min(K, k0 + kFp8Block);
     int64_t k = k0;
     if (!std::isinf(s120) || std::isinf(s)) {  // the scale folds: one multiply, one rounding
-      const __m512 sc = _mm512_set1_ps(s120);
+      const __m512 sc = _mm512_set1_ps(s * 0x1p112f);
       for (; k + 16 <= k1; k += 16) {
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.q + k));
         // NaN codes: (b | 0x80) == 0xff; they keep the NaN, the others get the product.
         const __mmask16 num = _mm_cmpneq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8(char(0x80))), _mm_set1_epi8(char(0xff)));
-        _mm512_storeu_ps(dst + k, _mm512_mask_mul_ps(_mm512_castsi512_ps(nan), num, fp8_bits16(r.q + k), sc));
+        _mm512_storeu_ps(dst + k, _mm512_mask_mul_ps(_mm512_castsi512_ps(nan), num, fp8_bits16_normal(r.q + k), sc));
       }
     }
     for (; k < k1; k++) dst[k] = fp8e4m3_to_f32(r.q[k]) * s;

@@ -57,6 +57,20 @@ inline float fp8_times_2m120(uint8_t b) {
   __builtin_memcpy(&f, &bits, 4);
   return f;
 }
+// The second form, for CPUs that stall on subnormal inputs (CpuFeatures::subnormal_assists) and
+// for the row dequantizers: q * 2^-112, normal for every nonzero code -- the bits with 8 added to
+// the exponent field; for the e4m3 subnormals (exponent field 0) one more, then 2^-118 taken off,
+// exactly (Sterbenz): 2^-118 (1 + m/8) - 2^-118 = m 2^-121 = q 2^-112. Times scale * 2^112 that is
+// again ONE rounding of q * s: the same bits as the first form.
+inline float fp8_times_2m112(uint8_t b) {
+  const uint32_t mag = uint32_t(b & 0x7f) << 20;
+  const bool e0 = (mag & 0x07800000u) == 0;
+  const uint32_t bits = mag + (uint32_t(e0 ? 9 : 8) << 23);
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  if (e0) f -= 0x1p-118f;
+  return (b & 0x80) ? -f : f;
+}
 inline float fp8_block_scale(const Fp8Row& r, int64_t b) {
   return r.scale_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(r.scale)[b]) : static_cast<const float*>(r.scale)[b];
 }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -231,6 +232,9 @@ class Fp8Exact : public Fp8Paths {};
 
 // fp32 compute: the fp8 matmul is the F32 matmul of the dequantized weights, bit for bit.
 TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
+  const bool assists = cpu_features().subnormal_assists;
+  for (bool form : {false, true}) {  // the codes' two exact forms (matmul_micro.h): the same bits
+  set_subnormal_assists_for_tests(form);
   std::mt19937 rng(21);
   for (DType sd : {DType::F32, DType::BF16})
     for (const Shape& sh : kShapes) {
@@ -244,10 +248,12 @@ TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
           std::vector<float> y(size_t(T * sh.N), NAN), want(size_t(T * sh.N), -1.f);
           matmul(x.data(), T, w.view, y.data(), b);
           matmul(x.data(), T, w.f32, want.data(), b);
-          ASSERT_TRUE(same_bits(y, want)) << (b ? "with bias" : "no bias");
+          ASSERT_TRUE(same_bits(y, want)) << (b ? "with bias" : "no bias") << (form ? ", no-subnormal form" : "");
         }
       }
     }
+  }
+  set_subnormal_assists_for_tests(assists);
 }
 
 // Any mode: close to the double reference of the dequantized weights. fp32 compute: the usual
@@ -394,9 +400,14 @@ INSTANTIATE_TEST_SUITE_P(Paths, Fp8Paths,
 
 // T = 1 on the in-place fp8 kernel, one code per row: y[n] = x[0] * w[n, 0] exactly, for every
 // non-NaN code (the kernel's own conversion, subnormal codes and -0 included).
+// Every code through every kernel, and through both forms of the exact kernels (the second, for
+// CPUs that stall on subnormal operands, keeps each code normal: matmul_micro.h).
 TEST(Fp8, KernelConversionOfEveryCode) {
-  for (const auto& [p, mode] : {std::pair{KernelPath::Generic, ComputeMode::F32}, std::pair{KernelPath::Auto, ComputeMode::F32},
-                                 std::pair{KernelPath::Auto, ComputeMode::BF16}}) {
+  const bool assists = cpu_features().subnormal_assists;
+  for (const auto& [p, mode, form] :
+       {std::tuple{KernelPath::Generic, ComputeMode::F32, false}, std::tuple{KernelPath::Auto, ComputeMode::F32, false},
+        std::tuple{KernelPath::Auto, ComputeMode::F32, true}, std::tuple{KernelPath::Auto, ComputeMode::BF16, false}}) {
+    set_subnormal_assists_for_tests(form);
     set_kernel_path(p);
     set_compute_mode(mode);
     for (float s : {1.f, 0.0123f, 0x1p-20f}) {
@@ -418,10 +429,12 @@ TEST(Fp8, KernelConversionOfEveryCode) {
       for (int64_t n = 0; n < N; n++) {
         if ((n & 0x7f) == 0x7f) continue;
         EXPECT_EQ(double(y[size_t(n)]), double(float(e4m3_plain(uint8_t(n)) * s)))
-            << "code " << n << " scale " << s << (mode == ComputeMode::BF16 ? " bf16 compute" : "");
+            << "code " << n << " scale " << s << (mode == ComputeMode::BF16 ? " bf16 compute" : "")
+            << (form ? " (no-subnormal form)" : "");
       }
     }
   }
+  set_subnormal_assists_for_tests(assists);
   set_kernel_path(KernelPath::Auto);
   set_compute_mode(ComputeMode::F32);
 }
