@@ -12,12 +12,11 @@
 #include <cmath>
 
 #include "kernels/attention_rows.h"
+#include "kernels/avx2_lanes.h"
 
 namespace epmoe {
 
 namespace {
-
-#define EPMOE_AVX2 __attribute__((target("avx2,fma")))
 
 // Lanes [0, n) of 8 set (n clamped to 0..8), as maskload / maskstore want them.
 EPMOE_AVX2 inline __m256i lanes_below(int64_t n) {
@@ -25,32 +24,19 @@ EPMOE_AVX2 inline __m256i lanes_below(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::clamp<int64_t>(n, 0, 8))), idx);
 }
 
-// attention_avx512.cc's exp_nonpositive, step for step.
+// attention_rows.h's exp_poly, step for step as attention_avx512.cc.
 EPMOE_AVX2 inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  using namespace exp_poly;
+  x = _mm256_max_ps(_mm256_set1_ps(kFloor), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(kC[0]);
+  for (int i = 1; i < 6; i++) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kC[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   // 2^n from its exponent bits (n + 127 in [1, 127]: normal), one rounding of y * 2^n as scalef.
   const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   return _mm256_mul_ps(y, p2);
-}
-
-// matmul's reduce16 of the 16 lanes held as lanes 0-7 (lo) and 8-15 (hi).
-EPMOE_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
-  const __m256 a = _mm256_add_ps(lo, hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  const __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
-  return _mm_cvtss_f32(d);
 }
 
 EPMOE_AVX2 inline float reduce_max8(__m256 v) {
@@ -138,7 +124,7 @@ EPMOE_AVX2 void softmax_row_avx2(float* s, int64_t n) {
     lo = _mm256_blendv_ps(lo, _mm256_add_ps(lo, a), _mm256_castsi256_ps(t_lo));
     hi = _mm256_blendv_ps(hi, _mm256_add_ps(hi, b), _mm256_castsi256_ps(t_hi));
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / reduce16(lo, hi));
+  const __m256 inv = _mm256_set1_ps(1.0f / reduce16_avx2(lo, hi));
   for (int64_t j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
   const int64_t n8 = n / 8 * 8;
   if (n8 < n) {

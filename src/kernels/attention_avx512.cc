@@ -18,22 +18,16 @@ namespace {
 
 EPMOE_AVX512 inline __mmask16 tail_mask(int64_t n) { return __mmask16((1u << n) - 1); }
 
-// e^x for x <= 0 (a score minus its row's max), ~1 ulp: Cephes' expf -- x = n ln2 + r with
-// |r| <= ln2 / 2 (ln2 in two parts, so r is exact), a degree-6 polynomial for e^r, times 2^n.
-// Below -87.33 (e^x < FLT_MIN) the result is that of -87.33, ~1.2e-38: such a term adds nothing a
-// row's sum of at least 1 can hold. NaN stays NaN (max returns its second operand on NaN).
+// attention_rows.h's exp_poly. NaN stays NaN (max returns its second operand on NaN).
 EPMOE_AVX512 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), x);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  using namespace exp_poly;
+  x = _mm512_max_ps(_mm512_set1_ps(kFloor), x);
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 y = _mm512_set1_ps(kC[0]);
+  for (int i = 1; i < 6; i++) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kC[i]));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(y, n);
 }

@@ -9,6 +9,19 @@
 
 namespace epmoe {
 
+// e^x for x <= 0 (a score minus its row's max), ~1 ulp: Cephes' expf -- x = n ln2 + r with
+// |r| <= ln2 / 2 (ln2 in two parts, so r is exact), a degree-6 polynomial for e^r, times 2^n.
+// Below -87.33 (e^x < FLT_MIN) the result is that of -87.33, ~1.2e-38: such a term adds nothing a
+// row's sum of at least 1 can hold. One set of constants for both vector widths, so that the
+// AVX-512 and AVX2 kernels evaluate the very same polynomial.
+namespace exp_poly {
+inline constexpr float kFloor = -87.33654f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+inline constexpr float kC[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_poly
+
 // s[0 .. n) -> the softmax of the row, in place (vector exp, 16-lane sum, the fixed tree).
 void softmax_row_avx512(float* s, int64_t n);
 

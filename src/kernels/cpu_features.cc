@@ -2,8 +2,11 @@
 
 namespace epmoe {
 
-const CpuFeatures& cpu_features() {
-  static const CpuFeatures f = [] {
+namespace {
+
+// Detected once; a plain (non-const) object so that set_subnormal_assists_for_tests may write it.
+CpuFeatures& detected() {
+  static CpuFeatures f = [] {
     CpuFeatures c;
     __builtin_cpu_init();
     c.avx2 = __builtin_cpu_supports("avx2");
@@ -17,7 +20,11 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
-void set_subnormal_assists_for_tests(bool on) { const_cast<CpuFeatures&>(cpu_features()).subnormal_assists = on; }
+}  // namespace
+
+const CpuFeatures& cpu_features() { return detected(); }
+
+void set_subnormal_assists_for_tests(bool on) { detected().subnormal_assists = on; }
 
 std::string cpu_features_string() {
   const CpuFeatures& c = cpu_features();

@@ -358,19 +358,18 @@ __attribute__((target_clones("avx2", "default"))) void fp8_dequant_generic(const
         const i32x16 v = __builtin_convertvector(c, i32x16);  // sign-extended: bits 27..31 = sign
         // The codes' second form (matmul_micro.h): q * 2^-112, never a subnormal operand (Intel
         // stalls on those), times s * 2^112 -- finite whenever s * 2^120 is; the same bits.
-        const u32x16 t = u32x16(v) << 20, mag = t & 0x07F00000u;
-        const u32x16 e0 = u32x16((mag & 0x07800000u) == 0);  // all ones on zero / subnormal codes
-        const u32x16 bits = mag + (8u << 23) + (e0 & (1u << 23));
-        f32x16 f, off;
+        const u32x16 t = u32x16(v) << 20, mag = t & kFp8Mag;
+        const i32x16 e0 = (mag & kFp8Exp) == 0;  // all ones on zero / subnormal codes
+        const u32x16 bits = mag + kFp8Bias112 + (u32x16(e0) & (1u << 23));
+        f32x16 f;
         std::memcpy(&f, &bits, 64);
-        const u32x16 off_bits = e0 & 0x04800000u;  // 2^-118 on those lanes, +0 elsewhere
-        std::memcpy(&off, &off_bits, 64);
-        f -= off;
+        const f32x16 none = {}, sub = none + kFp8Sub112;
+        f -= e0 ? sub : none;  // - (+0) elsewhere: exact for the positive magnitudes
         u32x16 fb;
         std::memcpy(&fb, &f, 64);
         fb |= t & 0x80000000u;
         std::memcpy(&f, &fb, 64);
-        f *= s * 0x1p112f;
+        f *= s * fp8_fold(true);
         u32x16 out;
         std::memcpy(&out, &f, 64);
         const u32x16 nan = u32x16((v & 0x7f) == 0x7f);  // all ones on the NaN codes

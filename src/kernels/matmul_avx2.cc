@@ -17,14 +17,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/avx2_lanes.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_micro.h"
 
 namespace epmoe {
 
 namespace {
-
-#define EPMOE_AVX2 __attribute__((target("avx2,fma")))
 
 // Weights of lanes [k, k + 8) as fp32: F32 as stored, BF16 widened exactly (shifted into the high half).
 template <DType D>
@@ -43,19 +42,10 @@ inline float load_w1(const void* w, int64_t k) {
   else return bf16_to_f32(static_cast<const uint16_t*>(w)[k]);
 }
 
-// matmul_avx512.cc's reduce16 on the two halves: lo + hi is its first step (l + l+8).
-EPMOE_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
-  const __m256 a = _mm256_add_ps(lo, hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  const __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
-  return _mm_cvtss_f32(d);
-}
-
 // 8 fp8 codes -> q * 2^-120 as fp32 (matmul_micro.h; matmul_avx512.cc's fp8_bits16 on 8 lanes).
 EPMOE_AVX2 inline __m256 fp8_bits8(const uint8_t* q) {
   const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int(0x87F00000u))));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int(kFp8Bits))));
 }
 
 // The same 8 codes as q * 2^-112, normal for every nonzero code (matmul_micro.h's second form, for
@@ -64,11 +54,11 @@ EPMOE_AVX2 inline __m256 fp8_bits8(const uint8_t* q) {
 EPMOE_AVX2 inline __m256 fp8_bits8_normal(const uint8_t* q) {
   const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
   const __m256i t = _mm256_slli_epi32(v, 20);
-  const __m256i mag = _mm256_and_si256(t, _mm256_set1_epi32(0x07F00000));
-  const __m256i e0 = _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(0x07800000)), _mm256_setzero_si256());
-  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(8 << 23)),
+  const __m256i mag = _mm256_and_si256(t, _mm256_set1_epi32(int(kFp8Mag)));
+  const __m256i e0 = _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(int(kFp8Exp))), _mm256_setzero_si256());
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(int(kFp8Bias112))),
                                      _mm256_and_si256(e0, _mm256_set1_epi32(1 << 23)));
-  const __m256 f = _mm256_sub_ps(_mm256_castsi256_ps(r), _mm256_and_ps(_mm256_castsi256_ps(e0), _mm256_set1_ps(0x1p-118f)));
+  const __m256 f = _mm256_sub_ps(_mm256_castsi256_ps(r), _mm256_and_ps(_mm256_castsi256_ps(e0), _mm256_set1_ps(kFp8Sub112)));
   return _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_and_si256(t, _mm256_set1_epi32(int(0x80000000u)))));
 }
 
@@ -114,10 +104,22 @@ EPMOE_AVX2 inline void lanes_finish(__m256 (&lo)[MR][NR], __m256 (&hi)[MR][NR], 
   for (int i = 0; i < MR; i++)
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
-      float s = reduce16(lo[i][j], hi[i][j]);
+      float s = reduce16_avx2(lo[i][j], hi[i][j]);
       for (int64_t k = kv; k < K; k++) s += tail(i, j, k);
       t.out[i * t.nr_all + j] = s;
     }
+}
+
+// One half of a 16-lane step: acc[i][j] += x_i[k .. k + 8) * wr[j] (the lanes of lo at k, of hi at
+// k + 8), every row of the sub-tile against every weight row's 8 lanes.
+template <int MR, int NR>
+EPMOE_AVX2 inline void fma_half(__m256 (&acc)[MR][NR], const float* const* x, int64_t k, const __m256 (&wr)[NR]) {
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++) {
+    const __m256 xr = _mm256_loadu_ps(x[i] + k);
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(xr, wr[j], acc[i][j]);
+  }
 }
 
 // F32 / BF16 weights: micro_f32's FMAs, half a 16-lane step at a time.
@@ -130,20 +132,10 @@ EPMOE_AVX2 void f32_part(const float* const* x, const void* const* w, int64_t K,
     __m256 wr[NR];
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) wr[j] = load_w8<D>(w[j], k);
-    #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
-      const __m256 xr = _mm256_loadu_ps(x[i] + k);
-      #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++) lo[i][j] = _mm256_fmadd_ps(xr, wr[j], lo[i][j]);
-    }
+    fma_half<MR, NR>(lo, x, k, wr);
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) wr[j] = load_w8<D>(w[j], k + 8);
-    #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
-      const __m256 xr = _mm256_loadu_ps(x[i] + k + 8);
-      #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++) hi[i][j] = _mm256_fmadd_ps(xr, wr[j], hi[i][j]);
-    }
+    fma_half<MR, NR>(hi, x, k + 8, wr);
   }
   if (k1 < K) return lanes_save<MR, NR>(lo, hi, t);
   lanes_finish<MR, NR>(lo, hi, kv, K, [&](int i, int j, int64_t k) { return x[i][k] * load_w1<D>(w[j], k); }, t);
@@ -164,26 +156,16 @@ EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m256 sc[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(fp8_block_scale(*r[j], blk) * (kNormal ? 0x1p112f : 0x1p120f));
+    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(fp8_block_scale(*r[j], blk) * fp8_fold(kNormal));
     for (; k < be; k += 16) {
       __m256 wr[NR];
-      #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++)
-        wr[j] = _mm256_mul_ps(kNormal ? fp8_bits8_normal(r[j]->q + k) : fp8_bits8(r[j]->q + k), sc[j]);
-      #pragma GCC unroll 4
-      for (int i = 0; i < MR; i++) {
-        const __m256 xr = _mm256_loadu_ps(x[i] + k);
+      #pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {  // lanes 0-7 into lo, 8-15 into hi
+        const int64_t kh = k + 8 * h;
         #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) lo[i][j] = _mm256_fmadd_ps(xr, wr[j], lo[i][j]);
-      }
-      #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++)
-        wr[j] = _mm256_mul_ps(kNormal ? fp8_bits8_normal(r[j]->q + k + 8) : fp8_bits8(r[j]->q + k + 8), sc[j]);
-      #pragma GCC unroll 4
-      for (int i = 0; i < MR; i++) {
-        const __m256 xr = _mm256_loadu_ps(x[i] + k + 8);
-        #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) hi[i][j] = _mm256_fmadd_ps(xr, wr[j], hi[i][j]);
+        for (int j = 0; j < NR; j++)
+          wr[j] = _mm256_mul_ps(kNormal ? fp8_bits8_normal(r[j]->q + kh) : fp8_bits8(r[j]->q + kh), sc[j]);
+        fma_half<MR, NR>(h == 0 ? lo : hi, x, kh, wr);
       }
     }
   }

@@ -168,18 +168,18 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
 // 20, keep the sign and the 7 magnitude bits (the sign extension filled bits 27..31).
 EPMOE_AVX512 inline __m512 fp8_bits16(const uint8_t* q) {
   const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(int(0x87F00000u))));
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(int(kFp8Bits))));
 }
 
 // 16 codes -> q * 2^-112 as fp32, normal for every nonzero code (matmul_micro.h's second form).
 EPMOE_AVX512 inline __m512 fp8_bits16_normal(const uint8_t* q) {
   const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
   const __m512i t = _mm512_slli_epi32(v, 20);
-  const __m512i mag = _mm512_and_si512(t, _mm512_set1_epi32(0x07F00000));
-  const __mmask16 e0 = _mm512_testn_epi32_mask(mag, _mm512_set1_epi32(0x07800000));  // zero or subnormal
-  __m512i r = _mm512_add_epi32(mag, _mm512_set1_epi32(8 << 23));
+  const __m512i mag = _mm512_and_si512(t, _mm512_set1_epi32(int(kFp8Mag)));
+  const __mmask16 e0 = _mm512_testn_epi32_mask(mag, _mm512_set1_epi32(int(kFp8Exp)));  // zero or subnormal
+  __m512i r = _mm512_add_epi32(mag, _mm512_set1_epi32(int(kFp8Bias112)));
   r = _mm512_mask_add_epi32(r, e0, r, _mm512_set1_epi32(1 << 23));
-  const __m512 f = _mm512_mask_sub_ps(_mm512_castsi512_ps(r), e0, _mm512_castsi512_ps(r), _mm512_set1_ps(0x1p-118f));
+  const __m512 f = _mm512_mask_sub_ps(_mm512_castsi512_ps(r), e0, _mm512_castsi512_ps(r), _mm512_set1_ps(kFp8Sub112));
   return _mm512_castsi512_ps(
       _mm512_or_si512(_mm512_castps_si512(f), _mm512_and_si512(t, _mm512_set1_epi32(int(0x80000000u)))));
 }
@@ -214,7 +214,7 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m512 sc[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * (kNormal ? 0x1p112f : 0x1p120f));
+    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * fp8_fold(kNormal));
     if (be - k == kFp8Block) {  // a whole block: straight-line code, no inner loop exit to predict
       #pragma GCC unroll 8
       for (int s = 0; s < 8; s++) step(k + 16 * s, sc);
@@ -416,7 +416,7 @@ EPMOE_AVX512 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst) {
     const int64_t k0 = b * kFp8Block, k1 = std::min(K, k0 + kFp8Block);
     int64_t k = k0;
     if (!std::isinf(s120) || std::isinf(s)) {  // the scale folds: one multiply, one rounding
-      const __m512 sc = _mm512_set1_ps(s * 0x1p112f);
+      const __m512 sc = _mm512_set1_ps(s * fp8_fold(true));
       for (; k + 16 <= k1; k += 16) {
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.q + k));
         // NaN codes: (b | 0x80) == 0xff; they keep the NaN, the others get the product.

@@ -61,16 +61,16 @@ inline float fp8_times_2m120(uint8_t b) {
 // for the row dequantizers: q * 2^-112, normal for every nonzero code -- the bits with 8 added to
 // the exponent field; for the e4m3 subnormals (exponent field 0) one more, then 2^-118 taken off,
 // exactly (Sterbenz): 2^-118 (1 + m/8) - 2^-118 = m 2^-121 = q 2^-112. Times scale * 2^112 that is
-// again ONE rounding of q * s: the same bits as the first form.
-inline float fp8_times_2m112(uint8_t b) {
-  const uint32_t mag = uint32_t(b & 0x7f) << 20;
-  const bool e0 = (mag & 0x07800000u) == 0;
-  const uint32_t bits = mag + (uint32_t(e0 ? 9 : 8) << 23);
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  if (e0) f -= 0x1p-118f;
-  return (b & 0x80) ? -f : f;
-}
+// again ONE rounding of q * s: the same bits as the first form. The vector kernels of every width
+// build both forms from these masks, on the code sign-extended to 32 bits and shifted left 20.
+inline constexpr uint32_t kFp8Bits = 0x87F00000u;  // sign, exponent field, mantissa: the first form
+inline constexpr uint32_t kFp8Mag = 0x07F00000u;   // exponent field and mantissa
+inline constexpr uint32_t kFp8Exp = 0x07800000u;   // the exponent field: 0 on zero and subnormal codes
+inline constexpr uint32_t kFp8Bias112 = 8u << 23;  // the second form's exponent offset (+1 more for e = 0)
+inline constexpr float kFp8Sub112 = 0x1p-118f;     // taken off the e = 0 codes in the second form
+// What a block scale is multiplied by to fold the form's power of two back in: s * 2^120 (first
+// form) or s * 2^112 (second).
+inline constexpr float fp8_fold(bool second_form) { return second_form ? 0x1p112f : 0x1p120f; }
 inline float fp8_block_scale(const Fp8Row& r, int64_t b) {
   return r.scale_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(r.scale)[b]) : static_cast<const float*>(r.scale)[b];
 }
