@@ -78,8 +78,6 @@ struct Figure {
   double step_s = 0;  // wall seconds per step (prefill: the whole prompt; decode: one token)
 };
 
-std::string mode_name(ComputeMode m) { return m == ComputeMode::BF16 ? "bf16" : "f32"; }
-
 std::vector<int32_t> random_ids(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -88,6 +86,7 @@ std::vector<int32_t> random_ids(int n, int vocab, uint64_t seed) {
 }
 
 struct Epmoe {
+  std::string who;  // "epmoe f32", "epmoe bf16 int8-head", ...
   ComputeMode mode;
   std::unique_ptr<Model> model;
   std::unique_ptr<A2ABackend> backend;
@@ -160,13 +159,16 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"Whole-model CPU throughput: prefill and decode tok/s, fp32 and bf16 compute, with the read bandwidth "
                "of the moment and (optionally) llama.cpp's llama-bench on the same weights in the same run"};
-  std::string dir, llama, gguf, compute = "f32,bf16";
+  std::string dir, llama, gguf, compute = "f32,bf16", heads = "checkpoint";
   std::vector<int> prefill{512, 2048};
   int decode = 64, depth = 512, cycles = 3, threads = 2;
   bool stages = false, decode_only = false;
   app.add_option("--model", dir, "checkpoint directory (e.g. from `epmoe synth --like qwen3-30b-a3b --layers 4`)")
       ->required();
   app.add_option("--compute", compute, "compute modes, comma-separated: f32, bf16")->capture_default_str();
+  app.add_option("--lm-head", heads,
+                 "lm_head forms, comma-separated: checkpoint (as stored), int8 (quantized at load: epmoe --lm-head int8)")
+      ->capture_default_str();
   app.add_option("--prefill", prefill, "prompt lengths to time (tokens)")->delimiter(',')->capture_default_str();
   app.add_option("--decode", decode, "greedy decode steps to time")->capture_default_str();
   app.add_option("--depth", depth, "prompt length before the decode steps")->capture_default_str();
@@ -201,11 +203,16 @@ int main(int argc, char** argv) {
       std::printf("bf16 compute skipped: this CPU has no AVX512-BF16\n");
       continue;
     }
-    Epmoe e{mode, std::make_unique<Model>(cfg, ck, placement, 0, mode, kv), make_local_backend(Device::Cpu, placement)};
-    // Warm-up at the longest prompt: the first pass faults the mapped checkpoint in (every expert
-    // a long prompt reaches) and grows the step buffers; the figures are the steady state.
-    time_prefill(e, longest, 1);
-    runs.push_back(std::move(e));
+    for (const std::string& h : {std::string("checkpoint"), std::string("int8")}) {
+      if (heads.find(h) == std::string::npos) continue;
+      Epmoe e{"epmoe " + m + (h == "int8" ? " int8-head" : ""), mode,
+              std::make_unique<Model>(cfg, ck, placement, 0, mode, kv, parse_lm_head_form(h)),
+              make_local_backend(Device::Cpu, placement)};
+      // Warm-up at the longest prompt: the first pass faults the mapped checkpoint in (every expert
+      // a long prompt reaches) and grows the step buffers; the figures are the steady state.
+      time_prefill(e, longest, 1);
+      runs.push_back(std::move(e));
+    }
   }
   std::printf("model %s: %d layers, hidden %d, %d experts top-%d; %d threads; %s\n", dir.c_str(), cfg.num_layers,
               cfg.hidden_size, cfg.routing.num_experts, cfg.routing.top_k, threads, kernel_description().c_str());
@@ -241,14 +248,14 @@ int main(int argc, char** argv) {
       for (int n : prefill) {
         const double bw = probe.gbs();
         Figure f = time_prefill(e, n, 100 + uint64_t(c));
-        f.who = "epmoe " + mode_name(e.mode);
+        f.who = e.who;
         f.what = "prefill " + std::to_string(n);
         f.gbs = bw;
         record(f);
       }
       const double bw = probe.gbs();
       Figure f = time_decode(e, decode, depth, 200 + uint64_t(c));
-      f.who = "epmoe " + mode_name(e.mode);
+      f.who = e.who;
       f.what = "decode " + std::to_string(decode) + " @" + std::to_string(depth);
       f.gbs = bw;
       record(f);

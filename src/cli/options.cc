@@ -67,6 +67,13 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend) {
                  "faster at decode, not bit-near the goldens (docs/gpu.md)")
       ->check(CLI::IsMember({"dequant", "tensor-core"}))
       ->capture_default_str();
+  cmd.add_option("--lm-head", o.lm_head,
+                 "How the lm_head is read. checkpoint (default): as stored, exact. int8 (cpu only): rows quantized at "
+                 "load to int8 with one bf16 scale per 32 weights (llama.cpp Q8_0's layout and error, |w - q s| <= "
+                 "s/2): half the bytes of a bf16 head, the matrix every decode step reads whole -- faster decode, "
+                 "logits no longer the checkpoint's")
+      ->check(CLI::IsMember({"checkpoint", "int8"}))
+      ->capture_default_str();
   cmd.add_option("--kv-cache-tokens", o.kv_cache_tokens,
                  "Token positions of the paged KV cache per rank, allocated at start (0: a quarter of the available "
                  "memory on the CPU, 40% of the free GPU memory; at most 1M). Requests wait until their blocks fit; "
@@ -98,6 +105,7 @@ EngineOptions engine_options(const RunOptions& o) {
   e.check_weights = o.check_weights;
   e.compute = o.compute;
   e.fp8_compute = o.fp8_compute;
+  e.lm_head = o.lm_head;
   e.threads = o.threads;
   e.forward.check_numerics = o.check_numerics;
   e.kv.tokens = o.kv_cache_tokens;

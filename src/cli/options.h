@@ -27,6 +27,7 @@ struct RunOptions {
   bool check_weights = false;
   std::string compute;  // "" until given: the device's default (cpu f32, cuda bf16)
   std::string fp8_compute = "dequant";
+  std::string lm_head = "checkpoint";  // --lm-head
   int threads = 0;
   bool audit = false;
   bool batch_invariant = false;  // accepted everywhere: every kernel of both devices already is

@@ -189,9 +189,14 @@ int run_synth(const SynthOptions& o) {
   const ModelConfig c = parse_model_config(cfg, o.like);  // validates, and gives the shapes
   const float std_dev = cfg.value("initializer_range", 0.02);
   const float scale = std_dev * std::sqrt(3.0f);  // uniform [-a, a] has std a / sqrt(3)
-  // fp8: random codes (NaN codes skipped) times one scale per block, so that the largest code
-  // (448) is the uniform fill's bound.
+  // fp8: the weights the bf16 (or f32) model of the same seed holds, quantized as FP8 checkpoints
+  // are made -- over one scale per block, rounded to the nearest e4m3 -- with the scale the fill's
+  // bound / 448. So `--dtype fp8` and `--dtype bf16` give the same model at two precisions (a
+  // Q8_0 GGUF of the bf16 one is then the same weights too), and the codes are distributed as in
+  // real checkpoints: the e4m3 subnormals, which cost some CPUs a slow path, are as rare
+  // (raw random bytes, as here before, made 1 in 16 codes subnormal).
   const float fp8_scale = scale / 448.0f;
+  const float fp8_scale_stored = scale_dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(fp8_scale)) : fp8_scale;
 
   std::filesystem::create_directories(o.out);
   std::ofstream(o.out + "/config.json") << cfg.dump(2) << "\n";
@@ -242,9 +247,9 @@ int run_synth(const SynthOptions& o) {
         const size_t chunk = std::min(left, buf.size() / esz);
         for (size_t j = 0; j < chunk; j++) {
           if (tp.fill == Fill::Fp8Codes) {
-            uint8_t code = uint8_t(rng.next() >> 56);
-            if ((code & 0x7f) == 0x7f) code ^= 1;  // 0x7f / 0xff are NaN in e4m3fn
-            buf[j] = char(code);
+            const float v = scale * rng.uniform();
+            const float w = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;  // what the bf16 model stores
+            buf[j] = char(f32_to_fp8e4m3(w / fp8_scale_stored));
             continue;
           }
           const float v = tp.fill == Fill::Ones       ? 1.0f

@@ -65,9 +65,11 @@ Placement make_placement(const EngineOptions& o, int E, int R) {
 
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
                                           const Placement& placement, int rank, const std::string& compute,
-                                          const KvOptions& kv, const std::string& fp8_compute) {
+                                          const KvOptions& kv, const std::string& fp8_compute,
+                                          const std::string& lm_head) {
   if (fp8_compute != "dequant" && fp8_compute != "tensor-core")
     throw InputError("--fp8-compute '" + fp8_compute + "': expected dequant or tensor-core");
+  const LmHeadForm head = parse_lm_head_form(lm_head);
   switch (device) {
     case Device::Cpu:
       if (fp8_compute != "dequant")
@@ -76,10 +78,13 @@ std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg,
                          "per 128-block inside its kernels)");
       return std::make_unique<Model>(cfg, ckpt, placement, rank,
                                      resolve_compute(device, compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32,
-                                     kv);
+                                     kv, head);
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
     {
+      if (head != LmHeadForm::Checkpoint)
+        throw InputError("--lm-head " + lm_head + ": int8 rows exist on --device cpu only (the GPU reads the "
+                         "checkpoint's head)");
       GpuModelOptions opt;
       opt.f32 = resolve_compute(device, compute) == "f32";
       opt.fp8 = fp8_compute == "tensor-core" ? GpuFp8Compute::TensorCore : GpuFp8Compute::Dequant;
@@ -110,7 +115,7 @@ Runtime make_runtime(const EngineOptions& o) {
   // The backend before the weights: a bad name or an unsupported pair costs no loading.
   rt.backend = make_backend(o.backend, o.device, *rt.group, rt.placement, o.backend_options);
   if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(me));
-  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute, o.kv, o.fp8_compute);
+  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute, o.kv, o.fp8_compute, o.lm_head);
   return rt;
 }
 

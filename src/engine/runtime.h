@@ -31,6 +31,9 @@ struct EngineOptions {
   // FP8 checkpoints' routed experts: dequant (exact, the default) | tensor-core (cuda only:
   // e4m3 weights and activations on the fp8 tensor cores, docs/gpu.md run 13).
   std::string fp8_compute = "dequant";
+  // The lm_head: checkpoint (exact, the default) | int8 (cpu only: rows quantized at load,
+  // model/weights.h LmHeadForm).
+  std::string lm_head = "checkpoint";
   int threads = 0;      // CPU worker threads per rank (0: the cores available)
   ForwardOptions forward;
   KvOptions kv;         // the paged KV cache's pool (--kv-cache-tokens)
@@ -53,7 +56,8 @@ Placement make_placement(const EngineOptions& o, int num_experts, int ranks);
 // The model of `device` with the experts `placement` gives to `rank`, and its KV pool.
 std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg, const Checkpoint& ckpt,
                                           const Placement& placement, int rank, const std::string& compute,
-                                          const KvOptions& kv = {}, const std::string& fp8_compute = "dequant");
+                                          const KvOptions& kv = {}, const std::string& fp8_compute = "dequant",
+                                          const std::string& lm_head = "checkpoint");
 
 struct Runtime {
   Device device = Device::Cpu;

@@ -7,6 +7,7 @@
 
 #ifndef EPMOE_AVX2
 #define EPMOE_AVX2 __attribute__((target("avx2,fma")))
+#define EPMOE_AVX2_LAMBDA __attribute__((always_inline, target("avx2,fma")))
 #endif
 
 namespace epmoe {

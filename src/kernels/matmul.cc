@@ -72,6 +72,33 @@ inline float greduce16(f32x16 a) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+// I8 rows (matmul_micro.h's definition), one lane at a time: std::fma where the vector kernels
+// fuse, so that this path gives their bits (it is also the tests' reference).
+void generic_i8_tile(int mr, int nr, const void* const* xv, const void* const* w, int64_t K, int64_t, int64_t, float*,
+                     float* out) {  // no K blocks: always called over [0, K)
+  const float* const* x = reinterpret_cast<const float* const*>(xv);
+  const int64_t kb = K / kI8Block * kI8Block;
+  for (int j = 0; j < nr; j++) {
+    const CodeRow& r = *static_cast<const CodeRow*>(w[j]);
+    const int8_t* q = reinterpret_cast<const int8_t*>(r.q);
+    for (int i = 0; i < mr; i++) {
+      float tot[16] = {};
+      for (int64_t k = 0; k < kb; k += kI8Block) {
+        const float s = code_block_scale(r, k / kI8Block);
+        for (int l = 0; l < 16; l++) {
+          const float p = x[i][k + l] * float(q[k + l]);
+          tot[l] = std::fma(std::fma(x[i][k + 16 + l], float(q[k + 16 + l]), p), s, tot[l]);
+        }
+      }
+      f32x16 t;
+      std::memcpy(&t, tot, 64);
+      float y = greduce16(t);
+      for (int64_t k = kb; k < K; k++) y += x[i][k] * (float(q[k]) * code_block_scale(r, k / kI8Block));
+      out[i * nr + j] = y;
+    }
+  }
+}
+
 template <DType D>
 __attribute__((target_clones("avx2", "default")))
 void generic_tile(int mr, int nr, const void* const* xv, const void* const* w, int64_t K, int64_t, int64_t, float*,
@@ -111,9 +138,19 @@ const float* weight_row_check(const TensorView& W, const char* what) {
                        ", rows from " + std::to_string(s.row0) + ") does not cover it");
     return nullptr;
   }
+  if (W.dtype == DType::I8 && !W.scale.empty()) {
+    const BlockScale& s = W.scale;
+    const int64_t N = W.shape[0], K = W.shape[1];
+    if (s.block != kI8Block || s.rows_per_scale() != 1 || s.row0 < 0 || s.rows < s.row0 + N ||
+        s.cols < (K + s.block - 1) / s.block || (s.dtype != DType::F32 && s.dtype != DType::BF16))
+      throw InputError("tensor '" + W.name + "' " + W.shape_str() + ": int8 rows need one F32 or BF16 scale per " +
+                       std::to_string(kI8Block) + " columns of each row (tensor/quantize.h)");
+    return nullptr;
+  }
   if (!dtype_is_float_weight(W.dtype))
     throw InputError("tensor '" + W.name + "' has dtype " + std::string(dtype_name(W.dtype)) +
-                     "; weights must be F32, BF16, F16 or F8_E4M3 (with a weight_scale_inv)");
+                     "; weights must be F32, BF16, F16, F8_E4M3 (with a weight_scale_inv) or int8 rows "
+                     "(tensor/quantize.h)");
   return nullptr;
 }
 
@@ -126,7 +163,8 @@ bool fp8_scales_fold(const TensorView& W) {
   if (s.block != kFp8Block) return false;
   const int64_t N = W.shape[0], K = W.shape[1];
   if (N == 0) return true;
-  const int64_t r0 = s.row0 / s.block, r1 = (s.row0 + N - 1) / s.block, cols = (K + s.block - 1) / s.block;
+  const int64_t r0 = s.row0 / s.rows_per_scale(), r1 = (s.row0 + N - 1) / s.rows_per_scale(),
+                cols = (K + s.block - 1) / s.block;
   for (int64_t r = r0; r <= r1; r++)
     for (int64_t c = 0; c < cols; c++) {
       const size_t i = size_t(r * s.cols + c);
@@ -169,7 +207,7 @@ constexpr int64_t kTokenBlock = 64;
 // and so their few-token form up to 8 tokens.
 constexpr int64_t kStreamT = 2;
 constexpr int64_t kFp8StreamT = 8;
-inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 ? kFp8StreamT : kStreamT; }
+inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 || w == DType::I8 ? kFp8StreamT : kStreamT; }
 
 // Tiled path (more tokens than stream_tokens): K is cut in blocks only beyond 4096; the lane
 // accumulators of a token block then wait in a per-thread buffer between blocks (micro-kernel
@@ -189,9 +227,9 @@ int64_t k_block(const Micro& m, int64_t T, int64_t K) {
 // 175-200 against 235-250 GFLOP/s at 32-512 tokens.)
 enum class RowForm {
   AsIs,        // the stored rows (F32, BF16, F16)
-  Fp8,         // Fp8Row descriptors: the fp8 micro-kernel reads the codes in place
-  Fp8Bf16,     // Fp8Row descriptors with the codes widened to bf16 (q * 2^8) in a per-thread buffer
-  DequantFp8,  // fp8 -> dequantized fp32 into a per-thread buffer (dequant_fn)
+  Codes,       // CodeRow descriptors: the fp8 or int8 micro-kernel reads the codes in place
+  Fp8Bf16,     // CodeRow descriptors with the codes widened to bf16 (q * 2^8) in a per-thread buffer
+  Dequant,     // fp8 or int8 codes -> dequantized fp32 into a per-thread buffer (dequant_fn)
 };
 
 struct WeightRows {
@@ -199,14 +237,14 @@ struct WeightRows {
   size_t row_bytes;
   int64_t K;
   RowForm form = RowForm::AsIs;
-  const BlockScale* scale = nullptr;  // F8_E4M3
-  Fp8DequantFn dequant_fn = nullptr;  // RowForm::DequantFp8
+  const BlockScale* scale = nullptr;  // F8_E4M3, I8
+  RowDequantFn dequant_fn = nullptr;  // RowForm::Dequant
 
-  WeightRows(const TensorView& W, RowForm f, Fp8DequantFn dq = nullptr)
+  WeightRows(const TensorView& W, RowForm f, RowDequantFn dq = nullptr)
       : base(static_cast<const char*>(W.data)), row_bytes(size_t(W.shape[1]) * dtype_size(W.dtype)), K(W.shape[1]),
         form(f), scale(&W.scale), dequant_fn(dq) {}
 
-  Fp8Row fp8(int64_t n) const {
+  CodeRow fp8(int64_t n) const {
     return {reinterpret_cast<const uint8_t*>(base + size_t(n) * row_bytes), scale->row(n), scale->dtype == DType::BF16};
   }
 
@@ -214,13 +252,13 @@ struct WeightRows {
     const char* r = base + size_t(n) * row_bytes;
     switch (form) {
       case RowForm::AsIs: return r;
-      case RowForm::Fp8: {
-        thread_local Fp8Row desc[kMaxNR];
+      case RowForm::Codes: {
+        thread_local CodeRow desc[kMaxNR];
         desc[slot] = fp8(n);
         return &desc[slot];
       }
       case RowForm::Fp8Bf16: {
-        thread_local Fp8Row desc[kMaxNR];
+        thread_local CodeRow desc[kMaxNR];
         thread_local std::vector<uint16_t> wide;
         wide.resize(size_t(kMaxNR) * size_t(K));
         desc[slot] = fp8(n);
@@ -228,7 +266,7 @@ struct WeightRows {
         fp8_to_bf16_avx512(desc[slot].q, K, &wide[size_t(slot) * size_t(K)]);
         return &desc[slot];
       }
-      case RowForm::DequantFp8: break;
+      case RowForm::Dequant: break;
     }
     thread_local std::vector<float> buf;
     buf.resize(size_t(kMaxNR) * size_t(K));
@@ -241,7 +279,7 @@ struct WeightRows {
 struct Plan {
   Micro m;
   RowForm form;
-  Fp8DequantFn dequant = nullptr;
+  RowDequantFn dequant = nullptr;
 };
 
 // The micro-kernel for weights W at T tokens, and the form its weight rows take.
@@ -252,13 +290,14 @@ Plan choose(const TensorView& W, int64_t T) {
     // bf16 compute: the same split, the "-rows" kernel reading rows widened to bf16.
     if (fp8_scales_fold(W)) {
       const Micro m = select_micro(DType::F8_E4M3);
-      if (m.fn && T <= kFp8StreamT) return {m, RowForm::Fp8};
+      if (m.fn && T <= kFp8StreamT) return {m, RowForm::Codes};
       if (m.fn && m.x_bf16) return {avx512_bf16_fp8_rows_micro(), RowForm::Fp8Bf16};
     }
     const Micro f = select_micro(DType::F32);
     const bool avx = std::string(f.name) == "avx512";
-    return {f, RowForm::DequantFp8, avx ? &fp8_dequant_avx512 : &fp8_dequant_generic};
+    return {f, RowForm::Dequant, avx ? &fp8_dequant_avx512 : &fp8_dequant_generic};
   }
+  if (W.dtype == DType::I8) return {select_micro(DType::I8), RowForm::Codes};  // every T: one arithmetic
   return {select_micro(W.dtype), RowForm::AsIs};
 }
 
@@ -340,15 +379,16 @@ Micro generic_micro(DType w) {
     case DType::F32: return {&generic_tile<DType::F32>, false, false, "generic"};
     case DType::BF16: return {&generic_tile<DType::BF16>, false, false, "generic"};
     case DType::F16: return {&generic_tile<DType::F16>, false, false, "generic"};
+    case DType::I8: return {&generic_i8_tile, false, false, "generic", kMaxNR};
     default: return {};
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst) {
+__attribute__((target_clones("avx2", "default"))) void fp8_dequant_generic(const CodeRow& r, int64_t K, float* dst) {
   typedef int8_t i8x16 __attribute__((vector_size(16)));
   typedef int32_t i32x16 __attribute__((vector_size(64)));
   for (int64_t b = 0; b * kFp8Block < K; b++) {
-    const float s = fp8_block_scale(r, b), s120 = s * 0x1p120f;
+    const float s = code_block_scale(r, b), s120 = s * 0x1p120f;
     const int64_t k0 = b * kFp8Block, k1 = std::min(K, k0 + kFp8Block);
     int64_t k = k0;
     if (!std::isinf(s120) || std::isinf(s)) {  // the scale folds (matmul_micro.h): one multiply
@@ -469,7 +509,7 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   Plan plan = choose(Wg, T);
   if (Wg.dtype == DType::F8_E4M3) {
     const Plan pu = choose(Wu, T);
-    if (pu.form != plan.form) plan = pu.form == RowForm::DequantFp8 ? pu : plan;
+    if (pu.form != plan.form) plan = pu.form == RowForm::Dequant ? pu : plan;
   }
   const Micro& m = plan.m;
   const Activations a(x, T, K, m.x_bf16);

@@ -34,6 +34,9 @@
 //     plus both paths' fp32 rounding; tests/kernels/fp8_matmul_test.cc holds it to that). Decode
 //     runs near DRAM bandwidth; compute-bound prefill pays one FMA per four vdpbf16ps for the
 //     scales (bench/moe_bench: ~0.75x the tokens/s of bf16 weights at 512+ tokens).
+// I8 rows (tensor/quantize.h: int8 codes, one scale per 32 columns of a row; `--lm-head int8`):
+//   EXACT to their dequantized F32 tensor q * s -- each tile's rows dequantized into fp32 and the
+//   fp32 kernel, in either compute mode.
 //   On the generic path, with blocks other than 128, or with scales outside [2^-100, 2^8) (none
 //   in real checkpoints), rows are dequantized into a per-thread buffer and the fp32 kernel runs:
 //   exact in either mode. The fast kernels read the NaN codes 0x7f / 0xff as 480 (checkpoints

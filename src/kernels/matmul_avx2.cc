@@ -146,9 +146,9 @@ EPMOE_AVX2 void f32_part(const float* const* x, const void* const* w, int64_t K,
 // kNormal: the codes' second form (CpuFeatures::subnormal_assists), the same bits.
 template <int MR, int NR, bool kNormal>
 EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K, int64_t k0, int64_t k1, SubTile t) {
-  const Fp8Row* r[NR];
+  const CodeRow* r[NR];
   #pragma GCC unroll 4
-  for (int j = 0; j < NR; j++) r[j] = static_cast<const Fp8Row*>(wv[j]);
+  for (int j = 0; j < NR; j++) r[j] = static_cast<const CodeRow*>(wv[j]);
   __m256 lo[MR][NR], hi[MR][NR];
   lanes_start<MR, NR>(lo, hi, k0, t);
   const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
@@ -156,7 +156,7 @@ EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m256 sc[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(fp8_block_scale(*r[j], blk) * fp8_fold(kNormal));
+    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(code_block_scale(*r[j], blk) * fp8_fold(kNormal));
     for (; k < be; k += 16) {
       __m256 wr[NR];
       #pragma GCC unroll 2
@@ -173,7 +173,50 @@ EPMOE_AVX2 void fp8_part(const float* const* x, const void* const* wv, int64_t K
   lanes_finish<MR, NR>(
       lo, hi, kv, K,
       [&](int i, int j, int64_t k) {
-        return x[i][k] * (fp8_times_2m120(r[j]->q[k]) * (fp8_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+        return x[i][k] * (fp8_times_2m120(r[j]->q[k]) * (code_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+      },
+      t);
+}
+
+// I8 rows (tensor/quantize.h), fp32 arithmetic in either compute mode: matmul_micro.h's block
+// form -- per whole 32-column block, each lane's two products summed (a multiply, an FMA), then
+// times the block's scale into the lane's total (an FMA): no multiply per weight.
+template <int MR, int NR>
+EPMOE_AVX2 void i8_part(const float* const* x, const void* const* wv, int64_t K, int64_t k0, int64_t k1, SubTile t) {
+  const CodeRow* r[NR];
+  #pragma GCC unroll 4
+  for (int j = 0; j < NR; j++) r[j] = static_cast<const CodeRow*>(wv[j]);
+  __m256 lo[MR][NR], hi[MR][NR];
+  lanes_start<MR, NR>(lo, hi, k0, t);
+  static_assert(kI8Block == 32);
+  const int64_t kb = K / kI8Block * kI8Block, ke = k1 < kb ? k1 : kb;
+  auto codes8 = [&](int j, int64_t k) EPMOE_AVX2_LAMBDA {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r[j]->q + k))));
+  };
+  for (int64_t k = k0; k < ke; k += kI8Block) {
+    __m256 sc[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) sc[j] = _mm256_set1_ps(code_block_scale(*r[j], k / kI8Block));
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {  // lanes 0-7 (columns k .. k+7 and k+16 .. k+23) into lo, 8-15 into hi
+      const int64_t ka = k + 8 * h, kc = ka + 16;
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) {
+        const __m256 wa = codes8(j, ka), wc = codes8(j, kc);
+        #pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+          const __m256 p = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + kc), wc, _mm256_mul_ps(_mm256_loadu_ps(x[i] + ka), wa));
+          __m256& tot = h == 0 ? lo[i][j] : hi[i][j];
+          tot = _mm256_fmadd_ps(p, sc[j], tot);
+        }
+      }
+    }
+  }
+  if (k1 < K) return lanes_save<MR, NR>(lo, hi, t);
+  lanes_finish<MR, NR>(
+      lo, hi, kb, K,
+      [&](int i, int j, int64_t k) {
+        return x[i][k] * (float(int8_t(r[j]->q[k])) * code_block_scale(*r[j], k / kI8Block));
       },
       t);
 }
@@ -192,6 +235,13 @@ struct Fp8Parts {
   template <int MR, int NR>
   static void fn(const float* const* x, const void* const* w, int64_t K, int64_t k0, int64_t k1, SubTile t) {
     fp8_part<MR, NR, kNormal>(x, w, K, k0, k1, t);
+  }
+};
+
+struct I8Parts {
+  template <int MR, int NR>
+  static void fn(const float* const* x, const void* const* w, int64_t K, int64_t k0, int64_t k1, SubTile t) {
+    i8_part<MR, NR>(x, w, K, k0, k1, t);
   }
 };
 
@@ -227,6 +277,9 @@ Micro avx2_micro(DType w) {
     // Four rows per few-token tile, as on AVX-512 (independent FMA chains per token).
     case DType::F8_E4M3:
       return {cpu_features().subnormal_assists ? &tile<Fp8Parts<true>> : &tile<Fp8Parts<false>>, false, true, "avx2", 4};
+    // Int8 rows: four rows per few-token tile, as fp8; the same kernel at every T (no dequantized
+    // form: its arithmetic is the block form's own). AVX-512 CPUs run it too.
+    case DType::I8: return {&tile<I8Parts>, false, true, "avx2", 4};
     default: return {};
   }
 }

@@ -192,9 +192,9 @@ template <int MR, int NR, bool kNormal>
 EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1, float* accm,
                             float* out) {
   const float* const* x = reinterpret_cast<const float* const*>(xv);
-  const Fp8Row* r[NR];
+  const CodeRow* r[NR];
   #pragma GCC unroll 4
-  for (int j = 0; j < NR; j++) r[j] = static_cast<const Fp8Row*>(wv[j]);
+  for (int j = 0; j < NR; j++) r[j] = static_cast<const CodeRow*>(wv[j]);
   __m512 acc[MR][NR];
   acc_start<MR, NR>(acc, k0, accm);
   const int64_t kv = K / 16 * 16, ke = k1 < kv ? k1 : kv;
@@ -214,7 +214,7 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
     const int64_t blk = k / kFp8Block, be = std::min(ke, (blk + 1) * kFp8Block);
     __m512 sc[NR];
     #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * fp8_fold(kNormal));
+    for (int j = 0; j < NR; j++) sc[j] = _mm512_set1_ps(code_block_scale(*r[j], blk) * fp8_fold(kNormal));
     if (be - k == kFp8Block) {  // a whole block: straight-line code, no inner loop exit to predict
       #pragma GCC unroll 8
       for (int s = 0; s < 8; s++) step(k + 16 * s, sc);
@@ -227,7 +227,7 @@ EPMOE_AVX512 void micro_fp8(const void* const* xv, const void* const* wv, int64_
   finish_tile<MR, NR>(
       acc, kv, K,
       [&](int i, int j, int64_t k) {
-        return x[i][k] * (fp8_times_2m120(r[j]->q[k]) * (fp8_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+        return x[i][k] * (fp8_times_2m120(r[j]->q[k]) * (code_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
       },
       out);
 }
@@ -255,7 +255,7 @@ EPMOE_AVX512BF16 inline __m512i fp8_to_bf16x32(const uint8_t* q) {
 // keep the whole tile's layout): 2 x MR x NR accumulators (block lanes and row lanes), so a 4 x 4
 // tile runs as two 4 x 2 halves -- the same per-element arithmetic, only the registers differ.
 template <int MR, int NR, bool kWide>
-EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const Fp8Row* const* r, int64_t K, int64_t k0, int64_t k1,
+EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const CodeRow* const* r, int64_t K, int64_t k0, int64_t k1,
                                     float* accm, float* out, int nr_all) {
   __m512 tot[MR][NR];
   #pragma GCC unroll 4
@@ -292,7 +292,7 @@ EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const Fp8Row* cons
     k = be;
     #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
-      const __m512 sc = _mm512_set1_ps(fp8_block_scale(*r[j], blk) * 0x1p-8f);
+      const __m512 sc = _mm512_set1_ps(code_block_scale(*r[j], blk) * 0x1p-8f);
       #pragma GCC unroll 4
       for (int i = 0; i < MR; i++) tot[i][j] = _mm512_fmadd_ps(bacc[i][j], sc, tot[i][j]);
     }
@@ -311,7 +311,7 @@ EPMOE_AVX512BF16 void fp8_bf16_part(const uint16_t* const* x, const Fp8Row* cons
       float s = reduce16(tot[i][j]);
       for (int64_t k = kv; k < K; k++)
         s += bf16_to_f32(x[i][k]) *
-             (fp8_times_2m120(r[j]->q[k]) * (fp8_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
+             (fp8_times_2m120(r[j]->q[k]) * (code_block_scale(*r[j], k / kFp8Block) * 0x1p120f));
       out[i * nr_all + j] = s;
     }
 }
@@ -323,7 +323,7 @@ struct Fp8Bf16 {
     static void fn(int, int, const void* const* xv, const void* const* wv, int64_t Kd, int64_t k0, int64_t k1, float* acc,
                    float* out) {
       const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
-      const Fp8Row* const* r = reinterpret_cast<const Fp8Row* const*>(wv);
+      const CodeRow* const* r = reinterpret_cast<const CodeRow* const*>(wv);
       if constexpr (NR <= 2) {
         fp8_bf16_part<MR, NR, kWide>(x, r, Kd, k0, k1, acc, out, NR);
       } else {
@@ -407,12 +407,12 @@ Micro avx512_micro(DType w) {
   }
 }
 
-EPMOE_AVX512 void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst) {
+EPMOE_AVX512 void fp8_dequant_avx512(const CodeRow& r, int64_t K, float* dst) {
   const __m512i nan = _mm512_set1_epi32(0x7fc00000);
   for (int64_t b = 0; b * kFp8Block < K; b++) {
     // The second form of the codes (never a subnormal operand: no assist on Intel), and s * 2^112,
     // finite whenever s * 2^120 is.
-    const float s = fp8_block_scale(r, b), s120 = s * 0x1p120f;
+    const float s = code_block_scale(r, b), s120 = s * 0x1p120f;
     const int64_t k0 = b * kFp8Block, k1 = std::min(K, k0 + kFp8Block);
     int64_t k = k0;
     if (!std::isinf(s120) || std::isinf(s)) {  // the scale folds: one multiply, one rounding

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "tensor/dtype.h"
+#include "tensor/quantize.h"
 
 namespace epmoe {
 
@@ -32,21 +33,22 @@ struct Micro {
   int stream_rows = 1;  // weight rows per tile at few tokens (matmul.cc kStreamT), <= kMaxNR
 };
 
-// F8_E4M3 weights (128 x 128 block-scaled). The fp8 micro-kernels read the codes in place -- one
-// byte per weight from memory -- through one of these per weight row (w[j] points to it).
+// A weight row of one-byte codes with per-block scales: F8_E4M3 weights (128 x 128 block-scaled),
+// whose micro-kernels read the codes in place -- one byte per weight from memory -- through one of
+// these per weight row (w[j] points to it), and the int8 rows of tensor/quantize.h (1 x 32 blocks).
 //
 // Exact dequantization in two fp32 steps: the code's bits placed under fp32's, (b & 0x7f) << 20
 // with the sign (b & 0x80) << 24, are q * 2^-120 exactly (the e4m3 subnormals land on fp32
 // subnormals: no flush-to-zero anywhere in the process); times scale * 2^120, also exact, that is
 // ONE rounding of the exact product q * s: the very bits of fp8e4m3_to_f32(b) * s (TensorView::at).
-// That needs scale * 2^120 finite, i.e. |s| < 2^8 (or s itself not finite): Fp8Row users check
+// That needs scale * 2^120 finite, i.e. |s| < 2^8 (or s itself not finite): CodeRow users check
 // (fp8_scales_fold) and otherwise dequantize rows with two multiplies. The fast kernels give the
 // NaN codes 0x7f / 0xff no special care (they read as 480 * s; checkpoints never hold them); the
 // row dequantizers do (NaN, as TensorView::at).
 inline constexpr int64_t kFp8Block = 128;
-struct Fp8Row {
+struct CodeRow {
   const uint8_t* q;     // K codes
-  const void* scale;    // the row's block scales, one per kFp8Block columns, F32 or BF16
+  const void* scale;    // the row's block scales, one per kFp8Block (I8: kI8Block) columns, F32 or BF16
   bool scale_bf16;
   const uint16_t* wide = nullptr;  // bf16-compute kernel on widened rows: fp8_to_bf16 of q
 };
@@ -71,14 +73,22 @@ inline constexpr float kFp8Sub112 = 0x1p-118f;     // taken off the e = 0 codes 
 // What a block scale is multiplied by to fold the form's power of two back in: s * 2^120 (first
 // form) or s * 2^112 (second).
 inline constexpr float fp8_fold(bool second_form) { return second_form ? 0x1p112f : 0x1p120f; }
-inline float fp8_block_scale(const Fp8Row& r, int64_t b) {
+inline float code_block_scale(const CodeRow& r, int64_t b) {
   return r.scale_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(r.scale)[b]) : static_cast<const float*>(r.scale)[b];
 }
 // dst[k] = fp8e4m3_to_f32(q[k]) * s[k / 128] for k in [0, K): the dequantized fp32 row, bit for bit
 // TensorView::at (NaN codes included), whatever the scales are.
-using Fp8DequantFn = void (*)(const Fp8Row& r, int64_t K, float* dst);
-void fp8_dequant_generic(const Fp8Row& r, int64_t K, float* dst);
-void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst);  // only call when cpu_features().avx512
+using RowDequantFn = void (*)(const CodeRow& r, int64_t K, float* dst);
+void fp8_dequant_generic(const CodeRow& r, int64_t K, float* dst);
+void fp8_dequant_avx512(const CodeRow& r, int64_t K, float* dst);  // only call when cpu_features().avx512
+// I8 rows (tensor/quantize.h: int8 codes q, one scale s_b per 32 columns), fp32 arithmetic in
+// either compute mode. Not the dequantized tensor's dot product -- each block's products are
+// summed before its scale, as Q8_0 kernels do, so there is no multiply per weight: per lane l
+// (of 16) and whole block b (k0 = 32 b),
+//   p = x[k0 + l] * q[k0 + l];  p = fma(x[k0 + 16 + l], q[k0 + 16 + l], p);  tot[l] = fma(p, s_b, tot[l])
+// in ascending b; then the lanes reduced as everywhere (reduce16's tree) and the tail beyond the
+// last whole block added in ascending k as x_k * (q_k * s_b). The AVX2 kernel and the generic one
+// (std::fma) give the same bits; AVX-512 CPUs run the AVX2 kernel.
 
 // bf16 compute (ComputeMode::BF16) on F8_E4M3 weights: activations rounded to bf16, every code
 // an exact bf16 (of q * 2^8, a normal bf16 even for the e4m3 subnormals, which vdpbf16ps would
@@ -93,7 +103,7 @@ void fp8_dequant_avx512(const Fp8Row& r, int64_t K, float* dst);  // only call w
 // dst[k] = bf16 bits of q[k] * 2^8 for k in [0, K / 32 * 32): the rows that the "-rows" kernel
 // reads (large T: each tile's rows converted once per token block, not once per micro-tile).
 void fp8_to_bf16_avx512(const uint8_t* q, int64_t K, uint16_t* dst);  // only when cpu_features().avx512_bf16
-Micro avx512_bf16_fp8_rows_micro();  // Fp8Row::wide set; only when cpu_features().avx512_bf16
+Micro avx512_bf16_fp8_rows_micro();  // CodeRow::wide set; only when cpu_features().avx512_bf16
 
 // The micro-kernel the current kernel path and compute mode run for weights of dtype w (matmul.h:
 // the best the CPU has, or what set_kernel_path forces). For F32 it is the fp32 kernel in either
@@ -101,7 +111,7 @@ Micro avx512_bf16_fp8_rows_micro();  // Fp8Row::wide set; only when cpu_features
 Micro select_micro(DType w);
 
 // Per weight dtype; nullptr when the path does not handle that dtype. For F8_E4M3 the weight row
-// pointers are Fp8Row*, with all scales of the rows foldable (see above).
+// pointers are CodeRow*, with all scales of the rows foldable (see above).
 Micro generic_micro(DType w);
 Micro avx512_micro(DType w);       // only call when cpu_features().avx512
 Micro avx2_micro(DType w);         // only call when cpu_features().avx2 and .fma: avx512_micro's fp32 bits

@@ -37,9 +37,9 @@ std::vector<float> transpose_uk(const ModelConfig& cfg, const TensorView& kv_b) 
 }  // namespace
 
 Model::Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
-             ComputeMode compute, const KvOptions& kv)
+             ComputeMode compute, const KvOptions& kv, LmHeadForm lm_head)
     : cfg_(cfg), placement_(placement), rank_(rank), compute_(compute),
-      w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank))),
+      w_(load_weights(cfg, ckpt, placement.logical_owned_by(rank), lm_head)),
       rope_(model_rope(cfg)) {
   if (cfg.mla.enabled()) {
     k_width_ = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim;

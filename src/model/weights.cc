@@ -167,8 +167,27 @@ ModelWeights load_weights_impl(const ModelConfig& cfg, const Checkpoint& ckpt, c
 
 }  // namespace
 
-ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts) {
-  return load_weights_impl(cfg, ckpt, experts, {});
+LmHeadForm parse_lm_head_form(const std::string& s) {
+  if (s == "checkpoint") return LmHeadForm::Checkpoint;
+  if (s == "int8") return LmHeadForm::Int8;
+  throw InputError("--lm-head '" + s + "': expected checkpoint or int8");
+}
+
+ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts,
+                          LmHeadForm lm_head) {
+  ModelWeights w = load_weights_impl(cfg, ckpt, experts, {});
+  switch (lm_head) {
+    case LmHeadForm::Checkpoint: break;
+    case LmHeadForm::Int8: {
+      // Quantized once here, from the checkpoint's tensor; a tied embedding stays as it is for
+      // the lookups (only the head's matmul reads the int8 copy).
+      auto q = std::make_shared<QuantizedMatrix>(quantize_rows_int8(w.lm_head));
+      w.lm_head = q->view;
+      w.lm_head_int8 = std::move(q);
+      break;
+    }
+  }
+  return w;
 }
 
 void check_weights_finite(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts) {

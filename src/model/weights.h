@@ -2,6 +2,7 @@
 // stay views into the mmapped files; small vectors (norms, biases) are copied to fp32.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "io/hf_config.h"
 #include "moe/experts.h"
 #include "moe/moe_layer.h"
+#include "tensor/quantize.h"
 
 namespace epmoe {
 
@@ -38,16 +40,24 @@ struct LayerWeights {
   MoeLayerWeights moe;  // when sparse
 };
 
+// What the lm_head is read as (--lm-head): the checkpoint's tensor (exact, the default), or int8
+// rows quantized at load (tensor/quantize.h; half the bytes a decode step reads of a bf16 head,
+// logits no longer the checkpoint's).
+enum class LmHeadForm { Checkpoint, Int8 };
+LmHeadForm parse_lm_head_form(const std::string& s);  // "checkpoint" | "int8"; InputError otherwise
+
 struct ModelWeights {
   TensorView embed;    // [V, H]
-  TensorView lm_head;  // [V, H] (the embedding when tied)
+  TensorView lm_head;  // [V, H] (the embedding when tied; a view of lm_head_int8 under LmHeadForm::Int8)
+  std::shared_ptr<const QuantizedMatrix> lm_head_int8;  // owns the quantized head's bytes, or null
   std::vector<float> final_norm;
   std::vector<LayerWeights> layers;
 };
 
 // Loads every non-expert weight, and the routed experts listed in `experts` (logical ids; the
 // others are never touched, so their bytes are never read). Shapes are checked against the config.
-ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts);
+ModelWeights load_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const std::vector<int>& experts,
+                          LmHeadForm lm_head = LmHeadForm::Checkpoint);
 
 // --check-weights: reads every weight load_weights(cfg, ckpt, experts) would use (for fused
 // expert tensors, only the slices of `experts`) and throws InputError naming the first tensor

@@ -440,7 +440,7 @@ std::string ServeEngine::do_update(const std::string& path) {
   rt_.cfg = cfg;
   rt_.options.model_dir = path;
   rt_.model = make_model(rt_.device, rt_.cfg, *rt_.ckpt, rt_.placement, g.rank(), rt_.options.compute, rt_.options.kv,
-                         rt_.options.fp8_compute);
+                         rt_.options.fp8_compute, rt_.options.lm_head);
   sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, g, opt_.scheduler);
   sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
   return "";

@@ -42,6 +42,24 @@ bool dtype_is_float_weight(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
 
+uint8_t f32_to_fp8e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 464.0f) return sign | 0x7e;  // at or beyond the midpoint of 448 and the NaN code's 480
+  if (a < 0x1p-6f) return sign | uint8_t(std::nearbyint(a * 0x1p9f));  // subnormals m 2^-9 (8: the smallest normal)
+  int e;
+  const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+  int mant = int(std::nearbyint((m * 2.0f - 1.0f) * 8.0f));  // exact: m has few bits
+  int biased = e - 1 + 7;
+  if (mant == 8) {
+    mant = 0;
+    biased++;
+  }
+  if (biased > 15 || (biased == 15 && mant == 7)) return sign | 0x7e;
+  return sign | uint8_t(biased << 3 | mant);
+}
+
 float f16_to_f32(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000) << 16;
   int exp = (h >> 10) & 0x1f;

@@ -48,6 +48,10 @@ inline float fp8e4m3_to_f32(uint8_t b) {
   return (b & 0x80) ? -f : f;
 }
 
+// fp32 -> e4m3fn, rounded to nearest even, saturating at +-448 (as FP8 checkpoints are made:
+// weights over the block's scale; no Inf exists); NaN gives 0x7f.
+uint8_t f32_to_fp8e4m3(float f);
+
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 

@@ -13,7 +13,12 @@ float TensorView::at(int64_t i) const {
     case DType::I64: return float(static_cast<const int64_t*>(data)[i]);
     case DType::I32: return float(static_cast<const int32_t*>(data)[i]);
     case DType::I16: return float(static_cast<const int16_t*>(data)[i]);
-    case DType::I8: return float(static_cast<const int8_t*>(data)[i]);
+    case DType::I8: {
+      const float q = float(static_cast<const int8_t*>(data)[i]);
+      if (scale.empty()) return q;
+      const int64_t cols = shape.empty() ? 1 : shape.back();
+      return q * scale.at(i / cols, i % cols);
+    }
     case DType::U8: case DType::BOOL: return float(static_cast<const uint8_t*>(data)[i]);
     case DType::F8_E4M3: {
       const float q = fp8e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);

@@ -10,24 +10,28 @@
 
 namespace epmoe {
 
-// The scale grid of a block-quantized weight (FP8 checkpoints' `X.weight_scale_inv`): weight
-// [n, k] = q[n, k] * s[(row0 + n) / block, k / block], the last blocks of a row or column partial
-// when the dims are not multiples of block. row0 lets a row slice keep the grid of the whole.
+// The scale grid of a block-quantized weight: weight [n, k] = q[n, k] * s[(row0 + n) / row_block,
+// k / block], the last blocks of a row or column partial when the dims are not multiples of
+// them. row0 lets a row slice keep the grid of the whole. Two grids exist: FP8 checkpoints'
+// `X.weight_scale_inv` (F8_E4M3 codes, 128 x 128 blocks: row_block 0 means "as block"), and the
+// int8 rows epmoe quantizes itself (I8 codes, tensor/quantize.h: 1 x 32 blocks).
 struct BlockScale {
   const void* data = nullptr;  // [rows, cols] F32 or BF16
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
   int64_t row0 = 0;
-  int64_t block = 128;
+  int64_t block = 128;    // columns per scale
+  int64_t row_block = 0;  // rows per scale; 0: block (square blocks)
   bool empty() const { return data == nullptr; }
+  int64_t rows_per_scale() const { return row_block > 0 ? row_block : block; }
   // The scale of row n (of the view) and column k, as fp32 (a bf16 scale widens exactly).
   float at(int64_t n, int64_t k) const {
-    const int64_t i = ((row0 + n) / block) * cols + k / block;
+    const int64_t i = ((row0 + n) / rows_per_scale()) * cols + k / block;
     return dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(data)[i]) : static_cast<const float*>(data)[i];
   }
   // Row n's scales, one per block of columns (cols of them).
   const void* row(int64_t n) const {
-    return static_cast<const char*>(data) + size_t(((row0 + n) / block) * cols) * dtype_size(dtype);
+    return static_cast<const char*>(data) + size_t(((row0 + n) / rows_per_scale()) * cols) * dtype_size(dtype);
   }
 };
 
@@ -36,7 +40,7 @@ struct TensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   std::string name;  // for error messages
-  BlockScale scale;  // set for F8_E4M3 weights (2-D), empty otherwise
+  BlockScale scale;  // set for F8_E4M3 weights and quantized I8 rows (2-D), empty otherwise
 
   int64_t numel() const {
     int64_t n = 1;

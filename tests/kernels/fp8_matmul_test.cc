@@ -89,16 +89,16 @@ TEST(Fp8, ConversionOfAll256Codes) {
   // Rows of 256 codes under scales 1, 2^-20 (subnormal fp32 products), 0.0123 (rounding), -3
   // (F32 grid) and a bf16 scale; 2^10 does not fold into 2^120 and takes the two-multiply route.
   const float scales[] = {1.f, 0x1p-20f, 0.0123f, -3.f, 1024.f};
-  std::vector<Fp8DequantFn> fns = {&fp8_dequant_generic};
+  std::vector<RowDequantFn> fns = {&fp8_dequant_generic};
   if (cpu_features().avx512) fns.push_back(&fp8_dequant_avx512);
-  for (Fp8DequantFn fn : fns)
+  for (RowDequantFn fn : fns)
     for (float s : scales)
       for (bool bf16 : {false, true}) {
         const uint16_t sb = f32_to_bf16(s);
         const float sv = bf16 ? bf16_to_f32(sb) : s;
         const float grid[2] = {sv, sv};
         const uint16_t grid_b[2] = {sb, sb};
-        const Fp8Row r{codes.data(), bf16 ? static_cast<const void*>(grid_b) : static_cast<const void*>(grid), bf16};
+        const CodeRow r{codes.data(), bf16 ? static_cast<const void*>(grid_b) : static_cast<const void*>(grid), bf16};
         for (int64_t K : {256, 250, 7}) {  // vector steps and tails
           std::vector<float> out(size_t(K), 12345.f);
           fn(r, K, out.data());
