@@ -50,10 +50,11 @@ int run_score(const ScoreOptions& o) {
                        {"ids", join_ids(ids)},
                        {"device", device_name(rt.device)},
                        {"compute", rt.options.compute},
+                       {"lm_head", rt.options.lm_head},
                        {"temperature", json_float(o.temperature).dump()}});
-    std::fprintf(stderr, "epmoe score: %zu positions x %lld logits -> %s (%s, %s, %d rank%s)\n", ids.size(),
-                 (long long)V, o.out.c_str(), device_name(rt.device), rt.options.compute.c_str(), rt.group->size(),
-                 rt.group->size() > 1 ? "s" : "");
+    std::fprintf(stderr, "epmoe score: %zu positions x %lld logits -> %s (%s, %s%s, %d rank%s)\n", ids.size(),
+                 (long long)V, o.out.c_str(), device_name(rt.device), rt.options.compute.c_str(),
+                 rt.options.lm_head == "int8" ? ", int8 lm_head" : "", rt.group->size(), rt.group->size() > 1 ? "s" : "");
   }
   return 0;
 }

@@ -75,6 +75,26 @@ TEST(Cli, InfoDescribesTheModel) {
   EXPECT_NE(r.output.find("16 routed, top-4"), std::string::npos) << r.output;
 }
 
+// --lm-head int8 reaches the model from the command line: score's logits move by the head's
+// quantization (well under a tenth here; tests/model/int8_head_test.cc holds the bound), and a
+// bad value exits 2 naming the option.
+TEST(Cli, LmHeadInt8IsTakenAndBadValuesAreRefused) {
+  const std::string m = " --model " + test::fixture("qwen3moe-tiny");
+  Golden g("qwen3moe-tiny");
+  const std::string ids = test::join(g.ids("seq0.all_ids"));
+  const std::string a = tmp_file("head_exact.safetensors"), b = tmp_file("head_int8.safetensors");
+  auto r = run_command(test::epmoe() + " score" + m + " --ids " + ids + " --out " + a);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(test::epmoe() + " score" + m + " --lm-head int8 --ids " + ids + " --out " + b);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const float diff = test::max_abs_diff(to_f32(SafetensorsFile(a).get("logits")), to_f32(SafetensorsFile(b).get("logits")));
+  EXPECT_GT(diff, 0.0f);
+  EXPECT_LT(diff, 0.1f);
+  r = run_command(test::epmoe() + " score" + m + " --lm-head int4 --ids 1 --out " + tmp_file("bad"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--lm-head"), std::string::npos) << r.output;
+}
+
 TEST(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   const std::string m = " --model " + test::fixture("qwen3moe-tiny");
   auto r = run_command(test::epmoe() + " score" + m + " --ids 1,2,999 --out " + tmp_file("x"));

@@ -18,11 +18,11 @@ struct CpuModel {
   Placement placement;
   Model model;
   std::unique_ptr<A2ABackend> backend;
-  explicit CpuModel(const std::string& name, const KvOptions& kv = {})
+  explicit CpuModel(const std::string& name, const KvOptions& kv = {}, LmHeadForm lm_head = LmHeadForm::Checkpoint)
       : cfg(load_model_config(fixture(name))),
         ckpt(fixture(name)),
         placement(Placement::make_default(cfg.routing.num_experts, 1, 0)),
-        model(cfg, ckpt, placement, 0, compute_mode(), kv),
+        model(cfg, ckpt, placement, 0, compute_mode(), kv, lm_head),
         backend(make_local_backend(Device::Cpu, placement)) {}
 };
 
