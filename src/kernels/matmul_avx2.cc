@@ -278,7 +278,7 @@ Micro avx2_micro(DType w) {
     case DType::F8_E4M3:
       return {cpu_features().subnormal_assists ? &tile<Fp8Parts<true>> : &tile<Fp8Parts<false>>, false, true, "avx2", 4};
     // Int8 rows: four rows per few-token tile, as fp8; the same kernel at every T (no dequantized
-    // form: its arithmetic is the block form's own). AVX-512 CPUs run it too.
+    // form: its arithmetic is the block form's own).
     case DType::I8: return {&tile<I8Parts>, false, true, "avx2", 4};
     default: return {};
   }

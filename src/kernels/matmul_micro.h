@@ -87,8 +87,8 @@ void fp8_dequant_avx512(const CodeRow& r, int64_t K, float* dst);  // only call 
 // (of 16) and whole block b (k0 = 32 b),
 //   p = x[k0 + l] * q[k0 + l];  p = fma(x[k0 + 16 + l], q[k0 + 16 + l], p);  tot[l] = fma(p, s_b, tot[l])
 // in ascending b; then the lanes reduced as everywhere (reduce16's tree) and the tail beyond the
-// last whole block added in ascending k as x_k * (q_k * s_b). The AVX2 kernel and the generic one
-// (std::fma) give the same bits; AVX-512 CPUs run the AVX2 kernel.
+// last whole block added in ascending k as x_k * (q_k * s_b). The AVX-512 and AVX2 kernels and the
+// generic one (std::fma) give the same bits.
 
 // bf16 compute (ComputeMode::BF16) on F8_E4M3 weights: activations rounded to bf16, every code
 // an exact bf16 (of q * 2^8, a normal bf16 even for the e4m3 subnormals, which vdpbf16ps would
