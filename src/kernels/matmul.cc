@@ -229,7 +229,7 @@ enum class RowForm {
   AsIs,        // the stored rows (F32, BF16, F16)
   Codes,       // CodeRow descriptors: the fp8 or int8 micro-kernel reads the codes in place
   Fp8Bf16,     // CodeRow descriptors with the codes widened to bf16 (q * 2^8) in a per-thread buffer
-  Dequant,     // fp8 or int8 codes -> dequantized fp32 into a per-thread buffer (dequant_fn)
+  Dequant,     // fp8 codes -> dequantized fp32 into a per-thread buffer (dequant_fn)
 };
 
 struct WeightRows {
@@ -244,7 +244,7 @@ struct WeightRows {
       : base(static_cast<const char*>(W.data)), row_bytes(size_t(W.shape[1]) * dtype_size(W.dtype)), K(W.shape[1]),
         form(f), scale(&W.scale), dequant_fn(dq) {}
 
-  CodeRow fp8(int64_t n) const {
+  CodeRow code_row(int64_t n) const {
     return {reinterpret_cast<const uint8_t*>(base + size_t(n) * row_bytes), scale->row(n), scale->dtype == DType::BF16};
   }
 
@@ -254,14 +254,14 @@ struct WeightRows {
       case RowForm::AsIs: return r;
       case RowForm::Codes: {
         thread_local CodeRow desc[kMaxNR];
-        desc[slot] = fp8(n);
+        desc[slot] = code_row(n);
         return &desc[slot];
       }
       case RowForm::Fp8Bf16: {
         thread_local CodeRow desc[kMaxNR];
         thread_local std::vector<uint16_t> wide;
         wide.resize(size_t(kMaxNR) * size_t(K));
-        desc[slot] = fp8(n);
+        desc[slot] = code_row(n);
         desc[slot].wide = &wide[size_t(slot) * size_t(K)];
         fp8_to_bf16_avx512(desc[slot].q, K, &wide[size_t(slot) * size_t(K)]);
         return &desc[slot];
@@ -271,7 +271,7 @@ struct WeightRows {
     thread_local std::vector<float> buf;
     buf.resize(size_t(kMaxNR) * size_t(K));
     float* dst = &buf[size_t(slot) * size_t(K)];
-    dequant_fn(fp8(n), K, dst);
+    dequant_fn(code_row(n), K, dst);
     return dst;
   }
 };
