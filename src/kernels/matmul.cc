@@ -206,8 +206,8 @@ constexpr int64_t kTokenBlock = 64;
 // 8 tokens 8-12 against 19-23). The fp8 kernels keep several rows per tile (Micro::stream_rows)
 // and so their few-token form up to 8 tokens.
 constexpr int64_t kStreamT = 2;
-constexpr int64_t kFp8StreamT = 8;
-inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 || w == DType::I8 ? kFp8StreamT : kStreamT; }
+constexpr int64_t kCodeStreamT = 8;  // fp8 and int8 rows: several rows per tile (Micro::stream_rows)
+inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 || w == DType::I8 ? kCodeStreamT : kStreamT; }
 
 // Tiled path (more tokens than stream_tokens): K is cut in blocks only beyond 4096; the lane
 // accumulators of a token block then wait in a per-thread buffer between blocks (micro-kernel
@@ -290,7 +290,7 @@ Plan choose(const TensorView& W, int64_t T) {
     // bf16 compute: the same split, the "-rows" kernel reading rows widened to bf16.
     if (fp8_scales_fold(W)) {
       const Micro m = select_micro(DType::F8_E4M3);
-      if (m.fn && T <= kFp8StreamT) return {m, RowForm::Codes};
+      if (m.fn && T <= kCodeStreamT) return {m, RowForm::Codes};
       if (m.fn && m.x_bf16) return {avx512_bf16_fp8_rows_micro(), RowForm::Fp8Bf16};
     }
     const Micro f = select_micro(DType::F32);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kernel_path_fixture.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_micro.h"
@@ -197,27 +198,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-struct PathMode {
-  KernelPath path;
-  ComputeMode mode;
-  const char* name;
-};
-void PrintTo(const PathMode& c, std::ostream* os) { *os << c.name; }
-
-class Fp8Paths : public ::testing::TestWithParam<PathMode> {
- protected:
-  void SetUp() override {
-    const PathMode& c = GetParam();
-    if (c.path == KernelPath::Avx512 && !cpu_features().avx512) GTEST_SKIP() << "CPU without AVX-512";
-    set_kernel_path(c.path);
-    set_compute_mode(c.mode);
-  }
-  void TearDown() override {
-    set_kernel_path(KernelPath::Auto);
-    set_compute_mode(ComputeMode::F32);
-    set_num_threads(0);
-  }
-};
+using test::PathMode;
+class Fp8Paths : public test::KernelPathTest {};
 
 struct Shape {
   int64_t N, K;

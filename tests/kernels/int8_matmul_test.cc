@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "common/kernel_path_fixture.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "tensor/dtype.h"
@@ -21,29 +22,8 @@
 namespace epmoe {
 namespace {
 
-struct PathMode {
-  KernelPath path;
-  ComputeMode mode;
-  const char* name;
-};
-void PrintTo(const PathMode& c, std::ostream* os) { *os << c.name; }
-
-class Int8Paths : public ::testing::TestWithParam<PathMode> {
- protected:
-  void SetUp() override {
-    const PathMode& c = GetParam();
-    const CpuFeatures& cpu = cpu_features();
-    if (c.path == KernelPath::Avx2 && !(cpu.avx2 && cpu.fma)) GTEST_SKIP() << "CPU without AVX2 + FMA";
-    if (c.path == KernelPath::Avx512 && !cpu.avx512) GTEST_SKIP() << "CPU without AVX-512";
-    set_kernel_path(c.path);
-    set_compute_mode(c.mode);
-  }
-  void TearDown() override {
-    set_kernel_path(KernelPath::Auto);
-    set_compute_mode(ComputeMode::F32);
-    set_num_threads(0);
-  }
-};
+using test::PathMode;
+class Int8Paths : public test::KernelPathTest {};
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);

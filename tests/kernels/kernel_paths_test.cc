@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/kernel_path_fixture.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -16,27 +17,13 @@
 namespace epmoe {
 namespace {
 
-struct PathCase {
-  KernelPath path;
-  ComputeMode mode;
-  const char* name;
-};
-
-class KernelPaths : public ::testing::TestWithParam<PathCase> {
+using PathCase = test::PathMode;
+// The bf16 cases here test vdpbf16ps itself: skipped where the CPU has no AVX512-BF16.
+class KernelPaths : public test::KernelPathTest {
  protected:
   void SetUp() override {
-    const auto& cpu = cpu_features();
-    const PathCase& c = GetParam();
-    if (c.path == KernelPath::Avx512 && !cpu.avx512) GTEST_SKIP() << "CPU without AVX-512";
-    if (c.path == KernelPath::Avx2 && !(cpu.avx2 && cpu.fma)) GTEST_SKIP() << "CPU without AVX2 + FMA";
-    if (c.mode == ComputeMode::BF16 && !cpu.avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
-    set_kernel_path(c.path);
-    set_compute_mode(c.mode);
-  }
-  void TearDown() override {
-    set_kernel_path(KernelPath::Auto);
-    set_compute_mode(ComputeMode::F32);
-    set_num_threads(0);
+    if (GetParam().mode == ComputeMode::BF16 && !cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
+    KernelPathTest::SetUp();
   }
 };
 

@@ -1,0 +1,39 @@
+// The kernel-path fixture the kernel tests share: each case forces one CPU path and compute mode
+// (kernels/matmul.h), is skipped where the CPU lacks the path, and restores the defaults after.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <ostream>
+
+#include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
+#include "util/threads.h"
+
+namespace epmoe::test {
+
+struct PathMode {
+  KernelPath path;
+  ComputeMode mode;
+  const char* name;
+};
+inline void PrintTo(const PathMode& c, std::ostream* os) { *os << c.name; }
+
+class KernelPathTest : public ::testing::TestWithParam<PathMode> {
+ protected:
+  void SetUp() override {
+    const CpuFeatures& cpu = cpu_features();
+    const PathMode& c = GetParam();
+    if (c.path == KernelPath::Avx512 && !cpu.avx512) GTEST_SKIP() << "CPU without AVX-512";
+    if (c.path == KernelPath::Avx2 && !(cpu.avx2 && cpu.fma)) GTEST_SKIP() << "CPU without AVX2 + FMA";
+    set_kernel_path(c.path);
+    set_compute_mode(c.mode);
+  }
+  void TearDown() override {
+    set_kernel_path(KernelPath::Auto);
+    set_compute_mode(ComputeMode::F32);
+    set_num_threads(0);
+  }
+};
+
+}  // namespace epmoe::test
