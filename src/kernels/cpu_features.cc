@@ -15,6 +15,7 @@ CpuFeatures& detected() {
                __builtin_cpu_supports("avx512vl");
     c.avx512_bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
     c.subnormal_assists = __builtin_cpu_is("intel");
+    c.few_token_rows = __builtin_cpu_is("intel") ? 4 : 1;
     return c;
   }();
   return f;
@@ -25,6 +26,7 @@ CpuFeatures& detected() {
 const CpuFeatures& cpu_features() { return detected(); }
 
 void set_subnormal_assists_for_tests(bool on) { detected().subnormal_assists = on; }
+void set_few_token_rows_for_tests(int rows) { detected().few_token_rows = rows; }
 
 std::string cpu_features_string() {
   const CpuFeatures& c = cpu_features();

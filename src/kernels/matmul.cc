@@ -203,8 +203,10 @@ constexpr int64_t kTokenBlock = 64;
 // still more than a core's share of DRAM bandwidth at one or two tokens -- but not beyond: with
 // T chains a tile is latency-bound, and at 3-8 tokens the 4 x 4 tiles read cold weights faster
 // (2 threads, a 622 MB bf16 lm_head: 4 tokens 18-21 GB/s one row per tile against 31-35 tiled,
-// 8 tokens 8-12 against 19-23). The fp8 kernels keep several rows per tile (Micro::stream_rows)
-// and so their few-token form up to 8 tokens.
+// 8 tokens 8-12 against 19-23). The fp8 and int8 kernels keep several rows per tile
+// (Micro::stream_rows) and so their few-token form up to 8 tokens; so do the AVX2 kernels (Zen 3)
+// and AVX-512 on Intel (CpuFeatures::few_token_rows), where one stream per thread was measured
+// slower.
 constexpr int64_t kStreamT = 2;
 constexpr int64_t kCodeStreamT = 8;  // fp8 and int8 rows: several rows per tile (Micro::stream_rows)
 inline int64_t stream_tokens(DType w) { return w == DType::F8_E4M3 || w == DType::I8 ? kCodeStreamT : kStreamT; }
@@ -518,7 +520,8 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   const WeightRows u(Wu, plan.form, plan.dequant);
   const bool stream = T <= stream_tokens(Wg.dtype);
   if (stream && m.stream_rows > 1) {
-    // Few tokens, several rows per tile (Micro::stream_rows, the fp8 kernels): a tile holds gate
+    // Few tokens, several rows per tile (Micro::stream_rows: the one-byte-code kernels, the AVX2
+    // kernels, and AVX-512 on Intel -- CpuFeatures::few_token_rows): a tile holds gate
     // and up rows of the same columns, P = stream_rows / 2 columns far apart (t, t + tiles, ...;
     // see matmul above): 2P sequential runs of rows per thread, silu(g) * u formed in the store.
     const int P = m.stream_rows / 2;

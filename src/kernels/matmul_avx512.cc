@@ -448,8 +448,9 @@ using F32KBF16 = F32K<DType::BF16>::K<MR, NR>;
 
 Micro avx512_micro(DType w) {
   switch (w) {
-    case DType::F32: return {&Table<F32KF32>::call, false, true, "avx512"};
-    case DType::BF16: return {&Table<F32KBF16>::call, false, true, "avx512"};
+    // Few-token rows per tile: CpuFeatures::few_token_rows (one sequential stream on Zen 4, four on Intel).
+    case DType::F32: return {&Table<F32KF32>::call, false, true, "avx512", cpu_features().few_token_rows};
+    case DType::BF16: return {&Table<F32KBF16>::call, false, true, "avx512", cpu_features().few_token_rows};
     // Four rows per few-token tile: four independent FMA chains per token (one row's chain, an
     // FMA every 4 cycles, is slower than DRAM at one byte per weight). Measured on Zen 4, 8 cold
     // fp8 experts at one token: 1 row 4.7 ms, 2 rows 3.1, 4 rows 3.1; at 8 tokens 17.4 / 13.3 / 8.8.
@@ -487,7 +488,7 @@ Micro avx512_bf16_micro(DType w) {
   // token; at 8 tokens 8.5 / 6.1 / 6.0).
   if (w == DType::F8_E4M3) return {&Table<Fp8Bf16Codes>::call, true, true, "avx512-bf16", 2};
   if (w != DType::BF16) return {};
-  return {&Table<Bf16K>::call, true, true, "avx512-bf16"};
+  return {&Table<Bf16K>::call, true, true, "avx512-bf16", cpu_features().few_token_rows};
 }
 
 Micro avx512_bf16_fp8_rows_micro() { return {&Table<Fp8Bf16Rows>::call, true, true, "avx512-bf16"}; }

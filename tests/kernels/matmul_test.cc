@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "tensor/dtype.h"
 #include "util/error.h"
@@ -183,6 +184,39 @@ TEST(Matmul, ThreadCountInvariantBitForBit) {
       }
     }
   set_num_threads(0);  // back to the default (one per core) for the other tests
+}
+
+// Decode tiles of F32 / BF16 weights hold 1 row on AMD's AVX-512 and 4 on Intel's
+// (CpuFeatures::few_token_rows): every layout gives the batch's bits, for matmul and the fused
+// SwiGLU front alike, so the logits do not depend on the CPU's vendor. (On the AVX2 and generic
+// paths the setting is not read; there this checks the one layout they have.)
+TEST(Matmul, FewTokenRowsPerTileDoNotChangeBits) {
+  std::mt19937 rng(12);
+  const int saved = cpu_features().few_token_rows;
+  for (DType d : {DType::F32, DType::BF16})
+    for (int64_t K : {64, 300}) {
+      const int64_t N = 37, T = 9;
+      Weight w(d, N, K, rng), wu(d, N, K, rng);
+      const std::vector<float> x = random_vec(rng, T * K);
+      set_few_token_rows_for_tests(1);
+      const std::vector<float> full = rows_alone(x, 0, T, w);
+      std::vector<float> h_full(size_t(T * N));
+      matmul_swiglu(x.data(), T, w.view, wu.view, h_full.data());
+      for (int rows : {1, 2, 3, 4}) {
+        set_few_token_rows_for_tests(rows);
+        SCOPED_TRACE(name(d) + " K=" + std::to_string(K) + " rows per tile " + std::to_string(rows));
+        for (int64_t t0 : {int64_t(0), int64_t(4)})
+          for (int64_t count : {int64_t(1), int64_t(2)}) {
+            EXPECT_TRUE(same_bits(rows_alone(x, t0, count, w).data(), full.data() + t0 * N, count * N))
+                << "matmul rows [" << t0 << ", " << t0 + count << ")";
+            std::vector<float> h(size_t(count * N));
+            matmul_swiglu(x.data() + t0 * K, count, w.view, wu.view, h.data());
+            EXPECT_TRUE(same_bits(h.data(), h_full.data() + t0 * N, count * N))
+                << "swiglu rows [" << t0 << ", " << t0 + count << ")";
+          }
+      }
+    }
+  set_few_token_rows_for_tests(saved);
 }
 
 TEST(Matmul, RejectsNonFloatWeights) {

@@ -33,7 +33,9 @@ TEST(ExpertOwnership, RankLoadsExactlyItsExperts) {
             EXPECT_FALSE(layer.moe.router.empty());  // non-expert weights: every rank
           }
           union_of_ranks.insert(want.begin(), want.end());
-          if (R > 1) EXPECT_LT(int(want.size()), E) << "rank " << r << " of " << R << " holds every expert";
+          if (R > 1) {
+            EXPECT_LT(int(want.size()), E) << "rank " << r << " of " << R << " holds every expert";
+          }
         }
         EXPECT_EQ(int(union_of_ranks.size()), E) << name << " R=" << R;
       }
