@@ -18,7 +18,7 @@ cmake --build build-fuzz -j2 >/dev/null
 mkdir -p build-fuzz/artifacts
 # Each libFuzzer process is single-threaded: the targets run side by side, one per core, each for
 # the full SECONDS (CI's two cores: half the wall time, the same executions per target).
-jobs=$(nproc)
+cores=$(nproc)
 run_target() {
   local t=$1 log="build-fuzz/fuzz_$1.log" rc
   mkdir -p "build-fuzz/corpus/$t"
@@ -32,7 +32,7 @@ run_target() {
 }
 rm -f build-fuzz/fuzz_*.rc  # a previous run's status must not stand in for this one's
 for t in "${targets[@]}"; do
-  while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+  while (($(jobs -rp | wc -l) >= cores)); do wait -n || true; done
   run_target "$t" &
 done
 wait

@@ -14,8 +14,9 @@ CpuFeatures& detected() {
     c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl");
     c.avx512_bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
-    c.subnormal_assists = __builtin_cpu_is("intel");
-    c.few_token_rows = __builtin_cpu_is("intel") ? 4 : 1;
+    const bool intel = __builtin_cpu_is("intel");
+    c.subnormal_assists = intel;
+    c.few_token_rows = intel ? 4 : 1;
     return c;
   }();
   return f;

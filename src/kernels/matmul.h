@@ -34,15 +34,15 @@
 //     plus both paths' fp32 rounding; tests/kernels/fp8_matmul_test.cc holds it to that). Decode
 //     runs near DRAM bandwidth; compute-bound prefill pays one FMA per four vdpbf16ps for the
 //     scales (bench/moe_bench: ~0.75x the tokens/s of bf16 weights at 512+ tokens).
+//   On the generic path, with blocks other than 128, or with scales outside [2^-100, 2^8) (none
+//   in real checkpoints), rows are dequantized into a per-thread buffer and the fp32 kernel runs:
+//   exact in either mode. The fast kernels read the NaN codes 0x7f / 0xff as 480 (checkpoints
+//   never hold them); the row dequantizers give NaN, as TensorView::at.
 // I8 rows (tensor/quantize.h: int8 codes, one scale per 32 columns of a row; `--lm-head int8`):
 //   the block form of matmul_micro.h in either compute mode -- each 32-column block's products
 //   summed, then times the block's scale (no multiply per weight, as Q8_0 kernels do). Not the
 //   dequantized tensor's bits, but one arithmetic at every T on every path (avx512, avx2 and the
 //   generic std::fma kernel give the same bits), so as batch-invariant as the rest.
-//   On the generic path, with blocks other than 128, or with scales outside [2^-100, 2^8) (none
-//   in real checkpoints), rows are dequantized into a per-thread buffer and the fp32 kernel runs:
-//   exact in either mode. The fast kernels read the NaN codes 0x7f / 0xff as 480 (checkpoints
-//   never hold them); the row dequantizers give NaN, as TensorView::at.
 #pragma once
 
 #include <cstdint>
