@@ -12,26 +12,12 @@
 
 #include "check/checker.h"
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "ep/fault.h"
 #include "util/error.h"
 
 namespace epmoe {
 
 namespace {
-
-struct CheckCliOptions {
-  RunOptions run;
-  std::string backends = "all";
-  int prompts = 8;
-  int prompt_len = 16;
-  int gen_tokens = 8;
-  std::string json;
-  std::string inject;
-  std::string reference = "local";
-  uint64_t seed = 1;
-  bool audit_only = false;
-};
 
 void print_table(const CheckCliOptions& o, const ModelConfig& cfg, int R, const std::vector<CheckRow>& rows, bool exact) {
   std::printf("epmoe check: %s, %d rank%s, %s combine, reference: %s%s\n", o.run.model_dir.c_str(), R, R == 1 ? "" : "s",
@@ -98,6 +84,8 @@ int report(const CheckCliOptions& o, const ModelConfig& cfg, int R, int me, cons
   return all_pass ? 0 : 1;
 }
 
+}  // namespace
+
 int run_check_command(const CheckCliOptions& o) {
   CheckOptions c;
   c.engine = engine_options(o.run);
@@ -107,40 +95,6 @@ int run_check_command(const CheckCliOptions& o) {
   c.reference = o.reference;
   const CheckResult res = run_check(c);
   return report(o, res.cfg, res.ranks, res.rank, res.rows, res.exact);
-}
-
-}  // namespace
-
-Command register_check(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "check",
-      "Prove every a2a backend against the single-process reference: a reduction audit with probe experts, then the "
-      "log-probabilities, bits and greedy tokens of real sequences. Run it under mpirun -np R (CPUs), or with --device cuda under scripts/gpu-launch.sh R (one "
-      "process per GPU).");
-  auto o = std::make_shared<CheckCliOptions>();
-  add_run_options(*cmd, o->run, /*with_backend=*/false);
-  std::string names;
-  for (Device d : all_devices()) {
-    std::string list;
-    for (auto& n : backend_names(d)) list += (list.empty() ? "" : ",") + n;
-    names += std::string(names.empty() ? "" : "; ") + device_name(d) + ": " + list;
-  }
-  cmd->add_option("--moe-a2a-backend", o->backends, "'all' (every backend of the device) or a comma-separated list (" + names + ")")
-      ->capture_default_str();
-  cmd->add_option("--prompts", o->prompts, "Random prompts, spread over the ranks")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--prompt-len", o->prompt_len, "Tokens per prompt")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--gen-tokens", o->gen_tokens, "Greedy tokens generated per prompt")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the random prompts")->capture_default_str();
-  cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
-  std::string faults;
-  for (auto& n : fault_names()) faults += (faults.empty() ? "" : "|") + n;
-  cmd->add_option("--inject", o->inject, "Inject a bug class into every backend to see the check catch it: " + faults +
-                                      " (cuda: double-reduce)");
-  cmd->add_option("--reference", o->reference,
-                  "'local': each rank recomputes its sequences with all experts in-process (the model must fit); or a "
-                  "logits file written by a single-process `epmoe score`")
-      ->capture_default_str();
-  return {cmd, [o] { return run_check_command(*o); }};
 }
 
 }  // namespace epmoe

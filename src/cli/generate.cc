@@ -9,7 +9,6 @@
 #include <optional>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "engine/lockstep.h"
 #include "engine/sampling.h"
 #include "io/json_util.h"
@@ -19,29 +18,6 @@
 namespace epmoe {
 
 namespace {
-
-struct GenerateOptions {
-  RunOptions run;
-  std::string prompt_ids;
-  bool prompt_ids_given = false;  // given, even if empty (an empty prompt is an error, not absent)
-  std::string prompts_file;
-  std::string prompt;
-  bool prompt_given = false;
-  bool chat = false;
-  std::string system;
-  int max_new_tokens = 16;
-  bool ignore_eos = false;
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  bool seed_given = false;
-  int n = 1;
-  int top_logprobs = 0;  // --logprobs N
-  bool logprobs = false;  // --logprobs given
-  bool json = false;
-  int64_t max_batch_tokens = 0;
-  int max_running_requests = 0;
-  bool no_prefix_cache = false;
-};
 
 // One line of --json: everything needed to replay and to check the sample.
 nlohmann::json json_line(size_t index, int sample, std::optional<uint64_t> seed, const std::vector<int32_t>& prompt,
@@ -123,6 +99,8 @@ std::vector<Prompt> read_prompts_file(const std::string& path, const std::string
   if (out.empty()) throw InputError(path + ": no prompts");
   return out;
 }
+
+}  // namespace
 
 int run_generate(const GenerateOptions& o) {
   const int sources = o.prompt_ids_given + !o.prompts_file.empty() + o.prompt_given;
@@ -222,64 +200,6 @@ int run_generate(const GenerateOptions& o) {
     std::fflush(stdout);
   }
   return 0;
-}
-
-}  // namespace
-
-Command register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "generate", "Greedy decoding or seeded sampling from token ids or text, with log-probs and JSON output");
-  auto o = std::make_shared<GenerateOptions>();
-  add_run_options(*cmd, o->run);
-  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids; prints the new ids")
-      ->each([o](const std::string&) { o->prompt_ids_given = true; });
-  cmd->add_option("--prompts-file", o->prompts_file,
-                  "File with one prompt per line: comma-separated ids, or text (needs tokenizer files; a line "
-                  "starting with a quote is a JSON string, for newlines). Prompts are spread over the ranks, results "
-                  "print in input order");
-  cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer files in the model folder); prints text")
-      ->each([o](const std::string&) { o->prompt_given = true; });
-  cmd->add_flag("--chat", o->chat, "Wrap --prompt in the ChatML template");
-  cmd->add_option("--system", o->system, "System message for --chat");
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the eos ids of config.json / generation_config.json");
-  cmd->add_option("--temperature", o->sampling.temperature,
-                  "Sampling temperature; 0 (default): greedy, ties to the lower id")
-      ->capture_default_str();
-  cmd->add_option("--top-k", o->sampling.top_k, "Sample among the k most likely ids (-1: off)")->capture_default_str();
-  cmd->add_option("--top-p", o->sampling.top_p,
-                  "Sample among the most likely ids whose probability reaches p (1: off)")
-      ->capture_default_str();
-  cmd->add_option("--min-p", o->sampling.min_p, "Sample among the ids with p >= min_p * p_max (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--seed", o->seed,
-                  "Sampling seed (sample j of a prompt uses seed + j); without it a fresh one is drawn and reported")
-      ->each([o](const std::string&) { o->seed_given = true; });
-  cmd->add_option("--n", o->n, "Samples per prompt (with --temperature > 0)")->capture_default_str();
-  cmd->add_option("--logprobs", o->top_logprobs,
-                  "Report each generated token's log-prob, log_softmax(logits / T)[token] in fp32 (T = 1 when "
-                  "greedy); --logprobs N also the N most likely ids at each step with theirs")
-      ->expected(0, 1)
-      ->default_str("0")
-      ->each([o](const std::string&) { o->logprobs = true; });
-  cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
-                  "Tokens one step feeds per rank: running sequences' decode tokens first, then prompt chunks "
-                  "(chunked prefill); 0: unlimited")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--max-running-requests", o->max_running_requests,
-                  "Sequences in flight per rank; the others wait in the queue and join as sequences end (0: unlimited)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
-                  "Compute every prompt in full instead of reusing KV blocks cached from earlier prompts with the "
-                  "same prefix (the bits are the same either way)");
-  cmd->add_flag("--json", o->json,
-                "One JSON object per (prompt, sample) per line: index, sample, seed, prompt_ids, output_ids, "
-                "output_logprobs (with --logprobs), top_logprobs (--logprobs N), finish_reason, cached_tokens (prompt tokens reused from the prefix cache), text (text prompts)");
-  return {cmd, [o] { return run_generate(*o); }};
 }
 
 }  // namespace epmoe

@@ -4,7 +4,6 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "io/checkpoint.h"
 #include "io/hf_config.h"
 #include "kernels/matmul.h"
@@ -24,6 +23,8 @@ std::string human_bytes(double b) {
   std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
   return buf;
 }
+
+}  // namespace
 
 int run_info(const RunOptions& o) {
   ModelConfig c = load_model_config(o.model_dir);
@@ -97,15 +98,6 @@ int run_info(const RunOptions& o) {
   std::printf("files          %zu\n", ck.files().size());
   std::printf("cpu kernels    %s\n", kernel_description().c_str());
   return 0;
-}
-
-}  // namespace
-
-Command register_info(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Show a model's architecture, sizes, parameters and dtypes");
-  auto o = std::make_shared<RunOptions>();
-  add_model_option(*cmd, *o);
-  return {cmd, [o] { return run_info(*o); }};
 }
 
 }  // namespace epmoe

@@ -4,9 +4,7 @@
 #include <exception>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
-#include "cli/commands.h"
+#include "cli/flags.h"
 #include "comm/group.h"
 #include "comm/mpi_group.h"
 #include "util/error.h"
@@ -15,19 +13,8 @@
 int main(int argc, char** argv) {
   epmoe::keep_step_buffers_in_heap();  // util/reserved_memory.h: no page faults per step
   using namespace epmoe;
-  CLI::App app{
-      "epmoe: Mixture-of-Experts inference from Hugging Face checkpoints, with expert parallelism over MPI.\n"
-      "Run several ranks with: mpirun -np R epmoe <command> ... --moe-a2a-backend NAME"};
-  app.require_subcommand(1);
-  const std::vector<Command> commands = {register_info(app), register_score(app), register_generate(app),
-                                         register_tokenize(app), register_check(app),
-                                         register_synth(app), register_serve(app)};
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
+  const CommandLine cl = parse_command_line(argc, argv);
+  if (!cl.run) return cl.exit_code;
   // One line per failing process. Under mpirun the line names the rank, and the rank aborts the
   // group: a failing rank must not leave its peers waiting in a collective.
   auto fail = [](const std::string& what, int code) {
@@ -39,8 +26,7 @@ int main(int argc, char** argv) {
   };
   int rc = 0;
   try {
-    for (auto& c : commands)
-      if (c.app->parsed()) rc = c.run();
+    rc = cl.run();
   } catch (const Error& e) {
     rc = fail(std::string("error: ") + e.what(), e.exit_code());
   } catch (const std::exception& e) {

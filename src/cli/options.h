@@ -1,11 +1,10 @@
-// The flags shared by the commands that run a model, bound to the engine's options, and the one
-// place where the CLI turns --device into a Device (the engine does the rest).
+// The flags shared by the commands that run a model (cli/flags.cc binds them), turned into the
+// engine's options: the one place where the CLI turns --device into a Device (the engine does the
+// rest).
 #pragma once
 
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "engine/runtime.h"
 #include "io/hf_config.h"
@@ -37,10 +36,6 @@ struct RunOptions {
   // backends may size their buffers once and skip agreeing on sizes each call (0: no bound).
   int64_t max_tokens_per_call = 0;
 };
-
-void add_model_option(CLI::App& cmd, RunOptions& o);
-// Every flag of a model-running command; check lists its own --moe-a2a-backend (with_backend false).
-void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true);
 
 // The engine's options for these flags (the device parsed here, once).
 EngineOptions engine_options(const RunOptions& o);

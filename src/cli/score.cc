@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "engine/lockstep.h"
 #include "engine/sampling.h"
 #include "io/json_util.h"
@@ -15,15 +14,6 @@
 #include "util/error.h"
 
 namespace epmoe {
-
-namespace {
-
-struct ScoreOptions {
-  RunOptions run;
-  std::string ids;
-  std::string out;
-  float temperature = 1.0f;
-};
 
 int run_score(const ScoreOptions& o) {
   std::vector<int32_t> ids = parse_ids(o.ids, "--ids");
@@ -57,24 +47,6 @@ int run_score(const ScoreOptions& o) {
                  rt.options.lm_head == "int8" ? ", int8 lm_head" : "", rt.group->size(), rt.group->size() > 1 ? "s" : "");
   }
   return 0;
-}
-
-}  // namespace
-
-Command register_score(CLI::App& app) {
-  auto* cmd = app.add_subcommand("score", "Write the logits at every position of a token sequence (safetensors)");
-  auto o = std::make_shared<ScoreOptions>();
-  add_run_options(*cmd, o->run);
-  cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
-  cmd->add_option("--out", o->out,
-                  "Output safetensors file: tensor 'logits' F32 [T, vocab], and 'token_logprobs' F32 [T]: entry t >= 1 "
-                  "is log_softmax(logits[t-1] / temperature)[ids[t]], entry 0 NaN")
-      ->required();
-  cmd->add_option("--temperature", o->temperature,
-                  "Temperature of token_logprobs (0 reports 1's, as generate does for greedy decoding)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  return {cmd, [o] { return run_score(*o); }};
 }
 
 }  // namespace epmoe

@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "serve/http_server.h"
 #include "serve/serve_engine.h"
 #include "tokenizer/tokenizer.h"
@@ -17,26 +16,13 @@ namespace epmoe {
 
 namespace {
 
-struct ServeCliOptions {
-  RunOptions run;
-  std::string host = "127.0.0.1";
-  int port = 30000;
-  std::string api_key;
-  std::string served_model_name;
-  std::string weight_version = "default";
-  int64_t max_batch_tokens = 2048;
-  int max_running_requests = 256;
-  bool no_prefix_cache = false;
-  int http_threads = 0;
-  int64_t max_body_mb = 64;
-  double heartbeat = 1.0;
-};
-
 ServeEngine* g_engine = nullptr;
 
 extern "C" void on_stop_signal(int) {
   if (g_engine) g_engine->request_shutdown();
 }
+
+}  // namespace
 
 int run_serve(const ServeCliOptions& o) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
@@ -98,47 +84,6 @@ int run_serve(const ServeCliOptions& o) {
     std::fprintf(stderr, "epmoe serve: stopped\n");
   }
   return 0;
-}
-
-}  // namespace
-
-Command register_serve(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "serve",
-      "Serve the model over HTTP: sglang's /generate (log-probs for RL), the OpenAI API (/v1/completions, "
-      "/v1/chat/completions, /v1/models), control (/health, /abort_request, /flush_cache, /pause_generation, "
-      "/update_weights_from_disk) and /metrics. Under mpirun every rank holds its experts; rank 0 serves HTTP");
-  auto o = std::make_shared<ServeCliOptions>();
-  add_run_options(*cmd, o->run);
-  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", o->port, "TCP port (0: any free port, printed at start)")->capture_default_str();
-  cmd->add_option("--api-key", o->api_key,
-                  "Require 'Authorization: Bearer KEY' on every endpoint but /health (401 otherwise)");
-  cmd->add_option("--served-model-name", o->served_model_name,
-                  "The model's name in the OpenAI API (default: the model folder's name)");
-  cmd->add_option("--weight-version", o->weight_version, "The weight_version reported until weights are updated")
-      ->capture_default_str();
-  cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
-                  "Tokens one step feeds: running sequences' decode tokens first, then prompt chunks (chunked "
-                  "prefill, so long prompts do not stall the streams in flight); 0: unlimited")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--max-running-requests", o->max_running_requests,
-                  "Sequences in flight; more requests wait in the queue (0: unlimited)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
-                "Compute every prompt in full instead of reusing cached KV blocks of earlier prompts (same bits)");
-  cmd->add_option("--http-threads", o->http_threads,
-                  "Connections served at once, one thread each (0: --max-running-requests + 32, at least 64)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body accepted, in MiB")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--heartbeat", o->heartbeat,
-                  "Seconds between the idle server's collectives (so a dead rank is found while idle too)")
-      ->capture_default_str();
-  return {cmd, [o] { return run_serve(*o); }};
 }
 
 }  // namespace epmoe

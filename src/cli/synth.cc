@@ -157,14 +157,7 @@ class Progress {
   int last_ = -1;
 };
 
-struct SynthOptions {
-  std::string like;
-  int layers = 0;
-  std::string dtype;  // "": the preset's (fp8 with an fp8 quantization_config, else its torch_dtype: f32 or bf16)
-  std::string out;
-  uint64_t seed = 0;
-  double shard_gb = 5.0;
-};
+}  // namespace
 
 int run_synth(const SynthOptions& o) {
   json cfg = preset(o.like);
@@ -275,27 +268,6 @@ int run_synth(const SynthOptions& o) {
   std::printf("epmoe synth: %s, %d layers, %s, %.2f GB in %zu shard(s) -> %s\n", o.like.c_str(), c.num_layers,
               dtype.c_str(), double(total) / 1e9, shards.size(), o.out.c_str());
   return 0;
-}
-
-}  // namespace
-
-Command register_synth(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "synth", "Write a random checkpoint with a real model's shapes (hub layout, sharded) for benchmarks");
-  auto o = std::make_shared<SynthOptions>();
-  cmd->add_option("--like", o->like,
-                  "A preset (qwen3-30b-a3b, qwen3-235b-a22b, qwen3-30b-a3b-fp8, deepseek-v2-lite, deepseek-v3, "
-                  "glm-4.7-flash) or a config.json to copy")
-      ->required();
-  cmd->add_option("--layers", o->layers, "Number of layers (default: the model's)")->check(CLI::PositiveNumber);
-  cmd->add_option("--dtype", o->dtype,
-                  "Weight dtype: bf16, f32, or fp8 (e4m3 projections with 128x128 block scales). Default: fp8 for a "
-                  "config with an fp8 quantization_config, else its torch_dtype (bf16 for every preset)")
-      ->check(CLI::IsMember({"bf16", "f32", "fp8"}));
-  cmd->add_option("--out", o->out, "Output folder")->required();
-  cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-  cmd->add_option("--shard-gb", o->shard_gb, "Largest shard, in GB")->check(CLI::PositiveNumber)->capture_default_str();
-  return {cmd, [o] { return run_synth(*o); }};
 }
 
 }  // namespace epmoe

@@ -7,21 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace epmoe {
-
-namespace {
-
-struct TokenizeOptions {
-  std::string model_dir;
-  std::string text;
-  bool text_given = false;
-  std::string jsonl;
-  bool decode = false;
-};
 
 int run_tokenize(const TokenizeOptions& o) {
   if (o.text_given == !o.jsonl.empty()) throw InputError("tokenize: give exactly one of --text, --jsonl");
@@ -51,20 +40,6 @@ int run_tokenize(const TokenizeOptions& o) {
     std::printf("%s\n", nlohmann::json(tok.encode(j.get<std::string>())).dump().c_str());
   }
   return 0;
-}
-
-}  // namespace
-
-Command register_tokenize(CLI::App& app) {
-  auto* cmd = app.add_subcommand("tokenize", "Text to token ids with the model's tokenizer (tokenizer.json or vocab.json + merges.txt)");
-  auto o = std::make_shared<TokenizeOptions>();
-  cmd->add_option("--model", o->model_dir, "Model folder holding the tokenizer files")->required();
-  cmd->add_option("--text", o->text, "Text to encode; prints comma-separated ids")->each([o](const std::string&) {
-    o->text_given = true;
-  });
-  cmd->add_option("--jsonl", o->jsonl, "File with one JSON string per line; prints one JSON array of ids per line");
-  cmd->add_flag("--decode", o->decode, "With --text: read comma-separated ids and print their text instead");
-  return {cmd, [o] { return run_tokenize(*o); }};
 }
 
 }  // namespace epmoe
