@@ -17,6 +17,7 @@ CpuFeatures& detected() {
     const bool intel = __builtin_cpu_is("intel");
     c.subnormal_assists = intel;
     c.few_token_rows = intel ? 4 : 1;
+    c.bf16_dot_by_fma = intel && c.avx512_bf16;
     return c;
   }();
   return f;
@@ -28,6 +29,7 @@ const CpuFeatures& cpu_features() { return detected(); }
 
 void set_subnormal_assists_for_tests(bool on) { detected().subnormal_assists = on; }
 void set_few_token_rows_for_tests(int rows) { detected().few_token_rows = rows; }
+void set_bf16_dot_by_fma_for_tests(bool on) { detected().bf16_dot_by_fma = on; }
 
 std::string cpu_features_string() {
   const CpuFeatures& c = cpu_features();

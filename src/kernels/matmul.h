@@ -13,6 +13,8 @@
 //   avx512       16 fp32 lanes, FMA; weights F32, BF16 or F8_E4M3 converted on the fly
 //   avx512-bf16  --compute bf16: activations rounded to bf16, vdpbf16ps (32 bf16 pairs per
 //                instruction) on BF16 and F8_E4M3 weights; F32 weights keep the avx512 path
+//                (on Intel, BF16 weights take the instruction's arithmetic as two FMAs per pair
+//                under DAZ + FTZ: the same bits, faster there -- CpuFeatures::bf16_dot_by_fma)
 //   avx2         AVX2 + FMA without AVX-512: the avx512 path's 16 lanes as two 8-lane registers,
 //                the same FMAs and reduction tree -- the avx512 path's bits (matmul_avx2.cc);
 //                bf16 compute runs this fp32 arithmetic (no vdpbf16ps to twin)

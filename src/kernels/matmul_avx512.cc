@@ -162,6 +162,57 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
       acc, kv, K, [&](int i, int j, int64_t k) { return bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]); }, out);
 }
 
+// vdpbf16ps's arithmetic from AVX-512F FMAs, the same bits (micro_bf16's): per lane, acc += the
+// odd pair element's product, then acc += the even one's, each one rounding, with denormal inputs
+// read as zero and denormal results flushed (the instruction's DAZ in, FTZ out: MXCSR for the loop
+// only). As fp32, a dword's odd bf16 is the dword with its low half cleared, the even one the
+// dword shifted up 16.
+inline constexpr unsigned kMxcsrDazFtz = 0x8040;
+template <int MR, int NR>
+EPMOE_AVX512 void micro_bf16_fma(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1,
+                                 float* accm, float* out) {
+  const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
+  const uint16_t* const* w = reinterpret_cast<const uint16_t* const*>(wv);
+  __m512 acc[MR][NR];
+  acc_start<MR, NR>(acc, k0, accm);
+  const int64_t kv = K / 32 * 32, ke = k1 < kv ? k1 : kv;
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | kMxcsrDazFtz);
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) asm volatile("" : "+v"(acc[i][j]));  // no FMA above the MXCSR write
+  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  for (int64_t k = k0; k < ke; k += 32) {
+    __m512 wo[NR], we[NR];
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+      const __m512i v = _mm512_loadu_si512(w[j] + k);
+      wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    #pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      const __m512i v = _mm512_loadu_si512(x[i] + k);
+      const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) {
+        acc[i][j] = _mm512_fmadd_ps(xo, wo[j], acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) asm volatile("" : "+v"(acc[i][j]));  // every FMA before the MXCSR restore
+  _mm_setcsr(csr);
+  if (k1 < K) return acc_save<MR, NR>(acc, accm);
+  finish_tile<MR, NR>(
+      acc, kv, K, [&](int i, int j, int64_t k) { return bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]); }, out);
+}
+
 // ---- F8_E4M3 weights, fp32 compute: dequantized in registers, then micro_f32's arithmetic ----
 
 // 16 codes -> q * 2^-120 as fp32 (matmul_micro.h): sign-extend the bytes to 32 bits, shift left
@@ -424,6 +475,14 @@ struct Bf16K {
   }
 };
 
+template <int MR, int NR>
+struct Bf16FmaK {
+  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                 float* out) {
+    micro_bf16_fma<MR, NR>(x, w, Kd, k0, k1, acc, out);
+  }
+};
+
 template <bool kNormal>
 struct Fp8Form {
   template <int MR, int NR>
@@ -488,6 +547,9 @@ Micro avx512_bf16_micro(DType w) {
   // token; at 8 tokens 8.5 / 6.1 / 6.0).
   if (w == DType::F8_E4M3) return {&Table<Fp8Bf16Codes>::call, true, true, "avx512-bf16", 2};
   if (w != DType::BF16) return {};
+  // The instruction's arithmetic from FMAs where the instruction is the slower (CpuFeatures::bf16_dot_by_fma).
+  if (cpu_features().bf16_dot_by_fma)
+    return {&Table<Bf16FmaK>::call, true, true, "avx512-bf16 (fma)", cpu_features().few_token_rows};
   return {&Table<Bf16K>::call, true, true, "avx512-bf16", cpu_features().few_token_rows};
 }
 

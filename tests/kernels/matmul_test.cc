@@ -219,6 +219,50 @@ TEST(Matmul, FewTokenRowsPerTileDoNotChangeBits) {
   set_few_token_rows_for_tests(saved);
 }
 
+// On Intel, --compute bf16 on BF16 weights runs vdpbf16ps's arithmetic as two FMAs per pair
+// (CpuFeatures::bf16_dot_by_fma). It must give the instruction's bits, denormals included: the
+// instruction reads denormal inputs as zero and flushes denormal results. Compared on a CPU that
+// has the instruction, both forms at every T (K tails, and K blocks at T = 9, K = 4100).
+TEST(Matmul, Bf16DotByFmaGivesTheInstructionsBits) {
+  if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16 (nothing to compare with)";
+  ComputeModeScope bf16(ComputeMode::BF16);
+  const bool saved = cpu_features().bf16_dot_by_fma;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::uniform_int_distribution<int> wide_exp(-140, 40), tiny_exp(-75, -60);
+  // plain: N(0, 1); wide: exponents over 2^-140 .. 2^40 and 1 in 16 zero (denormal bf16 inputs);
+  // tiny: x and w near 2^-67, so products and sums lie among fp32's denormals (the flush matters).
+  enum Kind { Plain, Wide, Tiny };
+  auto draw = [&](Kind kind) {
+    const float v = g(rng);
+    if (kind == Plain) return v;
+    if (kind == Wide) return rng() % 16 == 0 ? 0.f : std::ldexp(v, wide_exp(rng));
+    return std::ldexp(v, tiny_exp(rng));
+  };
+  int64_t denormal_outputs = 0;
+  for (Kind kind : {Plain, Wide, Tiny})
+    for (int64_t K : {64, 300, 4100}) {
+      const int64_t N = 37, T = 9;
+      Weight w(DType::BF16, N, K, rng);
+      for (auto& h : w.half) h = f32_to_bf16(draw(kind));
+      std::vector<float> x(size_t(T * K));
+      for (auto& v : x) v = draw(kind);
+      SCOPED_TRACE("kind " + std::to_string(int(kind)) + " K=" + std::to_string(K));
+      for (int64_t count : {int64_t(1), int64_t(2), T}) {
+        set_bf16_dot_by_fma_for_tests(false);
+        const std::vector<float> instr = rows_alone(x, 0, count, w);
+        set_bf16_dot_by_fma_for_tests(true);
+        const std::vector<float> fma = rows_alone(x, 0, count, w);
+        EXPECT_TRUE(same_bits(fma.data(), instr.data(), count * N)) << "T=" << count;
+        for (float v : instr) denormal_outputs += std::fpclassify(v) == FP_SUBNORMAL;
+      }
+    }
+  set_bf16_dot_by_fma_for_tests(saved);
+  // The tiny data reach the flush: the reduction of flushed lane sums still gives some denormal
+  // outputs, while lanes that would hold denormals were zero in both forms.
+  EXPECT_GT(denormal_outputs, 0) << "the tiny inputs never reached fp32's denormal range";
+}
+
 TEST(Matmul, RejectsNonFloatWeights) {
   const std::vector<int32_t> data(6, 1);
   TensorView v;
