@@ -20,6 +20,17 @@ struct Command {
   std::function<int()> run;
 };
 
+// Every device's backends for a flag's help: "cpu: a|b; cuda: c|d" (sep between names).
+std::string backends_by_device(const char* sep) {
+  std::string names;
+  for (Device d : all_devices()) {
+    std::string list;
+    for (auto& n : backend_names(d)) list += (list.empty() ? "" : sep) + n;
+    names += std::string(names.empty() ? "" : "; ") + device_name(d) + ": " + list;
+  }
+  return names;
+}
+
 void add_model_option(CLI::App& cmd, RunOptions& o) {
   cmd.add_option("--model", o.model_dir, "Hugging Face model folder (config.json + safetensors)")->required();
 }
@@ -35,13 +46,8 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true) {
   cmd.add_option("--threads", o.threads, "Worker threads per rank on the CPU (0: the cores available to this rank)")
       ->check(CLI::NonNegativeNumber);
   if (with_backend) {
-    std::string names;
-    for (Device d : all_devices()) {
-      std::string list;
-      for (auto& n : backend_names(d)) list += (list.empty() ? "" : "|") + n;
-      names += std::string(names.empty() ? "" : "; ") + device_name(d) + ": " + list;
-    }
-    cmd.add_option("--moe-a2a-backend", o.backend, "All-to-all backend for expert parallelism (" + names + ")")
+    cmd.add_option("--moe-a2a-backend", o.backend,
+                   "All-to-all backend for expert parallelism (" + backends_by_device("|") + ")")
         ->capture_default_str();
   }
   cmd.add_option("--combine", o.combine,
@@ -69,8 +75,8 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true) {
   cmd.add_flag("--check-weights", o.check_weights, "Scan the weights this rank loads for NaN/Inf");
   cmd.add_option("--compute", o.compute,
                  "Activation precision of the matmuls. cpu: f32 (default), or bf16 (activations rounded to bf16 and "
-                 "multiplied with the AVX512-BF16 dot-product instructions on bf16 weights; needs that CPU feature, "
-                 "else f32 is used). cuda: bf16 (default: bf16 tensor cores, fp32-grade products outside the routed "
+                 "multiplied with the AVX512-BF16 dot product's arithmetic on bf16 weights -- on Intel as FMAs, the "
+                 "same bits; needs that CPU feature, else f32 is used). cuda: bf16 (default: bf16 tensor cores, fp32-grade products outside the routed "
                  "experts) or f32")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd.add_option("--fp8-compute", o.fp8_compute,
@@ -202,13 +208,8 @@ Command register_check(CLI::App& app) {
       "process per GPU).");
   auto o = std::make_shared<CheckCliOptions>();
   add_run_options(*cmd, o->run, /*with_backend=*/false);
-  std::string names;
-  for (Device d : all_devices()) {
-    std::string list;
-    for (auto& n : backend_names(d)) list += (list.empty() ? "" : ",") + n;
-    names += std::string(names.empty() ? "" : "; ") + device_name(d) + ": " + list;
-  }
-  cmd->add_option("--moe-a2a-backend", o->backends, "'all' (every backend of the device) or a comma-separated list (" + names + ")")
+  cmd->add_option("--moe-a2a-backend", o->backends,
+                  "'all' (every backend of the device) or a comma-separated list (" + backends_by_device(",") + ")")
       ->capture_default_str();
   cmd->add_option("--prompts", o->prompts, "Random prompts, spread over the ranks")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "Tokens per prompt")->check(CLI::PositiveNumber)->capture_default_str();

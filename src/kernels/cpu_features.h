@@ -20,7 +20,7 @@ struct CpuFeatures {
   // prefetch: no change). So 4 on Intel, 1 elsewhere; the AVX2 path keeps its 4 (Zen 3 measured).
   int few_token_rows = 1;
   // --compute bf16 through vdpbf16ps's arithmetic written as two FMAs per pair (matmul_avx512.cc
-  // micro_bf16_fma: the instruction's bits). On the device host's Xeon (Sapphire Rapids class)
+  // micro_bf16 with kByFma: the instruction's bits). On the device host's Xeon (Sapphire Rapids class)
   // vdpbf16ps peaks at half the fp32 FMA rate (moe_bench: 145-155 against 293-332 GFLOP/s on 2
   // cores), and prefill 512 of the 4-layer synthesized Qwen3-30B-A3B ran 239 tok/s with the FMAs
   // against 195 with the instruction (medians of 3 interleaved cycles). Zen 4 keeps the instruction

@@ -138,7 +138,23 @@ EPMOE_AVX512 void micro_f32(const void* const* xv, const void* const* w, int64_t
   finish_tile<MR, NR>(acc, kv, K, [&](int i, int j, int64_t k) { return x[i][k] * load_w1<D>(w[j], k); }, out);
 }
 
+// BF16 weights, bf16 compute: 32 bf16 pairs per vdpbf16ps into 16 fp32 lanes.
+// kByFma: the same arithmetic without the instruction (CpuFeatures::bf16_dot_by_fma, for CPUs where
+// it is the slower). vdpbf16ps does per lane acc += the odd pair element's product, then acc += the
+// even one's, each one rounding, denormal inputs read as zero and denormal results flushed: two
+// FMAs under MXCSR DAZ + FTZ (for the loop only) give its bits. As fp32, a dword's odd bf16 is the
+// dword with its low half cleared, the even one the dword shifted up 16.
+inline constexpr unsigned kMxcsrDazFtz = 0x8040;
+
 template <int MR, int NR>
+EPMOE_AVX512 inline void pin_accumulators(__m512 (&acc)[MR][NR]) {  // no FMA moves across an MXCSR write
+  #pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+    #pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) asm volatile("" : "+v"(acc[i][j]));
+}
+
+template <int MR, int NR, bool kByFma>
 EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1,
                                  float* accm, float* out) {
   const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
@@ -146,68 +162,46 @@ EPMOE_AVX512BF16 void micro_bf16(const void* const* xv, const void* const* wv, i
   __m512 acc[MR][NR];
   acc_start<MR, NR>(acc, k0, accm);
   const int64_t kv = K / 32 * 32, ke = k1 < kv ? k1 : kv;
-  for (int64_t k = k0; k < ke; k += 32) {
-    __m512bh wr[NR];
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) wr[j] = (__m512bh)_mm512_loadu_si512(w[j] + k);
-    #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
-      const __m512bh xr = (__m512bh)_mm512_loadu_si512(x[i] + k);
-      #pragma GCC unroll 4
-      for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xr, wr[j]);
-    }
+  unsigned csr = 0;
+  if constexpr (kByFma) {
+    csr = _mm_getcsr();
+    _mm_setcsr(csr | kMxcsrDazFtz);
+    pin_accumulators<MR, NR>(acc);
   }
-  if (k1 < K) return acc_save<MR, NR>(acc, accm);
-  finish_tile<MR, NR>(
-      acc, kv, K, [&](int i, int j, int64_t k) { return bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]); }, out);
-}
-
-// vdpbf16ps's arithmetic from AVX-512F FMAs, the same bits (micro_bf16's): per lane, acc += the
-// odd pair element's product, then acc += the even one's, each one rounding, with denormal inputs
-// read as zero and denormal results flushed (the instruction's DAZ in, FTZ out: MXCSR for the loop
-// only). As fp32, a dword's odd bf16 is the dword with its low half cleared, the even one the
-// dword shifted up 16.
-inline constexpr unsigned kMxcsrDazFtz = 0x8040;
-template <int MR, int NR>
-EPMOE_AVX512 void micro_bf16_fma(const void* const* xv, const void* const* wv, int64_t K, int64_t k0, int64_t k1,
-                                 float* accm, float* out) {
-  const uint16_t* const* x = reinterpret_cast<const uint16_t* const*>(xv);
-  const uint16_t* const* w = reinterpret_cast<const uint16_t* const*>(wv);
-  __m512 acc[MR][NR];
-  acc_start<MR, NR>(acc, k0, accm);
-  const int64_t kv = K / 32 * 32, ke = k1 < kv ? k1 : kv;
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | kMxcsrDazFtz);
-  #pragma GCC unroll 4
-  for (int i = 0; i < MR; i++)
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) asm volatile("" : "+v"(acc[i][j]));  // no FMA above the MXCSR write
-  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
   for (int64_t k = k0; k < ke; k += 32) {
-    __m512 wo[NR], we[NR];
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) {
-      const __m512i v = _mm512_loadu_si512(w[j] + k);
-      wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-      we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    }
-    #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
-      const __m512i v = _mm512_loadu_si512(x[i] + k);
-      const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-      const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    if constexpr (kByFma) {
+      const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+      __m512 wo[NR], we[NR];
       #pragma GCC unroll 4
       for (int j = 0; j < NR; j++) {
-        acc[i][j] = _mm512_fmadd_ps(xo, wo[j], acc[i][j]);
-        acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+        const __m512i v = _mm512_loadu_si512(w[j] + k);
+        wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      }
+      #pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) {
+        const __m512i v = _mm512_loadu_si512(x[i] + k);
+        const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        #pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xe, we[j], _mm512_fmadd_ps(xo, wo[j], acc[i][j]));
+      }
+    } else {
+      __m512bh wr[NR];
+      #pragma GCC unroll 4
+      for (int j = 0; j < NR; j++) wr[j] = (__m512bh)_mm512_loadu_si512(w[j] + k);
+      #pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) {
+        const __m512bh xr = (__m512bh)_mm512_loadu_si512(x[i] + k);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xr, wr[j]);
       }
     }
   }
-  #pragma GCC unroll 4
-  for (int i = 0; i < MR; i++)
-    #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) asm volatile("" : "+v"(acc[i][j]));  // every FMA before the MXCSR restore
-  _mm_setcsr(csr);
+  if constexpr (kByFma) {
+    pin_accumulators<MR, NR>(acc);
+    _mm_setcsr(csr);
+  }
   if (k1 < K) return acc_save<MR, NR>(acc, accm);
   finish_tile<MR, NR>(
       acc, kv, K, [&](int i, int j, int64_t k) { return bf16_to_f32(x[i][k]) * bf16_to_f32(w[j][k]); }, out);
@@ -467,21 +461,20 @@ struct I8K {
   }
 };
 
-template <int MR, int NR>
-struct Bf16K {
-  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
-                 float* out) {
-    micro_bf16<MR, NR>(x, w, Kd, k0, k1, acc, out);
-  }
+template <bool kByFma>
+struct Bf16Form {
+  template <int MR, int NR>
+  struct K {
+    static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
+                   float* out) {
+      micro_bf16<MR, NR, kByFma>(x, w, Kd, k0, k1, acc, out);
+    }
+  };
 };
-
 template <int MR, int NR>
-struct Bf16FmaK {
-  static void fn(int, int, const void* const* x, const void* const* w, int64_t Kd, int64_t k0, int64_t k1, float* acc,
-                 float* out) {
-    micro_bf16_fma<MR, NR>(x, w, Kd, k0, k1, acc, out);
-  }
-};
+using Bf16K = Bf16Form<false>::K<MR, NR>;
+template <int MR, int NR>
+using Bf16FmaK = Bf16Form<true>::K<MR, NR>;
 
 template <bool kNormal>
 struct Fp8Form {
