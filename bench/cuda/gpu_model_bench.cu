@@ -1,12 +1,27 @@
-// Decode and prefill tokens/s of a synthesized 4-layer Qwen3-30B-A3B-shaped model on one GPU
-// (issue 9): hidden 2048, 32 q heads / 4 kv heads of 128, q/k norm, 128 experts top-8 of 768,
-// vocab 151936, random weights generated on the device, bf16 compute. The numbers include what
-// `epmoe generate` does per step (the argmax on the device, one id per sequence to the host).
+// Decode and prefill tokens/s of a synthesized Qwen3-30B-A3B-shaped model on one GPU (issues 9
+// and 33): hidden 2048, 32 q heads / 4 kv heads of 128, q/k norm, 128 experts top-8 of 768,
+// vocab 151936, the real model's 48 layers by default (--layers N: the 4-layer model of the
+// earlier runs hides the depth -- there the lm_head is over half the bytes a decode step reads),
+// random weights generated on the device, bf16 compute. The numbers include what `epmoe generate`
+// does per step (the argmax on the device, one id per sequence to the host).
 // Decode runs twice per batch size in the same process: kernel by kernel (graph off) and as one
 // CUDA graph per step (graph on, docs/gpu.md "Decode as one CUDA graph"); prefill never graphs.
 //
-//   gpu_model_bench [--out FILE.tsv] [--batches LIST (1,8,64,256)] [--prefill 0|1 (1)]
+// Every row stands beside its floor, measured in the same run: a decode step cannot take less
+// than the bytes it must read (the attention and router weights of every layer, the experts its
+// tokens route to -- expected distinct experts E (1 - (1 - k/E)^B) for routing uniform over the
+// experts, as the random router gives --, the lm_head, the KV cache of the context) over the HBM
+// read bandwidth a streaming kernel reaches here; a prefill cannot take less than its FLOPs at the
+// dense bf16 tensor-core peak (--peak-tflops, default 989: H100/H200 SXM) nor less than reading
+// every weight its tokens route to once.
+//
+//   gpu_model_bench [--out FILE.tsv] [--layers N (48)] [--batches LIST (1,8,64,256)] [--prefill 0|1 (1)]
+//                   [--steps N (32)] [--peak-tflops F (989)] [--profile-step 0|1 (0)]
+// --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
+// between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
+// (scripts/gpu-decode-profile.sh).
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <stdexcept>
 #include <cstdio>
@@ -15,6 +30,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
+
 #include "comm/nccl_group.h"
 #include "ep/backend.h"
 #include "model/cuda/gpu_model.h"
@@ -22,14 +40,137 @@
 
 using namespace epmoe;
 
+namespace {
+
+#define BENCH_CUDA(x)                                                                                 \
+  do {                                                                                                \
+    const cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+__global__ void read_all_kernel(const uint4* p, size_t n, unsigned* sink) {
+  uint4 acc = {0, 0, 0, 0};
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);  // streaming: no reuse, as a weight read of a decode step
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) atomicAdd(sink, 1u);  // keeps the loads
+}
+
+// The HBM read bandwidth one streaming kernel reaches (bytes/s): the best of 10 reads of 4 GiB.
+double measure_read_bandwidth() {
+  const size_t bytes = size_t(4) << 30;
+  void* buf = nullptr;
+  unsigned* sink = nullptr;
+  BENCH_CUDA(cudaMalloc(&buf, bytes));
+  BENCH_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
+  BENCH_CUDA(cudaMemset(buf, 1, bytes));
+  int sms = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int r = 0; r < 10; r++) {
+    BENCH_CUDA(cudaEventRecord(a));
+    read_all_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(buf), bytes / sizeof(uint4), sink);
+    BENCH_CUDA(cudaEventRecord(b));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms);
+  }
+  BENCH_CUDA(cudaEventDestroy(a));
+  BENCH_CUDA(cudaEventDestroy(b));
+  BENCH_CUDA(cudaFree(buf));
+  BENCH_CUDA(cudaFree(sink));
+  return double(bytes) / (double(best) / 1e3);
+}
+
+// What one step of the model must read or compute, from its config (bf16 weights, fp32 router and
+// KV cache as GpuModel holds them).
+struct StepCost {
+  const ModelConfig& c;
+  double attn_weight_bytes() const {  // q, k, v, o of one layer
+    const double qd = double(c.num_heads) * c.head_dim, kvd = double(c.num_kv_heads) * c.head_dim;
+    return 2.0 * (qd + 2 * kvd) * c.hidden_size + 2.0 * c.hidden_size * qd;
+  }
+  double expert_bytes() const { return 2.0 * 3 * double(c.moe_intermediate_size) * c.hidden_size; }
+  double router_bytes() const { return 4.0 * double(c.routing.num_experts) * c.hidden_size; }
+  double lm_head_bytes() const { return 2.0 * double(c.vocab_size) * c.hidden_size; }
+  double kv_bytes_per_token() const { return 2.0 * 4 * double(c.num_kv_heads) * c.head_dim * c.num_layers; }
+  // Expected distinct experts of a layer for B tokens routed uniformly (top-k without replacement:
+  // each expert is picked by a token with probability k / E).
+  double distinct_experts(int B) const {
+    const double E = c.routing.num_experts, k = c.routing.top_k;
+    return E * (1.0 - std::pow(1.0 - k / E, double(B)));
+  }
+  // Bytes of a decode step of B sequences whose contexts hold `ctx` positions on average.
+  double decode_bytes(int B, double ctx) const {
+    return double(c.num_layers) * (attn_weight_bytes() + router_bytes() + distinct_experts(B) * expert_bytes()) +
+           lm_head_bytes() + double(B) * ctx * kv_bytes_per_token();
+  }
+  // FLOPs of a prefill of L tokens: 2 per active weight per token (q/k/v/o, router, the k routed
+  // experts, lm_head) plus the causal attention's two products (L^2 / 2 positions per head).
+  double prefill_flops(int L) const {
+    const double qd = double(c.num_heads) * c.head_dim;
+    const double per_token_params =
+        double(c.num_layers) * ((attn_weight_bytes() + router_bytes() / 2) / 2 + c.routing.top_k * expert_bytes() / 2) +
+        lm_head_bytes() / 2;
+    const double attn = double(c.num_layers) * 2.0 * 2.0 * qd * (double(L) * (L + 1) / 2);
+    return 2.0 * per_token_params * L + attn;
+  }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
     NcclGroup& g = NcclGroup::world();  // selects this process's GPU
     (void)g;
+    int layers = 48, steps = 32;
+    double peak_tflops = 989.0;
+    FILE* f = nullptr;
+    std::vector<int> batches = {1, 8, 64, 256};
+    bool prefill = true, profile_step = false;
+    for (int a = 1; a < argc; a += 2) {
+      const std::string k = argv[a];
+      if (a + 1 >= argc) throw std::runtime_error("flag " + k + " needs a value");
+      const std::string v = argv[a + 1];
+      if (k == "--out") {
+        f = std::fopen(v.c_str(), "w");
+        if (!f) throw std::runtime_error("--out " + v + ": cannot open for writing");
+      } else if (k == "--batches") {
+        batches.clear();
+        for (size_t p = 0; p < v.size();) {
+          const size_t q = std::min(v.find(',', p), v.size());
+          batches.push_back(std::stoi(v.substr(p, q - p)));
+          p = q + 1;
+        }
+      } else if (k == "--prefill") {
+        prefill = v != "0";
+      } else if (k == "--layers") {
+        layers = std::stoi(v);
+        if (layers < 1) throw std::runtime_error("--layers " + v + ": at least 1");
+      } else if (k == "--steps") {
+        steps = std::stoi(v);
+        if (steps < 1) throw std::runtime_error("--steps " + v + ": at least 1");
+      } else if (k == "--profile-step") {
+        profile_step = v != "0";
+      } else if (k == "--peak-tflops") {
+        peak_tflops = std::stod(v);
+      } else {
+        throw std::runtime_error("unknown flag " + k +
+                                 " (flags: --out, --layers, --batches, --prefill, --steps, --peak-tflops, --profile-step)");
+      }
+    }
+    const double read_bw = measure_read_bandwidth();
+    std::printf("HBM read bandwidth (streaming kernel, best of 10 x 4 GiB): %.0f GB/s; bf16 peak taken as %.0f TFLOP/s\n\n",
+                read_bw / 1e9, peak_tflops);
     nlohmann::json j = {{"architectures", {"Qwen3MoeForCausalLM"}},
                         {"model_type", "qwen3_moe"},
                         {"hidden_size", 2048},
-                        {"num_hidden_layers", 4},
+                        {"num_hidden_layers", layers},
                         {"num_attention_heads", 32},
                         {"num_key_value_heads", 4},
                         {"head_dim", 128},
@@ -49,33 +190,20 @@ int main(int argc, char** argv) {
                         {"bos_token_id", 151643},
                         {"eos_token_id", 151645},
                         {"torch_dtype", "bfloat16"}};
-    ModelConfig cfg = parse_model_config(j, "synthesized Qwen3-30B-A3B (4 layers)");
+    ModelConfig cfg = parse_model_config(j, "synthesized Qwen3-30B-A3B (" + std::to_string(layers) + " layers)");
     Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
+    const auto t_synth = std::chrono::steady_clock::now();
     auto model = make_synthetic_gpu_model(cfg, pl, 0, /*f32=*/false, 42);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    std::printf("%d layers synthesized on the device in %.1f s\n\n", layers,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_synth).count());
     LanguageModel& m = *model;
     auto be = make_local_backend(Device::Cuda, pl);
-    FILE* f = nullptr;
-    std::vector<int> batches = {1, 8, 64, 256};
-    bool prefill = true;
-    for (int a = 1; a + 1 < argc; a += 2) {
-      const std::string k = argv[a], v = argv[a + 1];
-      if (k == "--out") {
-        f = std::fopen(v.c_str(), "w");
-      } else if (k == "--batches") {
-        batches.clear();
-        for (size_t p = 0; p < v.size();) {
-          const size_t q = std::min(v.find(',', p), v.size());
-          batches.push_back(std::stoi(v.substr(p, q - p)));
-          p = q + 1;
-        }
-      } else if (k == "--prefill") {
-        prefill = v != "0";
-      } else {
-        throw std::runtime_error("unknown flag " + k);
-      }
-    }
-    if (f) std::fprintf(f, "phase\tbatch\tcontext\tgraph\ttokens_per_s\tms_per_step\n");
-    std::printf("| phase | sequences | context | graph | tokens/s | ms per step |\n|---|---|---|---|---|---|\n");
+    const StepCost cost{cfg};
+    if (f)
+      std::fprintf(f, "phase\tbatch\tcontext\tgraph\ttokens_per_s\tms_per_step\tfloor_ms\tof_floor\tlayers\n");
+    std::printf("| phase | sequences | context | graph | tokens/s | ms per step | floor ms | floor / time |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     auto now = [] { return std::chrono::steady_clock::now(); };
     auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     // Prefill: one sequence of L tokens.
@@ -88,8 +216,15 @@ int main(int argc, char** argv) {
         m.forward({&s}, {ids}, *be, false);
         auto t1 = now();
         if (rep == 1) {
-          std::printf("| prefill | 1 | %d | - | %.0f | %.2f |\n", L, L / (ms(t0, t1) / 1e3), ms(t0, t1));
-          if (f) std::fprintf(f, "prefill\t1\t%d\t-\t%.1f\t%.3f\n", L, L / (ms(t0, t1) / 1e3), ms(t0, t1));
+          // Bound by whichever is longer: its FLOPs at the peak, or reading every weight its tokens
+          // route to once (at 512 tokens every expert of every layer: the reads win on an H200).
+          const double t = ms(t0, t1);
+          const double floor = std::max(cost.prefill_flops(L) / (peak_tflops * 1e12),
+                                        cost.decode_bytes(L, 0) / read_bw) * 1e3;
+          std::printf("| prefill | 1 | %d | - | %.0f | %.2f | %.2f | %.2f |\n", L, L / (t / 1e3), t, floor, floor / t);
+          if (f)
+            std::fprintf(f, "prefill\t1\t%d\t-\t%.1f\t%.3f\t%.3f\t%.3f\t%d\n", L, L / (t / 1e3), t, floor, floor / t,
+                         layers);
         }
       }
     }
@@ -113,27 +248,35 @@ int main(int argc, char** argv) {
           prompts.push_back(p);
         }
         auto ids = m.forward_greedy(ps, prompts, *be);
-        const int steps = 32;
         double total = 0;
+        std::vector<double> per_step;
         for (int s = 0; s < steps + 2; s++) {
           std::vector<std::vector<int32_t>> next;
           for (int b = 0; b < B; b++) next.push_back({ids[size_t(b)]});
+          const bool profiled = profile_step && on == 0 && s == 2;
+          if (profiled) BENCH_CUDA(cudaProfilerStart());
           auto t0 = now();
           ids = m.forward_greedy(ps, next, *be);
           auto t1 = now();
-          if (s >= 2) total += ms(t0, t1);
+          if (profiled) BENCH_CUDA(cudaProfilerStop());
+          if (s >= 2) total += ms(t0, t1), per_step.push_back(ms(t0, t1));
         }
+        std::sort(per_step.begin(), per_step.end());
+        // The average context of the timed steps: 128 prompt + 1 + the 2 untimed steps + half the timed ones.
+        const double ctx = 128 + 3 + steps / 2.0;
+        const double floor = cost.decode_bytes(B, ctx) / read_bw * 1e3, med = per_step[per_step.size() / 2];
         last[on] = ids;
         const GpuGraphStats after = gpu_graph_stats(m);
-        std::printf("| decode | %d | 128+ | %s | %.0f | %.2f |\n", B, on ? "on" : "off", B * steps / (total / 1e3),
-                    total / steps);
+        std::printf("| decode | %d | 128+ | %s | %.0f | %.2f (median %.2f, worst %.2f) | %.2f | %.2f |\n", B,
+                    on ? "on" : "off", B * steps / (total / 1e3), total / steps, med, per_step.back(), floor,
+                    floor / (total / steps));
         if (on)
           std::fprintf(stderr, "  B %d graph on: %lld replays, %lld captures, %lld eager steps\n", B,
                        (long long)(after.replays - before.replays), (long long)(after.captures - before.captures),
                        (long long)(after.eager_steps - before.eager_steps));
         if (f)
-          std::fprintf(f, "decode\t%d\t128\t%s\t%.1f\t%.3f\n", B, on ? "on" : "off", B * steps / (total / 1e3),
-                       total / steps);
+          std::fprintf(f, "decode\t%d\t128\t%s\t%.1f\t%.3f\t%.3f\t%.3f\t%d\n", B, on ? "on" : "off",
+                       B * steps / (total / 1e3), total / steps, floor, floor / (total / steps), layers);
       }
       if (last[0] != last[1]) std::printf("| decode | %d | MISMATCH: the graph's ids differ from the eager ids | | | |\n", B);
     }

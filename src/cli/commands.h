@@ -68,6 +68,7 @@ struct SynthOptions {
   std::string out;
   uint64_t seed = 0;
   double shard_gb = 5.0;
+  int threads = 0;  // writers (0: every core); the bytes do not depend on it
 };
 
 struct ServeCliOptions {

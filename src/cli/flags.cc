@@ -243,6 +243,10 @@ Command register_synth(CLI::App& app) {
   cmd->add_option("--out", o->out, "Output folder")->required();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--shard-gb", o->shard_gb, "Largest shard, in GB")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "Threads generating and writing the weights (default: every core); the files are the same bytes "
+                  "for any count")
+      ->check(CLI::NonNegativeNumber);
   return {cmd, [o] { return run_synth(*o); }};
 }
 

@@ -2,9 +2,16 @@
 // model.safetensors.index.json) with the shapes of a real model, for benchmarks and for testing
 // at scale without downloading anything. Weights are uniform with the std of the model's
 // initializer_range, norms are 1: the numbers mean nothing, the shapes and bytes are real.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +25,7 @@
 #include "io/json_util.h"
 #include "tensor/dtype.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace epmoe {
 
@@ -134,32 +142,96 @@ struct Rng {
   float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }  // [-1, 1)
 };
 
+// Values are drawn per chunk of kChunkValues values of a tensor, each chunk from a generator seeded
+// by (seed, tensor name, chunk index): so the bytes are the same whatever the thread count, and an
+// fp8 tensor's chunk draws the values of the bf16 tensor of the same name (--dtype fp8 quantizes
+// the bf16 model of the same seed; the scale tensors in between shift no stream).
+constexpr size_t kChunkValues = size_t(4) << 20;
+
+uint64_t chunk_seed(uint64_t seed, const std::string& name, size_t chunk) {
+  uint64_t h = splitmix64(seed);
+  for (unsigned char ch : name) h = splitmix64(h ^ ch);
+  return splitmix64(h ^ splitmix64(uint64_t(chunk)));
+}
+
+// Bytes written so far, on stderr: a bar on a terminal; otherwise a line each 10% (logs of long
+// runs), each with the rate and the time left.
 class Progress {
  public:
-  explicit Progress(size_t total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
+  explicit Progress(size_t total) : total_(total), tty_(isatty(STDERR_FILENO)), t0_(std::chrono::steady_clock::now()) {}
   void add(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
     done_ += n;
-    if (!tty_) return;
-    const int pct = int(100.0 * double(done_) / double(total_));
-    if (pct == last_) return;
+    const int pct = total_ ? int(100.0 * double(done_) / double(total_)) : 100;
+    if (pct == last_ || (!tty_ && pct / 10 == last_ / 10)) return;
     last_ = pct;
-    char bar[41];
-    for (int i = 0; i < 40; i++) bar[i] = i < pct * 40 / 100 ? '#' : ' ';
-    bar[40] = 0;
-    std::fprintf(stderr, "\r[%s] %3d%%  %.2f / %.2f GB", bar, pct, double(done_) / 1e9, double(total_) / 1e9);
-    if (done_ >= total_) std::fprintf(stderr, "\n");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double rate = s > 0 ? double(done_) / s : 0;
+    const double eta = rate > 0 ? double(total_ - done_) / rate : 0;
+    if (tty_) {
+      char bar[41];
+      for (int i = 0; i < 40; i++) bar[i] = i < pct * 40 / 100 ? '#' : ' ';
+      bar[40] = 0;
+      std::fprintf(stderr, "\r[%s] %3d%%  %.2f / %.2f GB  %.2f GB/s  %.0f s left ", bar, pct, double(done_) / 1e9,
+                   double(total_) / 1e9, rate / 1e9, eta);
+      if (done_ >= total_) std::fprintf(stderr, "\n");
+    } else {
+      std::fprintf(stderr, "epmoe synth: %3d%%  %.2f / %.2f GB  %.2f GB/s  %.0f s left\n", pct, double(done_) / 1e9,
+                   double(total_) / 1e9, rate / 1e9, eta);
+    }
     std::fflush(stderr);
   }
 
  private:
+  std::mutex mu_;
   size_t total_, done_ = 0;
   bool tty_;
   int last_ = -1;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// A file written at offsets by several threads (pwrite), closed on destruction.
+class ShardFile {
+ public:
+  explicit ShardFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw InputError(path + ": cannot open for writing: " + std::strerror(errno));
+  }
+  ~ShardFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
+  void write_at(const void* data, size_t n, size_t off) const {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd_, p, n, off_t(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw InputError(path_ + ": write failed at byte " + std::to_string(off) + ": " +
+                                   (w < 0 ? std::strerror(errno) : "no space left?"));
+      p += w, n -= size_t(w), off += size_t(w);
+    }
+  }
+  void close() {
+    if (::close(fd_) != 0) throw InputError(path_ + ": close failed: " + std::strerror(errno));
+    fd_ = -1;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// One chunk of one tensor: values [first, first + count) of tensors[tensor], at byte `offset` of
+// its shard.
+struct Chunk {
+  size_t shard, tensor, index, first, count, offset;
 };
 
 }  // namespace
 
 int run_synth(const SynthOptions& o) {
+  const auto t_start = std::chrono::steady_clock::now();
   json cfg = preset(o.like);
   if (o.layers > 0) {
     cfg["num_hidden_layers"] = o.layers;
@@ -208,10 +280,9 @@ int run_synth(const SynthOptions& o) {
     in_shard += b;
     total += b;
   }
-  Progress progress(total);
   json weight_map = json::object();
-  Rng rng(o.seed);
-  std::vector<char> buf(16 << 20);
+  std::vector<std::unique_ptr<ShardFile>> files;
+  std::vector<Chunk> chunks;
   for (size_t s = 0; s < shards.size(); s++) {
     char fname[64];
     std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
@@ -227,46 +298,75 @@ int run_synth(const SynthOptions& o) {
     }
     std::string h = header.dump();
     while ((8 + h.size()) % 8) h.push_back(' ');
-    std::ofstream f(o.out + "/" + fname, std::ios::binary);
-    if (!f) throw InputError(o.out + "/" + fname + ": cannot open for writing");
-    uint64_t n = h.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(h.data(), std::streamsize(h.size()));
+    files.push_back(std::make_unique<ShardFile>(o.out + "/" + fname));
+    const uint64_t n = h.size();
+    files.back()->write_at(&n, 8, 0);
+    files.back()->write_at(h.data(), h.size(), 8);
+    size_t pos = 8 + h.size();
     for (size_t i : shards[s]) {
-      const Planned& tp = tensors[i];
-      const size_t esz = dtype_size(tp.dtype);
-      size_t left = tp.bytes() / esz;
-      while (left) {
-        const size_t chunk = std::min(left, buf.size() / esz);
-        for (size_t j = 0; j < chunk; j++) {
-          if (tp.fill == Fill::Fp8Codes) {
-            const float v = scale * rng.uniform();
-            const float w = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;  // what the bf16 model stores
-            buf[j] = char(f32_to_fp8e4m3(w / fp8_scale_stored));
-            continue;
-          }
-          const float v = tp.fill == Fill::Ones       ? 1.0f
-                          : tp.fill == Fill::Zeros    ? 0.0f
-                          : tp.fill == Fill::Fp8Scale ? fp8_scale
-                                                      : scale * rng.uniform();
-          if (tp.dtype == DType::BF16) {
-            const uint16_t b = f32_to_bf16(v);
-            std::memcpy(&buf[j * 2], &b, 2);
-          } else {
-            std::memcpy(&buf[j * 4], &v, 4);
-          }
-        }
-        f.write(buf.data(), std::streamsize(chunk * esz));
-        progress.add(chunk * esz);
-        left -= chunk;
+      const size_t esz = dtype_size(tensors[i].dtype), values = tensors[i].bytes() / esz;
+      for (size_t first = 0, c = 0; first < values; first += kChunkValues, c++) {
+        const size_t count = std::min(kChunkValues, values - first);
+        chunks.push_back({s, i, c, first, count, pos + first * esz});
+      }
+      pos += tensors[i].bytes();
+    }
+  }
+  Progress progress(total);
+  auto fill = [&](const Chunk& ch, std::vector<char>& buf) {
+    const Planned& tp = tensors[ch.tensor];
+    const size_t esz = dtype_size(tp.dtype);
+    buf.resize(ch.count * esz);
+    Rng rng(chunk_seed(o.seed, tp.name, ch.index));
+    for (size_t j = 0; j < ch.count; j++) {
+      if (tp.fill == Fill::Fp8Codes) {
+        const float v = scale * rng.uniform();
+        const float w = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;  // what the bf16 model stores
+        buf[j] = char(f32_to_fp8e4m3(w / fp8_scale_stored));
+        continue;
+      }
+      const float v = tp.fill == Fill::Ones       ? 1.0f
+                      : tp.fill == Fill::Zeros    ? 0.0f
+                      : tp.fill == Fill::Fp8Scale ? fp8_scale
+                                                  : scale * rng.uniform();
+      if (tp.dtype == DType::BF16) {
+        const uint16_t b = f32_to_bf16(v);
+        std::memcpy(&buf[j * 2], &b, 2);
+      } else {
+        std::memcpy(&buf[j * 4], &v, 4);
       }
     }
-    if (!f) throw InputError(o.out + "/" + fname + ": write failed (disk full?)");
-  }
+    files[ch.shard]->write_at(buf.data(), buf.size(), ch.offset);
+    progress.add(buf.size());
+  };
+  // Chunks are taken in file order by every thread (one atomic counter), so the files grow
+  // front to back; the first error stops the others and is rethrown here.
+  const int nthreads = std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto worker = [&] {
+    std::vector<char> buf;
+    try {
+      for (size_t c; !failed && (c = next++) < chunks.size();) fill(chunks[c], buf);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < nthreads; t++) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  for (auto& f : files) f->close();
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   std::ofstream(o.out + "/model.safetensors.index.json") << index.dump(2) << "\n";
-  std::printf("epmoe synth: %s, %d layers, %s, %.2f GB in %zu shard(s) -> %s\n", o.like.c_str(), c.num_layers,
-              dtype.c_str(), double(total) / 1e9, shards.size(), o.out.c_str());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::printf("epmoe synth: %s, %d layers, %s, %.2f GB in %zu shard(s) -> %s (%.1f s, %.2f GB/s, %d threads)\n",
+              o.like.c_str(), c.num_layers, dtype.c_str(), double(total) / 1e9, shards.size(), o.out.c_str(), secs,
+              secs > 0 ? double(total) / 1e9 / secs : 0.0, nthreads);
   return 0;
 }
 

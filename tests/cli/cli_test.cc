@@ -6,6 +6,7 @@
 #include "common/run.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "tensor/dtype.h"
 
 #include <map>
 #include "kernels/cpu_features.h"
@@ -204,6 +205,59 @@ TEST(Cli, Fp8TensorCoreComputeIsRefusedOnTheCpu) {
   auto plain = test::run_command(test::epmoe() + " generate" + m);
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
   EXPECT_EQ(exact.output, plain.output);
+}
+
+}  // namespace
+}  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// `epmoe synth` draws each 4M-value chunk of a tensor from its own generator (seed, tensor name,
+// chunk), so the threads that write it change no byte; and --dtype fp8 is the bf16 model of the
+// same seed quantized (each code the nearest e4m3 of the bf16 weight over its block scale).
+std::map<std::string, std::string> tensor_bytes(const std::string& dir) {
+  Checkpoint c(dir);
+  std::map<std::string, std::string> m;
+  for (auto& n : c.names()) {
+    TensorView v = c.get(n);
+    m[n] = std::string(static_cast<const char*>(v.data), v.nbytes());
+  }
+  return m;
+}
+
+TEST(Synth, TheBytesDoNotDependOnTheThreadsAndFp8QuantizesTheBf16ModelOfTheSameSeed) {
+  const std::string cfg = test::fixture("qwen3moe-fp8-tiny") + "/config.json";
+  const std::string base = ::testing::TempDir() + "/synth_threads_";
+  auto synth = [&](const std::string& args, const std::string& out) {
+    auto r = test::run_command(test::epmoe() + " synth --like " + cfg + " --shard-gb 0.0005 --out " + out + " " + args);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  };
+  synth("--dtype bf16 --seed 5 --threads 1", base + "1");
+  synth("--dtype bf16 --seed 5 --threads 3", base + "3");
+  synth("--dtype bf16 --seed 6 --threads 2", base + "other");
+  synth("--dtype fp8 --seed 5 --threads 2", base + "fp8");
+  const auto one = tensor_bytes(base + "1"), three = tensor_bytes(base + "3"), other = tensor_bytes(base + "other");
+  ASSERT_GT(one.size(), 10u);
+  EXPECT_EQ(one, three);
+  size_t differ = 0;
+  for (auto& [n, b] : one) differ += other.at(n) != b;
+  EXPECT_GT(differ, one.size() / 2) << "another seed must give other weights";
+  Checkpoint bf(base + "1"), f8(base + "fp8");
+  size_t fp8_tensors = 0;
+  for (auto& n : f8.names()) {
+    TensorView q = f8.get(n);
+    if (q.dtype != DType::F8_E4M3) continue;
+    fp8_tensors++;
+    TensorView w = bf.get(n);
+    TensorView s = f8.get(n.substr(0, n.size() - std::string("weight").size()) + "weight_scale_inv");
+    ASSERT_EQ(w.numel(), q.numel()) << n;
+    const float scale = s.at(0);
+    const auto* codes = static_cast<const uint8_t*>(q.data);
+    for (int64_t i = 0; i < q.numel(); i++)
+      ASSERT_EQ(codes[i], f32_to_fp8e4m3(w.at(i) / scale)) << n << " element " << i;
+  }
+  EXPECT_GT(fp8_tensors, 5u);
 }
 
 }  // namespace

@@ -81,6 +81,14 @@ void SplitWeight::fill(const std::vector<float>& wf, int N_, int K_, int P_) {
   w.upload(h);
 }
 
+bf16* SplitWeight::alloc_periodic(int N_, int K_) {
+  EPMOE_ASSERT(K_ % 64 == 0, "split weight: the periodic form needs K a multiple of 64, got " + std::to_string(K_));
+  N = N_, K = K_, P = 2;
+  periodic = true;
+  w.reserve(size_t(N) * size_t(K));
+  return w.data();
+}
+
 void SplitWeight::init_random(int N_, int K_, uint64_t seed, float scale, cudaStream_t s) {
   N = N_, K = K_, P = 2;
   periodic = K % 64 == 0;

@@ -31,6 +31,10 @@ struct SplitWeight {
   // From fp32 values [N, K]: P = 2 when every value is exactly a bf16, else 3.
   void init(const std::vector<float>& wf, int N, int K);
   void init3(const std::vector<float>& wf, int N, int K);  // P = 3 whatever the values
+  // The periodic form for values that are bf16 already (a BF16 checkpoint's rows, K a multiple of
+  // 64): allocates [N, K] and returns it for the caller to fill (the staged upload); the bits
+  // init() would store.
+  bf16* alloc_periodic(int N, int K);
   // Pseudo-random bf16 weights (P = 2), uniform in [-scale, scale] (synthesized models).
   void init_random(int N, int K, uint64_t seed, float scale, cudaStream_t s);
 

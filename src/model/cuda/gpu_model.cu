@@ -26,6 +26,7 @@
 #include "moe/cuda/experts.cuh"
 #include "moe/cuda/routing.cuh"
 #include "moe/moe_layer.h"
+#include "tensor/cuda/staged_upload.h"
 #include "tensor/dtype.h"
 #include "util/error.h"
 
@@ -73,6 +74,89 @@ std::vector<float> interleave_gate_up(const TensorView& gate, const TensorView& 
     std::memcpy(&out[size_t((2 * j + 1) * H)], &u[size_t(j * H)], sizeof(float) * size_t(H));
   }
   return out;
+}
+
+// ---- The staged upload of a checkpoint (tensor/cuda/staged_upload.h, issue 33).
+// Weights whose stored dtype is the device's, or widens to it exactly (BF16 into bf16 or fp32,
+// F32 into fp32), go from the mapped file into pinned staging memory in their device layout, row
+// by row, on the uploader's threads: the same bytes the converting path (to_f32, from_floats,
+// one cudaMemcpy) writes, at the link's rate. Anything else (FP8 dequantized, F16, F32 rounded or
+// split for bf16) keeps that path.
+template <class T>
+bool stages_as_is(const TensorView& v) {
+  return v.rank() == 2 && (v.dtype == DType::BF16 || (v.dtype == DType::F32 && std::is_same_v<T, float>));
+}
+
+template <class T>
+void convert_row(T* d, const char* s, DType src, int64_t n) {
+  if (src == DType::F32 || std::is_same_v<T, bf16>) {  // (F32 into bf16 never stages)
+    std::memcpy(d, s, size_t(n) * sizeof(T));
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {  // BF16 widened: its bits in the high half
+    const auto* h = reinterpret_cast<const uint16_t*>(s);
+    for (int64_t i = 0; i < n; i++) {
+      const uint32_t u = uint32_t(h[i]) << 16;
+      std::memcpy(&d[i], &u, 4);
+    }
+  }
+}
+
+// A destination of `rows` rows of W values of T, row r read from row_ptr(r) (W values of `src`).
+template <class T, class RowPtr>
+StagedUploader::Fill rows_fill(int64_t W, DType src, RowPtr row_ptr) {
+  return [=](char* staging, size_t off, size_t len) {
+    EPMOE_ASSERT(off % sizeof(T) == 0 && len % sizeof(T) == 0, "staged upload: a piece not on a value boundary");
+    const int64_t first = int64_t(off / sizeof(T)), n = int64_t(len / sizeof(T));
+    T* out = reinterpret_cast<T*>(staging);
+    for (int64_t e = first; e < first + n;) {
+      const int64_t r = e / W, c = e % W, m = std::min(W - c, first + n - e);
+      convert_row(out + (e - first), row_ptr(r) + c * int64_t(dtype_size(src)), src, m);
+      e += m;
+    }
+  };
+}
+
+// The rows of `parts` one after another ([q; k; v] of the fused projection, or one tensor).
+// `alloc(rows, W)` gives the destination once the parts are known to stage.
+template <class T, class Alloc>
+bool stage_rows(StagedUploader& up, Alloc alloc, std::vector<TensorView> parts) {
+  for (const TensorView& v : parts)
+    if (!stages_as_is<T>(v) || v.dtype != parts[0].dtype || v.shape[1] != parts[0].shape[1]) return false;
+  const int64_t W = parts[0].shape[1];
+  const size_t rb = size_t(W) * dtype_size(parts[0].dtype);
+  std::vector<int64_t> start{0};
+  for (const TensorView& v : parts) start.push_back(start.back() + v.shape[0]);
+  T* dst = alloc(start.back(), W);
+  up.enqueue(dst, size_t(start.back()) * size_t(W) * sizeof(T),
+             rows_fill<T>(W, parts[0].dtype, [parts, start, rb](int64_t r) {
+               size_t p = 0;
+               while (r >= start[p + 1]) p++;
+               return static_cast<const char*>(parts[p].data) + size_t(r - start[p]) * rb;
+             }));
+  return true;
+}
+
+// gate [I, H] and up [I, H] as interleave_gate_up lays them out: gate row j at 2j, up row j at 2j + 1.
+template <class T, class Alloc>
+bool stage_gate_up(StagedUploader& up, Alloc alloc, const TensorView& gate, const TensorView& upv) {
+  if (!stages_as_is<T>(gate) || upv.dtype != gate.dtype || upv.shape != gate.shape) return false;
+  const int64_t I = gate.shape[0], W = gate.shape[1];
+  T* dst = alloc(2 * I, W);
+  const size_t rb = size_t(W) * dtype_size(gate.dtype);
+  const char* g = static_cast<const char*>(gate.data);
+  const char* u = static_cast<const char*>(upv.data);
+  up.enqueue(dst, size_t(2 * I * W) * sizeof(T),
+             rows_fill<T>(W, gate.dtype, [g, u, rb](int64_t r) { return (r % 2 ? u : g) + size_t(r / 2) * rb; }));
+  return true;
+}
+
+// Every tensor stages, in one dtype (the gate/up/down of a SwiGLU).
+template <class T>
+bool all_stage(std::initializer_list<const TensorView*> ts) {
+  for (const TensorView* t : ts)
+    if (!stages_as_is<T>(*t) || t->dtype != (*ts.begin())->dtype) return false;
+  return true;
 }
 
 template <class T>
@@ -314,6 +398,22 @@ struct GpuModel final : LanguageModel {
     return kp;
   }
 
+  // A staged dense weight [n, k] (bf16 mode: SplitWeight's periodic form, the values once, which
+  // needs k a multiple of 64; f32 mode: the values).
+  static bool dense_stages(int64_t k) { return !kBf16 || k % 64 == 0; }
+  static T* dense_dst(SplitWeight& sw, DeviceArray<T>& plain, int64_t n, int64_t k) {
+    if constexpr (kBf16) {
+      return sw.alloc_periodic(int(n), int(k));
+    } else {
+      plain.reserve(size_t(n) * size_t(k));
+      return plain.data();
+    }
+  }
+  template <class Swi>
+  static auto dense_alloc(Swi& sw, DeviceArray<T>& plain) {
+    return [&sw, &plain](int64_t n, int64_t k) { return dense_dst(sw, plain, n, k); };
+  }
+
   void set_proj(Proj<T>& p, const std::vector<float>& wf, int N, int K_) {
     EPMOE_ASSERT(wf.size() == size_t(N) * size_t(K_), "gpu weights: projection size");
     p.N = N, p.K = K_;
@@ -353,6 +453,13 @@ struct GpuModel final : LanguageModel {
            GpuFp8Compute fp8) {
     init_shapes(c, p, r);
     ModelWeights w = load_weights(c, ckpt, p.logical_owned_by(r));
+    // Declared after `w`: its pieces read the mapped tensors until finish() below.
+    StagedUploader up("epmoe: weights to GPU (rank " + std::to_string(r) + ")");
+    {
+      const size_t experts = size_t(c.num_sparse_layers()) * size_t(p.num_local(r)) * 3 *
+                             size_t(c.moe_intermediate_size) * size_t(H) * sizeof(T);
+      up.expect_bytes(experts + 2 * size_t(V) * size_t(H) * sizeof(T));  // + embedding and lm_head (about)
+    }
     if (fp8 == GpuFp8Compute::TensorCore) {
       // Every routed expert in e4m3 with 128-blocks of scales (a rank without experts asks the
       // config, so that every rank of a group decides alike).
@@ -380,15 +487,18 @@ struct GpuModel final : LanguageModel {
       L->post_norm.upload(lw.post_attention_norm);
       if (mla) {
         load_mla(*L, lw.attn.mla);
-      } else {
+      } else if (!(dense_stages(H) &&
+                   stage_rows<T>(up, dense_alloc(L->qkv_s, L->qkv), {lw.attn.q, lw.attn.k, lw.attn.v}))) {
         std::vector<float> qkv_h = to_f32(lw.attn.q), kf = to_f32(lw.attn.k), vf = to_f32(lw.attn.v);
         qkv_h.insert(qkv_h.end(), kf.begin(), kf.end());
         qkv_h.insert(qkv_h.end(), vf.begin(), vf.end());
         if constexpr (kBf16) L->qkv_s.init(qkv_h, qd + 2 * kvd, H);
         else L->qkv.upload(from_floats<T>(qkv_h));
       }
-      if constexpr (kBf16) L->o_s.init(to_f32(lw.attn.o), H, mla ? Hq * dv : qd);
-      else L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
+      if (mla || !dense_stages(qd) || !stage_rows<T>(up, dense_alloc(L->o_s, L->o), {lw.attn.o})) {
+        if constexpr (kBf16) L->o_s.init(to_f32(lw.attn.o), H, mla ? Hq * dv : qd);
+        else L->o.upload(from_floats<T>(to_f32(lw.attn.o)));
+      }
       if (!lw.attn.q_bias.empty()) {
         std::vector<float> b = lw.attn.q_bias;
         b.insert(b.end(), lw.attn.k_bias.begin(), lw.attn.k_bias.end());
@@ -404,6 +514,12 @@ struct GpuModel final : LanguageModel {
       L->sparse = lw.sparse;
       auto load_swiglu = [&](Swiglu<T>& s, const SwigluWeights& sw) {
         s.I = int(sw.inter());
+        if (dense_stages(H) && dense_stages(s.I) && all_stage<T>({&sw.gate, &sw.up, &sw.down})) {
+          const bool staged = stage_gate_up<T>(up, dense_alloc(s.w1_s, s.w1), sw.gate, sw.up) &&
+                              stage_rows<T>(up, dense_alloc(s.w2_s, s.w2), {sw.down});
+          EPMOE_ASSERT(staged, "gpu weights: a SwiGLU that stages did not");
+          return;
+        }
         if constexpr (kBf16) {
           s.w1_s.init(interleave_gate_up(sw.gate, sw.up), 2 * s.I, H);
           s.w2_s.init(to_f32(sw.down), H, s.I);
@@ -433,6 +549,20 @@ struct GpuModel final : LanguageModel {
             L->split_runner->upload(q, interleave_gate_up(sw.gate, sw.up), to_f32(sw.down));
             continue;
           }
+          if (all_stage<T>({&sw.gate, &sw.up, &sw.down})) {
+            // Expert q's rows of this rank's [P_local][2I][H] and [P_local][H][I].
+            auto at = [&](DeviceArray<T>& arr, size_t first) {
+              return [&arr, first](int64_t n, int64_t k) {
+                EPMOE_ASSERT(first + size_t(n) * size_t(k) <= arr.capacity(), "gpu weights: upload past the allocation");
+                return arr.data() + first;
+              };
+            };
+            const bool staged =
+                stage_gate_up<T>(up, at(L->experts.w1, size_t(q) * 2 * I * size_t(H)), sw.gate, sw.up) &&
+                stage_rows<T>(up, at(L->experts.w2, size_t(q) * size_t(H) * I), {sw.down});
+            EPMOE_ASSERT(staged, "gpu weights: an expert that stages did not");
+            continue;
+          }
           upload_at(L->experts.w1, size_t(q) * 2 * I * size_t(H), from_floats<T>(interleave_gate_up(sw.gate, sw.up)));
           upload_at(L->experts.w2, size_t(q) * size_t(H) * I, from_floats<T>(to_f32(sw.down)));
         }
@@ -444,21 +574,30 @@ struct GpuModel final : LanguageModel {
       }
       layers.push_back(std::move(L));
     }
-    const std::vector<float> emb = to_f32(w.embed);
-    if constexpr (kBf16) {
-      for (float v : emb) embed_f32 |= __bfloat162float(__float2bfloat16_rn(v)) != v;
+    // (a BF16 embedding is exactly bf16: it stages as stored; embed_f32 stays false)
+    if (!stage_rows<T>(up, [&](int64_t n, int64_t k) { embed_w.reserve(size_t(n) * size_t(k)); return embed_w.data(); },
+                       {w.embed})) {
+      const std::vector<float> emb = to_f32(w.embed);
+      if constexpr (kBf16) {
+        for (float v : emb) embed_f32 |= __bfloat162float(__float2bfloat16_rn(v)) != v;
+      }
+      if (embed_f32) embed_f.upload(emb);
+      else embed_w.upload(from_floats<T>(emb));
     }
-    if (embed_f32) embed_f.upload(emb);
-    else embed_w.upload(from_floats<T>(emb));
     if constexpr (kBf16) {
-      lm_s.init(to_f32(w.lm_head), V, H);
+      if (!(dense_stages(H) &&
+            stage_rows<T>(up, [&](int64_t n, int64_t k) { return lm_s.alloc_periodic(int(n), int(k)); }, {w.lm_head})))
+        lm_s.init(to_f32(w.lm_head), V, H);
     } else if (w.lm_head.data == w.embed.data) {
       lm_w = embed_w.data();
     } else {
-      lm_w_own.upload(from_floats<T>(to_f32(w.lm_head)));
+      if (!stage_rows<T>(up, [&](int64_t n, int64_t k) { lm_w_own.reserve(size_t(n) * size_t(k)); return lm_w_own.data(); },
+                         {w.lm_head}))
+        lm_w_own.upload(from_floats<T>(to_f32(w.lm_head)));
       lm_w = lm_w_own.data();
     }
     final_norm.upload(w.final_norm);
+    up.finish();
     init_kv(kv);
   }
 
