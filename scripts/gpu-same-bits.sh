@@ -5,6 +5,8 @@
 # fixtures must print the same tokens. For kernel work that claims to keep the bits (docs/gpu.md,
 # issue 18): run the binary from before the change against the one after, on one GPU.
 #   scripts/gpu-same-bits.sh OLD/epmoe NEW/epmoe        exit 0 when everything is identical
+# NEW_ARGS: flags for the new binary only, where a change of default is the only difference meant
+# (e.g. NEW_ARGS="--kv-cache-dtype fp32" after the GPU's KV cache became bf16 for bf16 models).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -eq 2 ]] || { echo "usage: scripts/gpu-same-bits.sh OLD_EPMOE NEW_EPMOE" >&2; exit 2; }
@@ -17,8 +19,8 @@ for cfg in tests/data/*/config.json; do
   dir=$(dirname "$cfg") name=$(basename "$(dirname "$cfg")")
   for compute in bf16 f32; do
     for side in old new; do
-      bin=$old; [[ $side == new ]] && bin=$new
-      if ! timeout 120 "$bin" score --device cuda --compute $compute --model "$dir" --ids $ids \
+      bin=$old extra=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-}
+      if ! timeout 120 "$bin" score --device cuda --compute $compute --model "$dir" --ids $ids $extra \
           --out "$tmp/$side.$name.$compute.safetensors" > "$tmp/$side.log" 2>&1; then
         echo "$name $compute: the $side binary failed: $(tail -1 "$tmp/$side.log")"
         failed=$((failed + 1))
@@ -36,8 +38,8 @@ done
 echo "logits files identical: $same, different: $differ, failed: $failed"
 for name in qwen3moe-tiny deepseek-v3-tiny; do
   for side in old new; do
-    bin=$old; [[ $side == new ]] && bin=$new
-    timeout 120 "$bin" generate --device cuda --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 \
+    bin=$old extra=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-}
+    timeout 120 "$bin" generate --device cuda --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
       2>/dev/null | tail -2 > "$tmp/gen.$side"
   done
   if cmp -s "$tmp/gen.old" "$tmp/gen.new"; then echo "generate $name: same tokens"

@@ -17,6 +17,7 @@
 //
 //   gpu_model_bench [--out FILE.tsv] [--layers N (48)] [--batches LIST (1,8,64,256)] [--prefill 0|1 (1)]
 //                   [--steps N (32)] [--peak-tflops F (989)] [--profile-step 0|1 (0)]
+//                   [--kv-cache-dtype bf16|fp32 (bf16: what serve gives a bf16 checkpoint)]
 // --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
 // between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (scripts/gpu-decode-profile.sh).
@@ -87,8 +88,8 @@ double measure_read_bandwidth() {
   return double(bytes) / (double(best) / 1e3);
 }
 
-// What one step of the model must read or compute, from its config (bf16 weights, fp32 router and
-// KV cache as GpuModel holds them).
+// What one step of the model must read or compute, from its config (bf16 weights, the fp32 router
+// split into two bf16 planes, the KV cache in its dtype, as GpuModel holds them).
 struct StepCost {
   const ModelConfig& c;
   double attn_weight_bytes() const {  // q, k, v, o of one layer
@@ -98,7 +99,8 @@ struct StepCost {
   double expert_bytes() const { return 2.0 * 3 * double(c.moe_intermediate_size) * c.hidden_size; }
   double router_bytes() const { return 4.0 * double(c.routing.num_experts) * c.hidden_size; }
   double lm_head_bytes() const { return 2.0 * double(c.vocab_size) * c.hidden_size; }
-  double kv_bytes_per_token() const { return 2.0 * 4 * double(c.num_kv_heads) * c.head_dim * c.num_layers; }
+  double kv_value_bytes = 2;  // bf16 KV cache (4: fp32)
+  double kv_bytes_per_token() const { return 2.0 * kv_value_bytes * double(c.num_kv_heads) * c.head_dim * c.num_layers; }
   // Expected distinct experts of a layer for B tokens routed uniformly (top-k without replacement:
   // each expert is picked by a token with probability k / E).
   double distinct_experts(int B) const {
@@ -133,6 +135,8 @@ int main(int argc, char** argv) {
     FILE* f = nullptr;
     std::vector<int> batches = {1, 8, 64, 256};
     bool prefill = true, profile_step = false;
+    KvOptions kv;
+    kv.dtype = KvDtype::BF16;
     for (int a = 1; a < argc; a += 2) {
       const std::string k = argv[a];
       if (a + 1 >= argc) throw std::runtime_error("flag " + k + " needs a value");
@@ -155,13 +159,17 @@ int main(int argc, char** argv) {
       } else if (k == "--steps") {
         steps = std::stoi(v);
         if (steps < 1) throw std::runtime_error("--steps " + v + ": at least 1");
+      } else if (k == "--kv-cache-dtype") {
+        kv.dtype = parse_kv_dtype(v);
+        if (kv.dtype == KvDtype::Auto) kv.dtype = KvDtype::BF16;
       } else if (k == "--profile-step") {
         profile_step = v != "0";
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
       } else {
         throw std::runtime_error("unknown flag " + k +
-                                 " (flags: --out, --layers, --batches, --prefill, --steps, --peak-tflops, --profile-step)");
+                                 " (flags: --out, --layers, --batches, --prefill, --steps, --peak-tflops, --profile-step, "
+                                 "--kv-cache-dtype)");
       }
     }
     const double read_bw = measure_read_bandwidth();
@@ -193,13 +201,15 @@ int main(int argc, char** argv) {
     ModelConfig cfg = parse_model_config(j, "synthesized Qwen3-30B-A3B (" + std::to_string(layers) + " layers)");
     Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
     const auto t_synth = std::chrono::steady_clock::now();
-    auto model = make_synthetic_gpu_model(cfg, pl, 0, /*f32=*/false, 42);
+    auto model = make_synthetic_gpu_model(cfg, pl, 0, /*f32=*/false, 42, kv);
     BENCH_CUDA(cudaDeviceSynchronize());
     std::printf("%d layers synthesized on the device in %.1f s\n\n", layers,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_synth).count());
     LanguageModel& m = *model;
     auto be = make_local_backend(Device::Cuda, pl);
-    const StepCost cost{cfg};
+    StepCost cost{cfg};
+    cost.kv_value_bytes = kv.dtype == KvDtype::BF16 ? 2 : 4;
+    std::printf("KV cache: %s, %lld positions\n\n", kv_dtype_name(kv.dtype), (long long)m.kv_pool().total_blocks() * m.kv_pool().block_tokens());
     if (f)
       std::fprintf(f, "phase\tbatch\tcontext\tgraph\ttokens_per_s\tms_per_step\tfloor_ms\tof_floor\tlayers\n");
     std::printf("| phase | sequences | context | graph | tokens/s | ms per step | floor ms | floor / time |\n"

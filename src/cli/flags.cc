@@ -95,10 +95,22 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true) {
       ->capture_default_str();
   cmd.add_option("--kv-cache-tokens", o.kv_cache_tokens,
                  "Token positions of the paged KV cache per rank, allocated at start (0: a quarter of the available "
-                 "memory on the CPU, 40% of the free GPU memory; at most 1M). Requests wait until their blocks fit; "
-                 "one that could never fit is refused")
+                 "memory on the CPU; on the GPU what the weights leave under --mem-fraction; at most 1M). Requests "
+                 "wait until their blocks fit; one that could never fit is refused")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd.add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                 "What the KV cache stores K and V as. auto (default): the model's dtype -- bf16 on the GPU for a bf16 "
+                 "checkpoint computed in bf16 (half the bytes per token: twice the positions, half the KV reads), "
+                 "fp32 otherwise and always on the CPU. bf16 (cuda only), fp32. Attention computes in fp32 either way: "
+                 "the bits still never depend on the batch, the layout, the chunking or the backend")
+      ->check(CLI::IsMember({"auto", "bf16", "fp32"}))
+      ->capture_default_str();
+  cmd.add_option("--mem-fraction", o.mem_fraction,
+                 "GPU: the share of the device's memory the weights and the KV cache may take together when "
+                 "--kv-cache-tokens is not given (sglang's --mem-fraction-static; default 0.88: the rest stays for "
+                 "activations, CUDA graphs and NCCL)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--kv-block-size", o.kv_block_tokens,
                  "Tokens per KV block: the unit of paging and of prefix reuse (the bits never depend on it)")
       ->check(CLI::Range(1, 4096))

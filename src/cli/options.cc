@@ -28,6 +28,8 @@ EngineOptions engine_options(const RunOptions& o) {
   e.forward.check_numerics = o.check_numerics;
   e.kv.tokens = o.kv_cache_tokens;
   e.kv.block_tokens = o.kv_block_tokens;
+  e.kv.dtype = parse_kv_dtype(o.kv_cache_dtype);
+  e.kv.mem_fraction = o.mem_fraction;
   return e;
 }
 

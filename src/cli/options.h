@@ -32,6 +32,8 @@ struct RunOptions {
   bool batch_invariant = false;  // accepted everywhere: every kernel of both devices already is
   int64_t kv_cache_tokens = 0;   // 0: the device's default (model/language_model.h kv_pool_tokens)
   int kv_block_tokens = 16;
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype
+  double mem_fraction = 0;              // --mem-fraction (0: the default, kDefaultGpuMemFraction)
   // Not a flag: set by the commands whose steps the scheduler bounds (--max-batch-tokens), so that
   // backends may size their buffers once and skip agreeing on sizes each call (0: no bound).
   int64_t max_tokens_per_call = 0;

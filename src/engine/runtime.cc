@@ -70,15 +70,23 @@ std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg,
   if (fp8_compute != "dequant" && fp8_compute != "tensor-core")
     throw InputError("--fp8-compute '" + fp8_compute + "': expected dequant or tensor-core");
   const LmHeadForm head = parse_lm_head_form(lm_head);
+  KvOptions kvr = kv;  // with the dtype resolved
   switch (device) {
     case Device::Cpu:
+      if (kv.dtype == KvDtype::BF16)
+        throw InputError("--kv-cache-dtype bf16: a bf16 KV cache exists on --device cuda only (the CPU keeps K and V "
+                         "in fp32)");
+      if (kv.mem_fraction > 0)
+        throw InputError("--mem-fraction sizes the GPU's KV cache; on the CPU give --kv-cache-tokens (default: a "
+                         "quarter of the available memory)");
+      kvr.dtype = KvDtype::F32;
       if (fp8_compute != "dequant")
         throw InputError("--fp8-compute " + fp8_compute +
                          ": the fp8 tensor-core path exists on --device cuda only (the CPU dequantizes fp8 weights "
                          "per 128-block inside its kernels)");
       return std::make_unique<Model>(cfg, ckpt, placement, rank,
                                      resolve_compute(device, compute) == "bf16" ? ComputeMode::BF16 : ComputeMode::F32,
-                                     kv, head);
+                                     kvr, head);
     case Device::Cuda:
 #ifdef EPMOE_HAVE_CUDA
     {
@@ -88,12 +96,16 @@ std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg,
       GpuModelOptions opt;
       opt.f32 = resolve_compute(device, compute) == "f32";
       opt.fp8 = fp8_compute == "tensor-core" ? GpuFp8Compute::TensorCore : GpuFp8Compute::Dequant;
-      opt.kv = kv;
+      opt.kv = kvr;
+      // auto: the model's dtype -- bf16 for a bf16 checkpoint computed in bf16 (its K and V are
+      // products of bf16 weights already), fp32 otherwise (an fp32 checkpoint, or --compute f32).
+      if (kv.dtype == KvDtype::Auto)
+        opt.kv.dtype = !opt.f32 && cfg.torch_dtype == "bfloat16" ? KvDtype::BF16 : KvDtype::F32;
       return make_gpu_model(cfg, ckpt, placement, rank, opt);
     }
 #else
       (void)compute;
-      (void)kv;
+      (void)kvr;
       no_cuda();
 #endif
   }

@@ -274,6 +274,8 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
                             "'; supported: qwen3_moe, qwen2_moe, glm4_moe, mixtral, deepseek_v2, deepseek_v3, "
                             "glm4_moe_lite");
 
+  for (const char* k : {"torch_dtype", "dtype"})
+    if (c.torch_dtype.empty() && f.has(k) && j[k].is_string()) c.torch_dtype = j[k].get<std::string>();
   c.vocab_size = f.positive("vocab_size");
   c.hidden_size = f.positive("hidden_size");
   c.num_layers = f.positive("num_hidden_layers");

@@ -77,6 +77,7 @@ struct ModelConfig {
   std::string source;  // path of config.json, for messages
   Family family = Family::Qwen3Moe;
   std::string model_type;
+  std::string torch_dtype;  // "torch_dtype" (hub v4) or "dtype" (transformers v5); "" when absent
   int vocab_size = 0;
   int hidden_size = 0;
   int num_layers = 0;

@@ -1,6 +1,7 @@
 #include "model/language_model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -20,12 +21,49 @@ int64_t available_memory_bytes() {
   return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
 }
 
-int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, int64_t bytes_per_token) {
+KvDtype parse_kv_dtype(const std::string& s) {
+  if (s == "auto") return KvDtype::Auto;
+  if (s == "fp32" || s == "f32" || s == "float32") return KvDtype::F32;
+  if (s == "bf16" || s == "bfloat16") return KvDtype::BF16;
+  throw InputError("--kv-cache-dtype '" + s + "': expected auto, bf16 or fp32");
+}
+
+const char* kv_dtype_name(KvDtype d) {
+  switch (d) {
+    case KvDtype::Auto: return "auto";
+    case KvDtype::F32: return "fp32";
+    case KvDtype::BF16: return "bf16";
+  }
+  return "?";
+}
+
+int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, int64_t bytes_per_token,
+                       int64_t total_bytes) {
   const int64_t B = opt.block_tokens;
+  const int64_t per_token = std::max<int64_t>(1, bytes_per_token);
   int64_t tokens = opt.tokens;
   if (tokens <= 0) {
-    const double share = device == Device::Cuda ? 0.40 : 0.25;
-    tokens = std::min<int64_t>(int64_t(double(free_bytes) * share) / std::max<int64_t>(1, bytes_per_token), 1 << 20);
+    int64_t budget = 0;
+    switch (device) {
+      case Device::Cpu: budget = int64_t(double(free_bytes) * 0.25); break;
+      case Device::Cuda: {
+        const double f = opt.mem_fraction > 0 ? opt.mem_fraction : kDefaultGpuMemFraction;
+        if (!(f > 0 && f <= 1)) throw InputError("--mem-fraction " + std::to_string(f) + ": expected a share in (0, 1]");
+        budget = free_bytes - int64_t((1.0 - f) * double(total_bytes));
+        if (budget < B * per_token) {
+          char msg[400];
+          std::snprintf(msg, sizeof msg,
+                        "--mem-fraction %.2f: %.1f GiB of the GPU's %.1f GiB are free after the weights and %.1f GiB "
+                        "must stay free for activations: no room for one KV block (%lld bytes); raise --mem-fraction "
+                        "or give --kv-cache-tokens",
+                        f, double(free_bytes) / double(1 << 30), double(total_bytes) / double(1 << 30),
+                        (1.0 - f) * double(total_bytes) / double(1 << 30), (long long)(B * per_token));
+          throw InputError(msg);
+        }
+        break;
+      }
+    }
+    tokens = std::min<int64_t>(budget / per_token, 1 << 20);
     tokens = std::max<int64_t>(tokens, B);
   }
   return (tokens + B - 1) / B * B;

@@ -24,17 +24,40 @@ struct Sequence {
   std::shared_ptr<KvCache> kv;   // its blocks in the model's pool (released with the last holder)
 };
 
+// What the KV pool stores its values as (--kv-cache-dtype). Attention reads them into fp32 either
+// way and sums in the same order, so every guarantee of bits across batch, layout, chunking and
+// backends holds for each; bf16 rounds K and V once, when they are written (both the rollout and
+// its re-score read the same rounded rows).
+enum class KvDtype {
+  Auto,  // the model's dtype: bf16 on the GPU for a bf16 checkpoint computed in bf16, else fp32
+  F32,
+  BF16,  // GPU only: half the bytes per token, twice the positions, half the KV reads of a step
+};
+// "auto", "bf16", "fp32" (InputError naming --kv-cache-dtype otherwise).
+KvDtype parse_kv_dtype(const std::string& s);
+const char* kv_dtype_name(KvDtype d);
+
+// The GPU's share of its memory the weights and the KV pool may take together when the pool is
+// sized by default (sglang's --mem-fraction-static): the rest stays for activations, CUDA graphs,
+// NCCL and other processes' contexts.
+constexpr double kDefaultGpuMemFraction = 0.88;
+
 // The paged KV cache of a model: how many token positions its pool holds (0: the device's
-// default, kv_pool_tokens) in blocks of how many.
+// default, kv_pool_tokens) in blocks of how many, as what.
 struct KvOptions {
   int64_t tokens = 0;
   int block_tokens = 16;
+  KvDtype dtype = KvDtype::F32;  // Auto is resolved by the engine (make_model) before a model sees it
+  double mem_fraction = 0;       // GPU, tokens = 0: the share above (0: kDefaultGpuMemFraction)
 };
 
-// The pool size for `opt` on a device with `free_bytes` of memory to spare, at `bytes_per_token`
-// (K and V of every layer): opt.tokens when given, else a quarter of the spare memory (CPU) or
-// 40% (GPU: nothing else grows there), at most 1M tokens, rounded up to whole blocks.
-int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, int64_t bytes_per_token);
+// The pool size for `opt` at `bytes_per_token` (K and V of every layer): opt.tokens when given;
+// else on the CPU a quarter of `free_bytes` (the memory available), on the GPU what the weights
+// leave under mem_fraction of the device's `total_bytes` (free - (1 - fraction) total; an
+// InputError naming --mem-fraction when that is not one block); at most 1M tokens, rounded up to
+// whole blocks.
+int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, int64_t bytes_per_token,
+                       int64_t total_bytes = 0);
 
 // The host memory available now (MemAvailable), for the CPU pool's default.
 int64_t available_memory_bytes();

@@ -194,6 +194,25 @@ namespace {
 
 // The fp8 tensor-core path exists on GPUs only: asked for on the CPU it is refused (exit 2)
 // with the reason, before any weight is read; the default is the exact dequantizing path.
+// The KV cache's dtype and the memory fraction size the GPU's pool; on the CPU K and V stay fp32:
+// bf16 and a fraction are refused (exit 2) naming the flag, auto and fp32 are the same run.
+TEST(Cli, KvCacheDtypeAndMemFractionOnTheCpu) {
+  const std::string m = " --model " + test::fixture("qwen3moe-tiny-mixed-bf16") + " --prompt-ids 1,2,3 --max-new-tokens 3";
+  auto bf16 = test::run_command(test::epmoe() + " generate --kv-cache-dtype bf16" + m);
+  EXPECT_EQ(bf16.exit_code, 2) << bf16.output;
+  EXPECT_NE(bf16.output.find("--kv-cache-dtype bf16: a bf16 KV cache exists on --device cuda only"), std::string::npos)
+      << bf16.output;
+  auto frac = test::run_command(test::epmoe() + " generate --mem-fraction 0.5" + m);
+  EXPECT_EQ(frac.exit_code, 2) << frac.output;
+  EXPECT_NE(frac.output.find("--mem-fraction sizes the GPU's KV cache"), std::string::npos) << frac.output;
+  auto bad = test::run_command(test::epmoe() + " generate --kv-cache-dtype fp8" + m);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  auto fp32 = test::run_command(test::epmoe() + " generate --kv-cache-dtype fp32" + m);
+  auto plain = test::run_command(test::epmoe() + " generate" + m);
+  EXPECT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_EQ(fp32.output, plain.output);
+}
+
 TEST(Cli, Fp8TensorCoreComputeIsRefusedOnTheCpu) {
   const std::string m = " --model " + test::fixture("qwen3moe-fp8-tiny") + " --prompt-ids 1,2,3 --max-new-tokens 2";
   auto refused = test::run_command(test::epmoe() + " generate --fp8-compute tensor-core" + m);

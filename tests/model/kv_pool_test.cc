@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "model/kv_pool.h"
+#include "model/language_model.h"
+#include "util/error.h"
 
 namespace epmoe {
 namespace {
@@ -152,6 +154,45 @@ TEST(KvPool, FlushForgetsEveryPrefix) {
   EXPECT_EQ(pool.cached_blocks(), 0);
   EXPECT_EQ(pool.admit(iota(6), 6, 6)->tokens(), 0);
   EXPECT_EQ(pool.available(), 8);
+}
+
+// The pool's default size (kv_pool_tokens): on the GPU what the weights leave under the memory
+// fraction of the device (sglang's --mem-fraction-static), capped at 1M positions, in whole blocks;
+// a fraction that leaves no block is refused naming the flag.
+TEST(KvPoolSize, GpuDefaultIsWhatTheWeightsLeaveUnderTheMemFraction) {
+  const int64_t GiB = int64_t(1) << 30, total = 140 * GiB, per_token = 98304;  // 48 layers, bf16
+  KvOptions o;
+  o.block_tokens = 16;
+  // 80 GiB free after the weights, 12% of 140 GiB kept back: 63.2 GiB for the pool.
+  const int64_t budget = 80 * GiB - int64_t(0.12 * double(total));
+  EXPECT_EQ(kv_pool_tokens(o, Device::Cuda, 80 * GiB, per_token, total), (budget / per_token + 15) / 16 * 16);
+  o.mem_fraction = 0.7;
+  const int64_t budget70 = 80 * GiB - int64_t(0.3 * double(total));
+  EXPECT_EQ(kv_pool_tokens(o, Device::Cuda, 80 * GiB, per_token, total), (budget70 / per_token + 15) / 16 * 16);
+  // fp32 values: twice the bytes, half the positions.
+  EXPECT_NEAR(double(kv_pool_tokens(o, Device::Cuda, 80 * GiB, 2 * per_token, total)),
+              double(kv_pool_tokens(o, Device::Cuda, 80 * GiB, per_token, total)) / 2, 16);
+  o.mem_fraction = 0.4;  // less than the weights already hold
+  try {
+    kv_pool_tokens(o, Device::Cuda, 80 * GiB, per_token, total);
+    ADD_FAILURE() << "a fraction below the weights' share must be refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--mem-fraction 0.40"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-tokens"), std::string::npos) << e.what();
+  }
+  // Tiny models hit the 1M cap; a given --kv-cache-tokens wins (rounded up to a block).
+  EXPECT_EQ(kv_pool_tokens(KvOptions{}, Device::Cuda, 80 * GiB, 64, total), 1 << 20);
+  EXPECT_EQ(kv_pool_tokens(KvOptions{100, 16}, Device::Cuda, 0, per_token, total), 112);
+  // The CPU keeps its quarter of the available memory.
+  EXPECT_EQ(kv_pool_tokens(KvOptions{}, Device::Cpu, 16 * GiB, per_token), (4 * GiB / per_token + 15) / 16 * 16);
+}
+
+TEST(KvPoolSize, KvCacheDtypeNames) {
+  EXPECT_EQ(parse_kv_dtype("auto"), KvDtype::Auto);
+  EXPECT_EQ(parse_kv_dtype("bf16"), KvDtype::BF16);
+  EXPECT_EQ(parse_kv_dtype("fp32"), KvDtype::F32);
+  EXPECT_THROW(parse_kv_dtype("fp8"), InputError);
+  EXPECT_STREQ(kv_dtype_name(KvDtype::BF16), "bf16");
 }
 
 }  // namespace

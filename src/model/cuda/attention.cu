@@ -13,7 +13,9 @@ __device__ __forceinline__ int64_t kv_row(const KvPages& kv, const int32_t* tabl
   return ((int64_t(layer) * kv.blocks + table[j / B]) * B + j % B) * kvd;
 }
 
-// One warp per (token, head) over the q heads, then the k heads, then the v heads.
+// One warp per (token, head) over the q heads, then the k heads, then the v heads; KT the cache's
+// value type.
+template <class KT>
 __global__ void rope_kernel(const RopeArgs a) {
   extern __shared__ float hsm[];
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
@@ -30,8 +32,8 @@ __global__ void rope_kernel(const RopeArgs a) {
   const int64_t kvd = int64_t(a.Hkv) * D;
   const int64_t row = h >= a.Hq ? kv_row(a.kv, a.kv.tables + slot.table, a.layer, slot.pos, kvd) : 0;
   if (h >= a.Hq + a.Hkv) {  // v: straight into the cache
-    float* dst = a.kv.v + row + int64_t(h - a.Hq - a.Hkv) * D;
-    for (int i = lane; i < D; i += 32) dst[i] = src[i];
+    KT* dst = static_cast<KT*>(a.kv.v) + row + int64_t(h - a.Hq - a.Hkv) * D;
+    for (int i = lane; i < D; i += 32) dst[i] = from_f32<KT>(src[i]);
     return;
   }
   const bool is_q = h < a.Hq;
@@ -46,35 +48,41 @@ __global__ void rope_kernel(const RopeArgs a) {
     for (int i = lane; i < D; i += 32) s[i] = nw_[i] * (s[i] * inv);
     __syncwarp();
   }
-  float* dst = is_q ? a.q_out + t * int64_t(a.Hq) * D + int64_t(h) * D
-                    : a.kv.k + row + int64_t(h - a.Hq) * D;
+  // q to q_out in fp32; k into the cache (rounded once there when it holds bf16).
+  float* qdst = a.q_out + t * int64_t(a.Hq) * D + int64_t(h) * D;
+  KT* kdst = static_cast<KT*>(a.kv.k) + row + int64_t(h - a.Hq) * D;
+  auto put = [&](int i, float val) {
+    if (is_q) qdst[i] = val;
+    else kdst[i] = from_f32<KT>(val);
+  };
   const int half = a.rotary_dim / 2;
   for (int i = lane; i < half; i += 32) {
     const float f = float(slot.pos) * a.inv_freq[i];
     const float cs = cosf(f) * a.attention_factor, sn = sinf(f) * a.attention_factor;  // (* 1: exact)
     const float x0 = s[i], x1 = s[i + half];
-    dst[i] = x0 * cs - x1 * sn;
-    dst[i + half] = x1 * cs + x0 * sn;
+    put(i, x0 * cs - x1 * sn);
+    put(i + half, x1 * cs + x0 * sn);
   }
-  for (int i = a.rotary_dim + lane; i < D; i += 32) dst[i] = s[i];
+  for (int i = a.rotary_dim + lane; i < D; i += 32) put(i, s[i]);
 }
 
-// One block per (layer, K or V): the block's rows, src -> dst.
+// One block per (layer, K or V): the block's rows, src -> dst (KT: the cache's value type).
+template <class KT>
 __global__ void copy_kv_block_kernel(const KvPages kv, int64_t k_width, int64_t v_width, int32_t src, int32_t dst) {
   const int layer = blockIdx.x >> 1;
   const bool is_v = blockIdx.x & 1;
-  float* base = is_v ? kv.v : kv.k;
+  KT* base = static_cast<KT*>(is_v ? kv.v : kv.k);
   const int64_t n = int64_t(kv.block_tokens) * (is_v ? v_width : k_width);
   if (n == 0 || !base) return;
-  const float* from = base + (int64_t(layer) * kv.blocks + src) * n;
-  float* to = base + (int64_t(layer) * kv.blocks + dst) * n;
+  const KT* from = base + (int64_t(layer) * kv.blocks + src) * n;
+  KT* to = base + (int64_t(layer) * kv.blocks + dst) * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
 }
 
 // One block per (token, q head): scores over the context in shared memory, softmax, then each
 // thread one output dim as a sequential sum over the context (fixed order: batch-invariant, and
 // position order 0..pos whatever blocks hold the keys: the bits do not depend on the layout).
-template <class TA>
+template <class TA, class KT>
 __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   extern __shared__ float asm_[];
   __shared__ float scratch[32];
@@ -86,8 +94,8 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   const int h = blockIdx.x % Hq, hk = h / (Hq / a.Hkv);
   const TokenSlot slot = a.slots[t];
   const int32_t* table = kv.tables + slot.table;
-  const float* kc = kv.k + int64_t(hk) * Dk;
-  const float* vc = kv.v + int64_t(hk) * Dv;
+  const KT* kc = static_cast<const KT*>(kv.k) + int64_t(hk) * Dk;
+  const KT* vc = static_cast<const KT*>(kv.v) + int64_t(hk) * Dv;
   const int B = kv.block_tokens;
   const int n = slot.pos + 1;
   const float* qh = a.q + t * a.q_tok + int64_t(h) * a.q_head;
@@ -103,7 +111,7 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   constexpr int KU = 4;
   float m = -INFINITY;
   for (int j0 = warp; j0 < n; j0 += KU * nw) {
-    const float* kj[KU];
+    const KT* kj[KU];
 #pragma unroll
     for (int u = 0; u < KU; u++) {
       const int j = j0 + u * nw;
@@ -112,7 +120,7 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
     float d[KU] = {};
     for (int i = lane; i < Dk; i += 32)
 #pragma unroll
-      for (int u = 0; u < KU; u++) d[u] += qs[i] * kj[u][i];
+      for (int u = 0; u < KU; u++) d[u] += qs[i] * to_f32(kj[u][i]);
 #pragma unroll
     for (int u = 0; u < KU; u++) {
       const int j = j0 + u * nw;
@@ -136,17 +144,17 @@ __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
     float o = 0.f;
     // Block by block, row by row: still j = 0, 1, ..., n - 1 in turn.
     for (int j0 = 0; j0 < n; j0 += B) {
-      const float* vb = vc + kv_row(kv, table, a.layer, j0, a.v_stride) + i;
+      const KT* vb = vc + kv_row(kv, table, a.layer, j0, a.v_stride) + i;
       const int rows = min(B, n - j0);
       int r = 0;
       for (; r + 8 <= rows; r += 8) {  // eight rows' loads in flight, then their terms in order
         float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = vb[int64_t(r + u) * a.v_stride];
+        for (int u = 0; u < 8; u++) v[u] = to_f32(vb[int64_t(r + u) * a.v_stride]);
 #pragma unroll
         for (int u = 0; u < 8; u++) o += (p[j0 + r + u] * inv) * v[u];
       }
-      for (; r < rows; r++) o += (p[j0 + r] * inv) * vb[int64_t(r) * a.v_stride];
+      for (; r < rows; r++) o += (p[j0 + r] * inv) * to_f32(vb[int64_t(r) * a.v_stride]);
     }
     ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o);
   }
@@ -185,20 +193,30 @@ __device__ __forceinline__ float warp_sums(float (&v)[QW], int lane) {
   return r;
 }
 
-// A tile of kAttnRows rows (W4 float4s wide) of a K or V pool: loaded into registers (so that the
-// next tile's loads are in flight while the block works on the current one), then stored to
-// shared memory [row][W4] float4s.
+// Four consecutive cache values as fp32: one 16-byte load of fp32, one 8-byte load of bf16.
+__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+  // bf16 -> fp32 is the value's 16 bits in the high half of the word: exact.
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+
+// A tile of kAttnRows rows (W4 groups of 4 values wide) of a K or V pool: loaded into registers as
+// fp32 (so that the next tile's loads are in flight while the block works on the current one),
+// then stored to shared memory [row][W4] float4s.
 struct TileRegs {
-  static constexpr int kChunks = kAttnRows * 32 / kAttnThreads;  // rows of up to 128 floats
+  static constexpr int kChunks = kAttnRows * 32 / kAttnThreads;  // rows of up to 128 values
   float4 buf[kChunks];
-  __device__ __forceinline__ void load(const float* base, int64_t stride, int W4, const KvPages& kv,
+  template <class KT>
+  __device__ __forceinline__ void load(const KT* base, int64_t stride, int W4, const KvPages& kv,
                                        const int32_t* table, int layer, int j0, int nmax) {
 #pragma unroll
     for (int c = 0; c < kChunks; c++) {
       const int idx = threadIdx.x + c * kAttnThreads;
       if (idx < kAttnRows * W4) {
         const int j = j0 + idx / W4;
-        if (j < nmax) buf[c] = __ldg(reinterpret_cast<const float4*>(base + kv_row(kv, table, layer, j, stride)) + idx % W4);
+        if (j < nmax) buf[c] = load4(base + kv_row(kv, table, layer, j, stride) + 4 * (idx % W4));
       }
     }
   }
@@ -214,9 +232,9 @@ struct TileRegs {
 // The V pass of attention_tiled_kernel for the tokens r0 .. r1 - 1 of the tile: thread -> 4 dims
 // (d4) of QA queries (block queries qs0 + k QS), each a sequential sum over j = 0 .. pos in order
 // of w_j * v_j (w_j = p_j * inv, as attention_kernel's terms). tr holds the first V tile's loads.
-template <class TA, int QA>
+template <class TA, int QA, class KT>
 __device__ __forceinline__ void attention_v_pass(const AttnArgs& a, TA* ctx, TileRegs& tr, float4* tile,
-                                                 const float* S, int ncap, const float* vbase, const int32_t* table,
+                                                 const float* S, int ncap, const KT* vbase, const int32_t* table,
                                                  int nmax, int Gs, int Qb, int64_t t0, int h0, int r0, int r1) {
   const int DV4 = a.Dv / 4, QS = kAttnThreads / DV4, d4 = threadIdx.x % DV4, qs0 = threadIdx.x / DV4;
   int nq[QA];
@@ -262,7 +280,7 @@ __device__ __forceinline__ void attention_v_pass(const AttnArgs& a, TA* ctx, Til
 // NT = Dk / 32 (the per-lane chain's length), QW = queries per warp in the score pass (QW q heads
 // of one token). Dynamic shared memory: the tile [kAttnRows][max(Dk, Dv)], then the scores
 // [TQ * Gs][ncap] (block query ql = token-in-tile * Gs + head-in-block).
-template <class TA, int NT, int QW>
+template <class TA, class KT, int NT, int QW>
 __global__ void __launch_bounds__(kAttnThreads, 2)
     attention_tiled_kernel(const AttnArgs a, TA* ctx, int Gs, int TQ, int ncap) {
   extern __shared__ float4 tsm[];
@@ -285,8 +303,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   const int QG = Qb / QW, SPG = (kAttnThreads / 32) / QG;
   const int g = warp % QG, gsub = warp / QG;
   const int gtok = g * QW / Gs, gh = (g * QW) % Gs;
-  const float* kbase = kv.k + int64_t(hk) * Dk;
-  const float* vbase = kv.v + int64_t(hk) * Dv;
+  const KT* kbase = static_cast<const KT*>(kv.k) + int64_t(hk) * Dk;
+  const KT* vbase = static_cast<const KT*>(kv.v) + int64_t(hk) * Dv;
   // The tile's tokens in runs of one block table (one sequence: the same K/V rows), one run after
   // the other (a tile of a prefill is one run; a tile across two sequences' chunks is two).
   for (int r0 = 0; r0 < ntok;) {
@@ -362,10 +380,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     }
     // V pass: thread -> 4 dims (d4) of up to 8 queries (as many as the block's queries need).
     const int QS = kAttnThreads / DV4, qa = (Qb + QS - 1) / QS;
-    if (qa <= 1) attention_v_pass<TA, 1>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
-    else if (qa <= 2) attention_v_pass<TA, 2>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
-    else if (qa <= 4) attention_v_pass<TA, 4>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
-    else attention_v_pass<TA, 8>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    if (qa <= 1) attention_v_pass<TA, 1, KT>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    else if (qa <= 2) attention_v_pass<TA, 2, KT>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    else if (qa <= 4) attention_v_pass<TA, 4, KT>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
+    else attention_v_pass<TA, 8, KT>(a, ctx, tr, tile, S, ncap, vbase, table, nmax, Gs, Qb, t0, h0, r0, r1);
     r0 = r1;
   }
 }
@@ -373,7 +391,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 // Rope of dr dims at position pos, from in to out (may not alias across lanes: each lane reads
 // and writes its own pairs), lanes of one warp; cos/sin in fp32 times the attention factor, as
 // kernels/ops.cc Rope::apply.
-__device__ inline void rope_lanes(const float* in, float* out, int dr, int pos, const float* inv_freq, float af,
+template <class TO>
+__device__ inline void rope_lanes(const float* in, TO* out, int dr, int pos, const float* inv_freq, float af,
                                   bool interleaved, int lane, int lanes) {
   const int half = dr / 2;
   for (int i = lane; i < half; i += lanes) {
@@ -381,12 +400,14 @@ __device__ inline void rope_lanes(const float* in, float* out, int dr, int pos, 
     const float c = cosf(f) * af, sn = sinf(f) * af;
     const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
     const float x0 = in[i0], x1 = in[i1];
-    out[i0] = x0 * c - x1 * sn;
-    out[i1] = x1 * c + x0 * sn;
+    out[i0] = from_f32<TO>(x0 * c - x1 * sn);
+    out[i1] = from_f32<TO>(x1 * c + x0 * sn);
   }
 }
 
-// One block per token: the q LoRA norm, the latent norm and the rotated k_rope into the cache.
+// One block per token: the q LoRA norm, the latent norm and the rotated k_rope into the cache
+// (KT: its value type).
+template <class KT>
 __global__ void mla_latent_kernel(const MlaLatentArgs a) {
   __shared__ float scratch[32];
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
@@ -402,13 +423,13 @@ __global__ void mla_latent_kernel(const MlaLatentArgs a) {
   }
   const TokenSlot slot = a.slots[t];
   const int64_t W = int64_t(a.C) + a.dr;
-  float* dst = a.kv.k + kv_row(a.kv, a.kv.tables + slot.table, a.layer, slot.pos, W);
+  KT* dst = static_cast<KT*>(a.kv.k) + kv_row(a.kv, a.kv.tables + slot.table, a.layer, slot.pos, W);
   const float* lat = row + a.q_width;
   float ss = 0.f;
   for (int i = threadIdx.x; i < a.C; i += blockDim.x) ss += lat[i] * lat[i];
   ss = block_sum(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / float(a.C) + a.eps);
-  for (int i = threadIdx.x; i < a.C; i += blockDim.x) dst[i] = a.kv_a_norm[i] * (lat[i] * inv);
+  for (int i = threadIdx.x; i < a.C; i += blockDim.x) dst[i] = from_f32<KT>(a.kv_a_norm[i] * (lat[i] * inv));
   if (threadIdx.x < 32)
     rope_lanes(lat + a.C, dst + a.C, a.dr, slot.pos, a.inv_freq, a.attention_factor, a.interleaved, threadIdx.x, 32);
 }
@@ -445,14 +466,18 @@ void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   constexpr int warps = 4;
   const int64_t jobs = a.T * (a.Hq + 2 * a.Hkv);
-  launch_pdl(rope_kernel, dim3(unsigned(ceil_div(jobs, warps))), dim3(warps * 32), size_t(warps) * a.D * sizeof(float), s, a);
+  const dim3 grid(unsigned(ceil_div(jobs, warps))), block(warps * 32);
+  const size_t smem = size_t(warps) * a.D * sizeof(float);
+  if (a.kv.bf16) launch_pdl(rope_kernel<bf16>, grid, block, smem, s, a);
+  else launch_pdl(rope_kernel<float>, grid, block, smem, s, a);
   EPMOE_CUDA_LAUNCHED();
 }
 
 void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_width, int32_t src, int32_t dst,
                    cudaStream_t s) {
   if (layers == 0) return;
-  copy_kv_block_kernel<<<unsigned(2 * layers), 256, 0, s>>>(kv, k_width, v_width, src, dst);
+  if (kv.bf16) copy_kv_block_kernel<bf16><<<unsigned(2 * layers), 256, 0, s>>>(kv, k_width, v_width, src, dst);
+  else copy_kv_block_kernel<float><<<unsigned(2 * layers), 256, 0, s>>>(kv, k_width, v_width, src, dst);
   EPMOE_CUDA_LAUNCHED();
 }
 
@@ -493,12 +518,12 @@ static bool attention_tiling(const AttnArgs& a, AttnTiling* tp) {
   return true;
 }
 
-template <class TA, int NT>
+template <class TA, class KT, int NT>
 static auto tiled_instance(int QW) {
-  return QW == 8 ? attention_tiled_kernel<TA, NT, 8>
-       : QW == 4 ? attention_tiled_kernel<TA, NT, 4>
-       : QW == 2 ? attention_tiled_kernel<TA, NT, 2>
-                 : attention_tiled_kernel<TA, NT, 1>;
+  return QW == 8 ? attention_tiled_kernel<TA, KT, NT, 8>
+       : QW == 4 ? attention_tiled_kernel<TA, KT, NT, 4>
+       : QW == 2 ? attention_tiled_kernel<TA, KT, NT, 2>
+                 : attention_tiled_kernel<TA, KT, NT, 1>;
 }
 
 // Every instance of the tiled kernel may take kTiledSmemMax (set once, outside any capture).
@@ -506,9 +531,11 @@ static void raise_tiled_smem() {
   static bool done = false;
   if (done) return;
   for (int qw : {1, 2, 4, 8}) {
-    for (auto k : {tiled_instance<float, 2>(qw), tiled_instance<float, 4>(qw)})
+    for (auto k : {tiled_instance<float, float, 2>(qw), tiled_instance<float, float, 4>(qw),
+                   tiled_instance<float, bf16, 2>(qw), tiled_instance<float, bf16, 4>(qw)})
       EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
-    for (auto k : {tiled_instance<bf16, 2>(qw), tiled_instance<bf16, 4>(qw)})
+    for (auto k : {tiled_instance<bf16, float, 2>(qw), tiled_instance<bf16, float, 4>(qw),
+                   tiled_instance<bf16, bf16, 2>(qw), tiled_instance<bf16, bf16, 4>(qw)})
       EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
   }
   done = true;
@@ -524,8 +551,10 @@ void attention_prepare(int Dk, int max_ctx) {
   if (smem <= raised) return;
   EPMOE_ASSERT(smem <= 200 * 1024, "gpu attention: context of " + std::to_string(max_ctx) +
                                        " positions exceeds this kernel's shared-memory scores");
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  for (auto k : {attention_kernel<float, float>, attention_kernel<float, bf16>})
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  for (auto k : {attention_kernel<bf16, float>, attention_kernel<bf16, bf16>})
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   raised = smem;
 }
 
@@ -542,13 +571,16 @@ void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
   if (tiled_on && attention_tiling(a, &t)) {
     raise_tiled_smem();
     const int64_t blocks = int64_t(ceil_div(a.T, t.TQ)) * (a.Hq / t.Gs);
-    auto k = a.Dk == 64 ? tiled_instance<TA, 2>(t.QW) : tiled_instance<TA, 4>(t.QW);
+    auto k = a.kv.bf16 ? (a.Dk == 64 ? tiled_instance<TA, bf16, 2>(t.QW) : tiled_instance<TA, bf16, 4>(t.QW))
+                       : (a.Dk == 64 ? tiled_instance<TA, float, 2>(t.QW) : tiled_instance<TA, float, 4>(t.QW));
     launch_pdl(k, dim3(unsigned(blocks)), dim3(kAttnThreads), t.smem, s, a, ctx, t.Gs, t.TQ, t.ncap);
     EPMOE_CUDA_LAUNCHED();
     return;
   }
   attention_prepare(a.Dk, a.max_ctx);
-  launch_pdl(attention_kernel<TA>, dim3(unsigned(a.T * a.Hq)), dim3(128), attention_smem(a.Dk, a.max_ctx), s, a, ctx);
+  const size_t smem = attention_smem(a.Dk, a.max_ctx);
+  if (a.kv.bf16) launch_pdl(attention_kernel<TA, bf16>, dim3(unsigned(a.T * a.Hq)), dim3(128), smem, s, a, ctx);
+  else launch_pdl(attention_kernel<TA, float>, dim3(unsigned(a.T * a.Hq)), dim3(128), smem, s, a, ctx);
   EPMOE_CUDA_LAUNCHED();
 }
 template void attention<float>(const AttnArgs&, float*, cudaStream_t);
@@ -557,7 +589,8 @@ template void attention<bf16>(const AttnArgs&, bf16*, cudaStream_t);
 void mla_latent_cache(const MlaLatentArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   EPMOE_ASSERT(a.dr % 2 == 0, "mla: qk_rope_head_dim " + std::to_string(a.dr) + " is not even");
-  launch_pdl(mla_latent_kernel, dim3(unsigned(a.T)), dim3(128), 0, s, a);
+  if (a.kv.bf16) launch_pdl(mla_latent_kernel<bf16>, dim3(unsigned(a.T)), dim3(128), 0, s, a);
+  else launch_pdl(mla_latent_kernel<float>, dim3(unsigned(a.T)), dim3(128), 0, s, a);
   EPMOE_CUDA_LAUNCHED();
 }
 

@@ -8,16 +8,20 @@
 namespace epmoe::cuda {
 
 // The paged KV cache (model/kv_pool.h) as the kernels see it: one pool per K and V of
-// [layer][block][row][kv_heads * head_dim] fp32, and this step's block tables concatenated.
+// [layer][block][row][kv_heads * head_dim] values, fp32 or bf16 (--kv-cache-dtype: written rounded
+// to nearest even, read back into fp32; every sum over them is the same fp32 chain either way),
+// and this step's block tables concatenated.
 // Latent attention keeps one pool, k, of [layer][block][row][kv_lora_rank + qk_rope_head_dim]
 // (the cache row [latent | k_rope] of a token, shared by every head); v is unused.
 // Position j of a token's sequence is row j % block_tokens of block tables[slot.table + j / block_tokens].
 struct KvPages {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;  // float or bf16 values (`bf16`)
+  void* v = nullptr;
   const int32_t* tables = nullptr;
   int64_t blocks = 0;    // blocks per layer
   int block_tokens = 0;  // rows per block
+  bool bf16 = false;     // values stored as bf16, else fp32
+  size_t value_bytes() const { return bf16 ? 2 : 4; }
 };
 
 // Per token of this forward: its position and where its sequence's block table starts.
@@ -46,7 +50,7 @@ struct RopeArgs {
 };
 void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s);
 
-// Copy on write (model/kv_pool.h): block src's K rows (k_width floats each) and V rows (v_width;
+// Copy on write (model/kv_pool.h): block src's K rows (k_width values each) and V rows (v_width;
 // 0: no V pool) of every layer into block dst, queued on `s` (before the kernels of the step that
 // writes dst).
 void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_width, int32_t src, int32_t dst,

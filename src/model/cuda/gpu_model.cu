@@ -214,7 +214,7 @@ struct GpuModel final : LanguageModel {
   int dn = 0, dr = 0, dv = 0, C = 0, ql = 0, W = 0, Na = 0;
   float rope_factor = 1.0f;  // YaRN's attention_factor on cos/sin
   bool rope_interleaved = false;
-  int64_t k_width = 0, v_width = 0;  // floats per token per layer of the K and V pools
+  int64_t k_width = 0, v_width = 0;  // values per token per layer of the K and V pools
   bool identity_placement = true;  // physical expert e is logical expert e, no replicas
   std::vector<std::unique_ptr<Layer<T>>> layers;
   DeviceArray<T> embed_w, lm_w_own;
@@ -239,9 +239,11 @@ struct GpuModel final : LanguageModel {
   DeviceArray<uint64_t> gids;
   DeviceArray<TokenSlot> slots;
   // The paged KV cache: one pool allocated once the weights are on the device,
-  // [layer][block][row][kv_heads * head_dim] fp32 for K and for V (model/kv_pool.h keeps the books),
-  // and the block tables of the step's sequences, concatenated (TokenSlot::table).
-  DeviceArray<float> k_pool, v_pool;
+  // [layer][block][row][kv_heads * head_dim] values (fp32, or bf16 with kv_bf16) for K and for V
+  // (model/kv_pool.h keeps the books), and the block tables of the step's sequences, concatenated
+  // (TokenSlot::table).
+  bool kv_bf16 = false;
+  DeviceArray<unsigned char> k_pool, v_pool;  // bytes
   std::unique_ptr<KvPool> pool_;
   DeviceArray<int32_t> tables;
   DeviceArray<DrawSpec> specs;  // this step's draws (forward_draw)
@@ -372,15 +374,18 @@ struct GpuModel final : LanguageModel {
   // The KV pool, sized from the memory left once the weights are on the device.
   void init_kv(const KvOptions& kv) {
     EPMOE_ASSERT(kv.block_tokens > 0, "kv pool: block of " + std::to_string(kv.block_tokens) + " tokens");
+    EPMOE_ASSERT(kv.dtype != KvDtype::Auto, "kv pool: the dtype must be resolved (engine/runtime.cc make_model)");
+    kv_bf16 = kv.dtype == KvDtype::BF16;
     size_t free_b = 0, total_b = 0;
     EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     // (latent attention: one row [latent | k_rope] per token and layer, no V pool)
-    const int64_t per_token = int64_t(cfg.num_layers) * (k_width + v_width) * int64_t(sizeof(float));
-    const int64_t tokens = kv_pool_tokens(kv, Device::Cuda, int64_t(free_b), per_token);
+    const int64_t vb = kv_bf16 ? 2 : 4;
+    const int64_t per_token = int64_t(cfg.num_layers) * (k_width + v_width) * vb;
+    const int64_t tokens = kv_pool_tokens(kv, Device::Cuda, int64_t(free_b), per_token, int64_t(total_b));
     const int64_t blocks = tokens / kv.block_tokens;
     const size_t n = size_t(cfg.num_layers) * size_t(tokens);
-    k_pool.reserve(n * size_t(k_width));
-    if (v_width > 0) v_pool.reserve(n * size_t(v_width));
+    k_pool.reserve(n * size_t(k_width) * size_t(vb));
+    if (v_width > 0) v_pool.reserve(n * size_t(v_width) * size_t(vb));
     pool_ = std::make_unique<KvPool>(blocks, kv.block_tokens, [this](int32_t src, int32_t dst) {
       // Stream-ordered before the kernels of the step whose append asked for it.
       copy_kv_block(pages(), cfg.num_layers, k_width, v_width, src, dst, stream());
@@ -391,7 +396,8 @@ struct GpuModel final : LanguageModel {
   KvPages pages() {
     KvPages kp;
     kp.k = k_pool.data();
-    kp.v = v_pool.data();
+    kp.v = v_width > 0 ? v_pool.data() : nullptr;
+    kp.bf16 = kv_bf16;
     kp.tables = st_tables;
     kp.blocks = pool_->total_blocks();
     kp.block_tokens = pool_->block_tokens();
