@@ -257,7 +257,16 @@ int main(int argc, char** argv) {
           for (int i = 0; i < 128; i++) p[size_t(i)] = (b * 131 + i * 17) % cfg.vocab_size;
           prompts.push_back(p);
         }
-        auto ids = m.forward_greedy(ps, prompts, *be);
+        // The prompts in chunks of 16 sequences (2048 tokens a step, serve's --max-batch-tokens
+        // default): one 32K-token step at B = 256 needs more activation memory than the default
+        // --mem-fraction leaves beside a 48-layer model and its pool.
+        std::vector<int32_t> ids;
+        for (size_t c = 0; c < ps.size(); c += 16) {
+          const size_t e = std::min(ps.size(), c + 16);
+          auto part = m.forward_greedy({ps.begin() + long(c), ps.begin() + long(e)},
+                                       {prompts.begin() + long(c), prompts.begin() + long(e)}, *be);
+          ids.insert(ids.end(), part.begin(), part.end());
+        }
         double total = 0;
         std::vector<double> per_step;
         for (int s = 0; s < steps + 2; s++) {

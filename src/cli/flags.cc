@@ -108,7 +108,7 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true) {
       ->capture_default_str();
   cmd.add_option("--mem-fraction", o.mem_fraction,
                  "GPU: the share of the device's memory the weights and the KV cache may take together when "
-                 "--kv-cache-tokens is not given (sglang's --mem-fraction-static; default 0.88: the rest stays for "
+                 "--kv-cache-tokens is not given (sglang's --mem-fraction-static; default 0.80: the rest stays for "
                  "activations, CUDA graphs and NCCL)")
       ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--kv-block-size", o.kv_block_tokens,

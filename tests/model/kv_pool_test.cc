@@ -163,8 +163,8 @@ TEST(KvPoolSize, GpuDefaultIsWhatTheWeightsLeaveUnderTheMemFraction) {
   const int64_t GiB = int64_t(1) << 30, total = 140 * GiB, per_token = 98304;  // 48 layers, bf16
   KvOptions o;
   o.block_tokens = 16;
-  // 80 GiB free after the weights, 12% of 140 GiB kept back: 63.2 GiB for the pool.
-  const int64_t budget = 80 * GiB - int64_t(0.12 * double(total));
+  // 80 GiB free after the weights, 20% of 140 GiB kept back: 52 GiB for the pool.
+  const int64_t budget = 80 * GiB - int64_t((1.0 - kDefaultGpuMemFraction) * double(total));
   EXPECT_EQ(kv_pool_tokens(o, Device::Cuda, 80 * GiB, per_token, total), (budget / per_token + 15) / 16 * 16);
   o.mem_fraction = 0.7;
   const int64_t budget70 = 80 * GiB - int64_t(0.3 * double(total));
