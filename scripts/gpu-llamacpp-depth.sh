@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# llama.cpp CUDA on a random bf16 GGUF with Qwen3-30B-A3B's real 48 layers (the anchor's
+# gen_synth_gguf.py), the calls of ../shared/anchors/llamacpp_cuda/run_gpu.sh at full depth.
+set -u
+T=${LC_CARRY:-.gpu-lc}  # payload.tar.xz + anchors/{llamacpp,llamacpp_cuda} copied from ../shared (shared/anchors/llamacpp_cuda/README.md builds the payload)
+OUT=${OUT:-/tmp/lcc-out}; mkdir -p "$OUT"
+W=/tmp/lcc; mkdir -p $W
+tar -xJf $T/payload.tar.xz -C $W || echo "payload unpack failed"
+SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+LIBS=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:/usr/local/nvidia/lib
+for d in "$SP"/nvidia/*/lib "$SP"/nvidia/cu13/lib; do [ -d "$d" ] && LIBS=$LIBS:$d; done
+export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+M=${M:-/dev/shm/synth48-bf16.gguf}
+t0=$(date +%s)
+python3 $T/anchors/llamacpp_cuda/gen_synth_gguf.py $M --gguf-py $W/gguf-py --tokenizer ${TOKENIZER:-tests/data/tokenizers/qwen2} --layers ${LAYERS:-48} > $OUT/lc-gen.log 2>&1
+echo "llama.cpp gguf gen: $(( $(date +%s) - t0 )) s, $(ls -la $M | awk '{print $5}') bytes"
+B=$W/bin
+echo "== llama-bench (prefill 512/2048, decode 128 at 1 sequence; flash attention on)"
+timeout 240 $B/llama-bench -m $M -ngl 99 -p 512,2048 -n 128 -b 2048 -ub 512 -fa 1 -r 3 -o md 2>&1 | grep -E "^\|" | tee "$OUT/lc-bench.md"
+echo "== llama-batched-bench fa on, npp 128 ntg 32, npl 1,8,64,256 twice"
+timeout 240 $B/llama-batched-bench -m $M -ngl 99 -c 65536 -b 2048 -ub 512 -fa on -npp 128 -ntg 32 \
+  -npl 1,8,64,256,1,8,64,256 > "$OUT/lc-batched.log" 2>&1
+grep -E "^\|" "$OUT/lc-batched.log"
+rm -f $M
