@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
 out=${OUT:-/tmp/epmoe-gpu}
 mkdir -p "$out"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+ncu=$NCU
 [[ -n $ncu ]] || { echo "gpu-decode-profile: no ncu" >&2; exit 1; }
 layers=${LAYERS:-2}
 for b in ${PROFILE_B:-1 8}; do

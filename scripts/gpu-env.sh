@@ -13,3 +13,5 @@ if [[ -z $nccl_dir ]]; then
   nccl_dir=$(dirname "$(find / -name libnccl.so.2 -not -path '*/proc/*' 2>/dev/null | head -1)")
 fi
 export LD_LIBRARY_PATH="$PWD/.gpu/lib:${nccl_dir}:${LD_LIBRARY_PATH:-}"
+# Nsight Compute, where the machine has it (empty otherwise): the profiling scripts' one lookup.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
 out=${OUT:-/tmp/epmoe-gpu}
 mkdir -p "$out"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+ncu=$NCU
 [[ -n $ncu ]] || { echo "no ncu"; exit 1; }
 metrics=gpu__time_duration.sum,dram__bytes_read.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed
 metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active

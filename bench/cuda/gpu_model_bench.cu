@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "comm/nccl_group.h"
+#include "kernels/cuda/common.cuh"
 #include "ep/backend.h"
 #include "model/cuda/gpu_model.h"
 #include "model/language_model.h"
@@ -42,12 +43,6 @@
 using namespace epmoe;
 
 namespace {
-
-#define BENCH_CUDA(x)                                                                                 \
-  do {                                                                                                \
-    const cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
 
 __global__ void read_all_kernel(const uint4* p, size_t n, unsigned* sink) {
   uint4 acc = {0, 0, 0, 0};
@@ -63,28 +58,28 @@ double measure_read_bandwidth() {
   const size_t bytes = size_t(4) << 30;
   void* buf = nullptr;
   unsigned* sink = nullptr;
-  BENCH_CUDA(cudaMalloc(&buf, bytes));
-  BENCH_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
-  BENCH_CUDA(cudaMemset(buf, 1, bytes));
+  EPMOE_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  EPMOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  EPMOE_CUDA_CHECK(cudaMemset(buf, 1, bytes));
   int sms = 0;
-  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&a));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&b));
   float best = 1e30f;
   for (int r = 0; r < 10; r++) {
-    BENCH_CUDA(cudaEventRecord(a));
+    EPMOE_CUDA_CHECK(cudaEventRecord(a));
     read_all_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(buf), bytes / sizeof(uint4), sink);
-    BENCH_CUDA(cudaEventRecord(b));
-    BENCH_CUDA(cudaEventSynchronize(b));
+    EPMOE_CUDA_CHECK(cudaEventRecord(b));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     best = std::min(best, ms);
   }
-  BENCH_CUDA(cudaEventDestroy(a));
-  BENCH_CUDA(cudaEventDestroy(b));
-  BENCH_CUDA(cudaFree(buf));
-  BENCH_CUDA(cudaFree(sink));
+  EPMOE_CUDA_CHECK(cudaEventDestroy(a));
+  EPMOE_CUDA_CHECK(cudaEventDestroy(b));
+  EPMOE_CUDA_CHECK(cudaFree(buf));
+  EPMOE_CUDA_CHECK(cudaFree(sink));
   return double(bytes) / (double(best) / 1e3);
 }
 
@@ -202,7 +197,7 @@ int main(int argc, char** argv) {
     Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
     const auto t_synth = std::chrono::steady_clock::now();
     auto model = make_synthetic_gpu_model(cfg, pl, 0, /*f32=*/false, 42, kv);
-    BENCH_CUDA(cudaDeviceSynchronize());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("%d layers synthesized on the device in %.1f s\n\n", layers,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_synth).count());
     LanguageModel& m = *model;
@@ -273,11 +268,11 @@ int main(int argc, char** argv) {
           std::vector<std::vector<int32_t>> next;
           for (int b = 0; b < B; b++) next.push_back({ids[size_t(b)]});
           const bool profiled = profile_step && on == 0 && s == 2;
-          if (profiled) BENCH_CUDA(cudaProfilerStart());
+          if (profiled) EPMOE_CUDA_CHECK(cudaProfilerStart());
           auto t0 = now();
           ids = m.forward_greedy(ps, next, *be);
           auto t1 = now();
-          if (profiled) BENCH_CUDA(cudaProfilerStop());
+          if (profiled) EPMOE_CUDA_CHECK(cudaProfilerStop());
           if (s >= 2) total += ms(t0, t1), per_step.push_back(ms(t0, t1));
         }
         std::sort(per_step.begin(), per_step.end());

@@ -379,7 +379,7 @@ struct GpuModel final : LanguageModel {
     size_t free_b = 0, total_b = 0;
     EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     // (latent attention: one row [latent | k_rope] per token and layer, no V pool)
-    const int64_t vb = kv_bf16 ? 2 : 4;
+    const int64_t vb = int64_t(KvPages{.bf16 = kv_bf16}.value_bytes());
     const int64_t per_token = int64_t(cfg.num_layers) * (k_width + v_width) * vb;
     const int64_t tokens = kv_pool_tokens(kv, Device::Cuda, int64_t(free_b), per_token, int64_t(total_b));
     const int64_t blocks = tokens / kv.block_tokens;
@@ -407,17 +407,17 @@ struct GpuModel final : LanguageModel {
   // A staged dense weight [n, k] (bf16 mode: SplitWeight's periodic form, the values once, which
   // needs k a multiple of 64; f32 mode: the values).
   static bool dense_stages(int64_t k) { return !kBf16 || k % 64 == 0; }
-  static T* dense_dst(SplitWeight& sw, DeviceArray<T>& plain, int64_t n, int64_t k) {
-    if constexpr (kBf16) {
-      return sw.alloc_periodic(int(n), int(k));
-    } else {
+  static auto plain_alloc(DeviceArray<T>& plain) {
+    return [&plain](int64_t n, int64_t k) {
       plain.reserve(size_t(n) * size_t(k));
       return plain.data();
-    }
+    };
   }
-  template <class Swi>
-  static auto dense_alloc(Swi& sw, DeviceArray<T>& plain) {
-    return [&sw, &plain](int64_t n, int64_t k) { return dense_dst(sw, plain, n, k); };
+  static auto dense_alloc(SplitWeight& sw, DeviceArray<T>& plain) {
+    return [&sw, &plain](int64_t n, int64_t k) {
+      if constexpr (kBf16) return sw.alloc_periodic(int(n), int(k));
+      else return plain_alloc(plain)(n, k);
+    };
   }
 
   void set_proj(Proj<T>& p, const std::vector<float>& wf, int N, int K_) {
@@ -581,8 +581,7 @@ struct GpuModel final : LanguageModel {
       layers.push_back(std::move(L));
     }
     // (a BF16 embedding is exactly bf16: it stages as stored; embed_f32 stays false)
-    if (!stage_rows<T>(up, [&](int64_t n, int64_t k) { embed_w.reserve(size_t(n) * size_t(k)); return embed_w.data(); },
-                       {w.embed})) {
+    if (!stage_rows<T>(up, plain_alloc(embed_w), {w.embed})) {
       const std::vector<float> emb = to_f32(w.embed);
       if constexpr (kBf16) {
         for (float v : emb) embed_f32 |= __bfloat162float(__float2bfloat16_rn(v)) != v;
@@ -597,8 +596,7 @@ struct GpuModel final : LanguageModel {
     } else if (w.lm_head.data == w.embed.data) {
       lm_w = embed_w.data();
     } else {
-      if (!stage_rows<T>(up, [&](int64_t n, int64_t k) { lm_w_own.reserve(size_t(n) * size_t(k)); return lm_w_own.data(); },
-                         {w.lm_head}))
+      if (!stage_rows<T>(up, plain_alloc(lm_w_own), {w.lm_head}))
         lm_w_own.upload(from_floats<T>(to_f32(w.lm_head)));
       lm_w = lm_w_own.data();
     }

@@ -47,8 +47,9 @@ struct StagedUploader::Impl {
   size_t outstanding = 0;  // pieces queued or being filled
   bool stop = false;
   std::exception_ptr error;
+  int max_workers = 1;
   std::vector<cudaStream_t> streams;  // one per worker, set by the worker itself
-  std::vector<std::thread> workers;
+  std::vector<std::thread> workers;   // started as the queue grows (a small model pins little)
   std::atomic<size_t> done{0};
   size_t expected = 0, enqueued = 0;
   Clock::time_point t0 = Clock::now(), last_print = Clock::now();
@@ -144,8 +145,8 @@ StagedUploader::StagedUploader(std::string what, int threads, size_t buffer_byte
   m.buffer_bytes = std::max<size_t>(buffer_bytes, 1 << 20);
   check(cudaGetDevice(&m.device), m.what + ": cudaGetDevice");
   if (threads <= 0) threads = std::clamp(int(std::thread::hardware_concurrency()), 1, 16);
+  m.max_workers = threads;
   m.streams.assign(size_t(threads), nullptr);
-  for (int w = 0; w < threads; w++) m.workers.emplace_back([&m, w] { m.worker(w); });
 }
 
 StagedUploader::~StagedUploader() {
@@ -174,6 +175,11 @@ void StagedUploader::enqueue(void* dst, size_t n, Fill fill) {
       m.outstanding++;
     }
     m.enqueued += n;
+    // One more worker (its stream and pinned buffers) while pieces wait for one.
+    while (int(m.workers.size()) < m.max_workers && m.queue.size() > m.workers.size()) {
+      const int w = int(m.workers.size());
+      m.workers.emplace_back([&m, w] { m.worker(w); });
+    }
   }
   m.work_cv.notify_all();
 }

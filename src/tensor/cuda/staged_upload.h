@@ -23,8 +23,8 @@ class StagedUploader {
   // Writes bytes [offset, offset + len) of a destination region into `staging` (pinned memory).
   using Fill = std::function<void(char* staging, size_t offset, size_t len)>;
 
-  // threads: workers (0: the cores available, at most 16); buffer_bytes: each of their two
-  // staging buffers. `what` names the load in the progress lines and errors ("weights of rank 0").
+  // threads: workers at most (0: the cores available, at most 16), started as pieces queue up;
+  // buffer_bytes: each of their two staging buffers. `what` names the load in the progress lines and errors ("weights of rank 0").
   explicit StagedUploader(std::string what, int threads = 0, size_t buffer_bytes = size_t(32) << 20);
   ~StagedUploader();  // drops pieces not started, waits for the others; errors are dropped (finish() reports them)
   StagedUploader(const StagedUploader&) = delete;
