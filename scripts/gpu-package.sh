@@ -10,7 +10,7 @@ jobs=${JOBS:-2}
 # Tests on: the GPU test binaries are test targets (only those below are built).
 PATH=/usr/local/cuda/bin:$PATH cmake -S . -B "$build" -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=ON \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
-targets=(epmoe gpu_test gpu_ep_test gpu_ipc_test gpu_moe_bench gpu_ep_bench gpu_model_bench scheduler_bench)
+targets=(epmoe gpu_test gpu_ep_test gpu_ipc_test gpu_moe_bench gpu_ep_bench gpu_model_bench gpu_gemm_bench scheduler_bench)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib

@@ -2,7 +2,8 @@
 # On a GPU machine (after scripts/gpu-package.sh, with .gpu carried): `epmoe serve --device cuda`
 # on the synthesized 4-layer Qwen3-30B-A3B (bf16, the real tokenizer) under bench/serve_bench.py's
 # closed-loop load at concurrency 1, 8, 32, 128 with the identical column, then the scheduler's
-# cost against the fixed-batch forward (bench/scheduler_bench). Results under OUT (default out/).
+# cost against the fixed-batch forward (bench/scheduler_bench; SCHEDULER_BENCH=0 skips it). Results
+# under OUT (default out/).
 #   OUT=/path bash scripts/gpu-serve-bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,6 @@ url=$(grep -o "http://[0-9.]*:[0-9]*" "$out/serve.log" | head -1)
 kill -TERM "$server"
 wait "$server" || true
 "$python" bench/serve_bench.py table "$out/serve-h200.json" > "$out/serve-h200.md" 2>&1 || true
-if [[ -x $GPU_BIN/scheduler_bench ]]; then
+if [[ ${SCHEDULER_BENCH:-1} != 0 && -x $GPU_BIN/scheduler_bench ]]; then
   timeout 200 "$GPU_BIN/scheduler_bench" --device cuda > "$out/scheduler-h200.txt" 2>&1 || true
 fi

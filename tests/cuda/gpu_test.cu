@@ -1369,6 +1369,135 @@ TEST(GpuGemm, BatchInvariance) {
   test_batch_invariance<float>();
 }
 
+// The decode kernel (one warp per 16 weight rows, deep pipeline, A rows copied only where they
+// exist) against the mma.sync tile kernel, bit for bit, NaN-poisoned outputs: dense GEMMs of 1 to
+// 16 rows (and G = 2 dense groups), k tails (K not a multiple of 64), N not a multiple of 16,
+// bias, SwiGLU, bf16 and fp32 C, and b_k_twice (split_linear's weights read once for [xh | xl]).
+// The grouped form from tile lists is in GroupedBf16 (hint 8 takes this kernel).
+TEST(GpuGemm, DecodeKernelKeepsTheBits) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  for (int M : {1, 2, 7, 16})
+    for (int N : {8, 40, 530})
+      for (int K : {24, 136, 2048, 256, 4096})
+        for (int variant = 0; variant < 4; variant++) {  // store, store + bias, swiglu, b_k_twice store
+          const bool twice = variant == 3 && K % 128 == 0, swiglu = variant == 2, bias = variant == 1;
+          if (variant == 3 && !twice) continue;
+          const int G = M == 7 ? 2 : 1, KB = twice ? K / 2 : K, NC = swiglu ? N / 2 : N;
+          auto fx = randu(size_t(G) * M * K), fw = randu(size_t(N) * KB, 0.1f), fb = randu(size_t(N));
+          DeviceArray<bf16> dx, dw;
+          dx.upload(to_dev_type<bf16>(fx));
+          dw.upload(to_dev_type<bf16>(fw));
+          DeviceArray<float> db, c32[2];
+          DeviceArray<bf16> c16[2];
+          db.upload(fb);
+          std::vector<float> o32[2];
+          std::vector<bf16> o16[2];
+          for (int k = 0; k < 2; k++) {
+            c32[k].reserve(size_t(G) * M * NC);
+            c16[k].reserve(size_t(G) * M * NC);
+            EPMOE_CUDA_CHECK(cudaMemset(c32[k].data(), 0xff, sizeof(float) * size_t(G) * M * NC));
+            EPMOE_CUDA_CHECK(cudaMemset(c16[k].data(), 0xff, sizeof(bf16) * size_t(G) * M * NC));
+            GemmArgs a;
+            a.A = dx.data();
+            a.lda = K;
+            a.B = dw.data();
+            a.ldb = KB;
+            a.b_group_stride = 0;
+            a.G = G;
+            a.M = M;
+            a.N = N;
+            a.K = K;
+            a.ldc = NC;
+            a.bias = bias ? db.data() : nullptr;
+            a.b_k_twice = twice;
+            a.path = k == 0 ? GemmPath::Tiled : GemmPath::Stream;
+            const Epilogue ep = swiglu ? Epilogue::SwiGLU : Epilogue::Store;
+            a.C = c32[k].data();
+            gemm<bf16, float>(a, ep, stream());
+            a.C = c16[k].data();
+            gemm<bf16, bf16>(a, ep, stream());
+            EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+            o32[k] = c32[k].download(size_t(G) * M * NC);
+            o16[k] = c16[k].download(size_t(G) * M * NC);
+          }
+          bool finite = true;
+          for (float v : o32[1]) finite &= std::isfinite(v);
+          const bool ok = finite && std::memcmp(o32[0].data(), o32[1].data(), o32[0].size() * 4) == 0 &&
+                          std::memcmp(o16[0].data(), o16[1].data(), o16[0].size() * 2) == 0;
+          cases++, same += ok;
+          if (!ok)
+            check(false, "decode gemm == tile gemm (bits): M " + std::to_string(M) + " G " + std::to_string(G) + " N " +
+                             std::to_string(N) + " K " + std::to_string(K) + " variant " + std::to_string(variant) +
+                             (finite ? "" : " (an output left unwritten)"));
+        }
+  check(same == cases && cases > 0, "decode gemm == mma.sync tile gemm, bit for bit: " + std::to_string(same) + "/" +
+                                        std::to_string(cases) + " cases");
+}
+
+// The decode kernel splits fp32 rows as it stages them (a_f32_split, what split_linear uses for up
+// to 16 rows when that kernel is on): the bits of split_rows + the tile kernel, for Store (+ bias)
+// and SwiGLU; and accumulate (y += x W^T, the residual add in the epilogue) gives add_inplace's
+// bits after a plain Store.
+TEST(GpuGemm, SplitInTheDecodeKernel) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  for (int M : {1, 5, 16})
+    for (int K : {128, 2048})
+      for (int N : {24, 200})
+        for (int variant = 0; variant < 4; variant++) {  // store, store + bias, swiglu, accumulate
+          const bool swiglu = variant == 2, bias = variant == 1, accumulate = variant == 3;
+          std::vector<float> x = randu(size_t(M) * K), w = randu(size_t(N) * K, 0.2f), b = randu(size_t(N)),
+                             y0 = randu(size_t(M) * N);
+          for (auto& v : w) v = round_bf16(v);
+          SplitWeight sw;
+          sw.init(w, N, K);
+          const int NC = swiglu ? N / 2 : N;
+          DeviceArray<float> dx, db, dref, dnew, dtmp(size_t(M) * NC);
+          DeviceArray<bf16> xs;
+          dx.upload(x);
+          db.upload(b);
+          dref.upload(accumulate ? y0 : std::vector<float>(size_t(M) * NC, 0.f));
+          dnew.upload(accumulate ? y0 : std::vector<float>(size_t(M) * NC, 0.f));
+          const Epilogue ep = swiglu ? Epilogue::SwiGLU : Epilogue::Store;
+          // Reference: split_rows, then the tile kernel (then add_inplace for accumulate).
+          split_rows(dx.data(), K, M, K, 2, xs, stream(), true);
+          GemmArgs g;
+          g.A = xs.data();
+          g.lda = 2 * K;
+          g.B = sw.w.data();
+          g.ldb = K;
+          g.b_k_twice = true;
+          g.M = M;
+          g.N = N;
+          g.K = 2 * K;
+          g.C = accumulate ? dtmp.data() : dref.data();
+          g.ldc = NC;
+          g.bias = bias ? db.data() : nullptr;
+          g.path = GemmPath::Tiled;
+          gemm<bf16, float>(g, ep, stream());
+          if (accumulate) add_inplace(dref.data(), dtmp.data(), int64_t(M) * N, stream());
+          // The decode kernel on the fp32 rows (what split_linear runs for a decode step when the
+          // decode kernel is on), accumulating into y itself.
+          g.A = dx.data();
+          g.lda = K;
+          g.a_f32_split = true;
+          g.accumulate = accumulate;
+          g.C = dnew.data();
+          g.path = GemmPath::Stream;
+          gemm<bf16, float>(g, ep, stream());
+          EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto r = dref.download(size_t(M) * NC), n = dnew.download(size_t(M) * NC);
+          const bool ok = std::memcmp(r.data(), n.data(), r.size() * 4) == 0;
+          cases++, same += ok;
+          if (!ok)
+            check(false, "split in the decode kernel == split_rows + tile kernel (bits): M " + std::to_string(M) +
+                             " K " + std::to_string(K) + " N " + std::to_string(N) + " variant " + std::to_string(variant));
+        }
+  check(same == cases, "split in the decode kernel, accumulate: " + std::to_string(same) + "/" + std::to_string(cases) +
+                           " cases bit for bit");
+}
+
 TEST(GpuGemm, SplitLinear) {
   REQUIRE_GPU();
   for (int K : {64, 96, 2048})
@@ -1773,7 +1902,8 @@ struct AttnCase {
 };
 
 template <class TA>
-static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_bf16 = false) {
+static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_bf16 = false,
+                                 AttnKernel kernel = AttnKernel::Tiled) {
   const int Hq = c.G * c.Hkv, D = c.D, Bt = 16, layers = 2, layer = 1;
   const int64_t kvd = int64_t(c.Hkv) * D;
   std::vector<TokenSlot> slots;
@@ -1834,14 +1964,15 @@ static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_b
   a.max_run = max_run;
   const size_t n_out = size_t(T) * Hq * D;
   DeviceArray<TA> o_ref(n_out), o_new(n_out);
-  a.reference = true;
+  a.kernel = AttnKernel::Reference;
   attention<TA>(a, o_ref.data(), stream());
-  a.reference = false;
+  a.kernel = kernel;
   attention<TA>(a, o_new.data(), stream());
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   const auto r = o_ref.download(n_out), t = o_new.download(n_out);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "G %d, Hkv %d, D %d, %s, %s KV, T %lld, max_ctx %d, max_run %d", c.G, c.Hkv, D,
+  std::snprintf(buf, sizeof buf, "%s kernel, G %d, Hkv %d, D %d, %s, %s KV, T %lld, max_ctx %d, max_run %d",
+                kernel == AttnKernel::Decode ? "decode" : "tiled", c.G, c.Hkv, D,
                 std::is_same_v<TA, float> ? "f32" : "bf16", kv_bf16 ? "bf16" : "fp32", (long long)T, max_ctx, max_run);
   *what = buf;
   return std::memcmp(r.data(), t.data(), n_out * sizeof(TA)) == 0;
@@ -1879,6 +2010,39 @@ TEST(GpuAttention, TiledKernelKeepsTheBits) {
     if (!ok) check(false, "tiled attention == reference (bits): " + what);
   }
   check(same == cases, "tiled attention == reference kernel, bit for bit: " + std::to_string(same) + "/" +
+                           std::to_string(cases) + " cases");
+}
+
+// The decode kernel (one token per sequence, K/V tiles streamed ahead through shared memory) gives
+// attention_kernel's bits: one and several sequences, contexts within one tile, across tiles and
+// blocks, long ones; groups 1, 4, 8; head dims 64 and 128; fp32 and bf16 caches and outputs.
+TEST(GpuAttention, DecodeKernelKeepsTheBits) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  for (int G : {1, 4, 8})
+    for (int D : {64, 128})
+      for (int ctx : {1, 2, 17, 64, 65, 300, 2100}) {
+        std::vector<AttnCase> cs;
+        cs.push_back({G, 4, D, {{ctx, 1}}});
+        cs.push_back({G, 2, D, {{ctx, 1}, {ctx / 3 + 1, 1}, {1, 1}, {(ctx * 7) / 8 + 1, 1}, {ctx / 2 + 2, 1}}});
+        for (const AttnCase& c : cs)
+          for (bool f32 : {true, false})
+            for (bool kvb : {false, true}) {
+              std::string what;
+              const bool ok = f32 ? attention_tiled_case<float>(c, &what, kvb, AttnKernel::Decode)
+                                  : attention_tiled_case<bf16>(c, &what, kvb, AttnKernel::Decode);
+              cases++, same += ok;
+              if (!ok) check(false, "decode attention == reference (bits): " + what);
+            }
+      }
+  for (bool kvb : {false, true}) {  // 8000 positions: the scores beside four bf16 / fp32 stages
+    std::string what;
+    const AttnCase c{8, 1, 128, {{8000, 1}, {5000, 1}}};
+    const bool ok = attention_tiled_case<float>(c, &what, kvb, AttnKernel::Decode);
+    cases++, same += ok;
+    if (!ok) check(false, "decode attention == reference (bits): " + what);
+  }
+  check(same == cases, "decode attention == reference kernel, bit for bit: " + std::to_string(same) + "/" +
                            std::to_string(cases) + " cases");
 }
 

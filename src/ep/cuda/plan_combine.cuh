@@ -45,8 +45,12 @@ void plan(const PlanArgs& a, cudaStream_t s);
 // 8192 jobs over 128 experts it took 22 us, the three launches ~10). A row count known only on the
 // device is a bound here: the three launches cover the bound, and blocks past the count do nothing.
 inline bool plan_in_one_block(int64_t rows, int K, bool /*rows_on_device*/) { return rows * K <= 2048; }
+// Each non-empty group has at most rows_g / tile_m + 1 tiles, and at most min(n_local, rows K)
+// groups are non-empty: a decode step's 8 (token, slot) pairs give 9 tiles, not 129 (the GEMM
+// grids launch one CTA column per possible tile; the ones past the count return at once).
 inline int plan_max_tiles(int64_t rows, int K, int n_local, int tile_m) {
-  return int(rows * K / tile_m) + n_local + 1;
+  const int64_t jobs = rows * K;
+  return int((jobs + tile_m - 1) / tile_m + (jobs < n_local ? jobs : int64_t(n_local))) + 1;
 }
 
 // ep/combine.cc combine_slots: y[t] = sum_{k=0..K-1} w[t,k] * rows[t*K + k] in slot order, fp32,

@@ -1,6 +1,7 @@
 #include "kernels/cuda/gemm.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
@@ -221,6 +222,191 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 }
 
 // ---------------------------------------------------------------------------------------------
+// The decode kernel (bf16, at most 16 rows per m-tile: a decode step's projections and experts).
+// There the GEMM reads every weight once and does almost no arithmetic, so what counts is bytes
+// in flight over the whole chip and no CTA idling at the end. One warp per slab of kSlab weight
+// rows x the whole K: four times the CTAs of Small's 64-row tiles for the same weights, each with
+// STAGES k-tiles of 64 in flight (Small: 6 stages for four warps), and A rows copied only where
+// the m-tile has them (a missing row's smem is never read into a stored output: row i of an mma
+// result depends on row i of A alone). With b_k_twice a stage holds one weight tile and the two
+// A tiles it serves, so the weights cross into shared memory once.
+// The bits are tc_gemm_kernel's: a warp tile of 16 x 16 (Small's), the same fragments and each
+// output element the same chain of m16n8k16 steps over k ascending from 0.
+
+constexpr int kSlab = 16;  // weight rows per warp
+
+// Shared memory of the decode kernel: per stage a weight tile and its A tile(s) -- bf16, or with
+// AF32 one fp32 staging tile of 16 x 64 -- and with AF32 the [hi | lo] tiles it is split into.
+template <int STAGES, bool AF32>
+constexpr int stream_smem(bool b_k_twice) {
+  constexpr int tile = kSlab * 64 * 2;  // bytes of a 16 x 64 bf16 tile
+  return AF32 ? STAGES * (tile + 2 * tile) + 2 * tile : STAGES * (1 + (b_k_twice ? 2 : 1)) * tile;
+}
+
+template <class TC, bool SWIGLU, int STAGES, bool AF32>
+__global__ void __launch_bounds__(32) tc_stream_kernel(const GemmArgs p) {
+  constexpr int BK = 64, TILE = kSlab * BK;  // bf16 per 16-row tile
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int AT = p.b_k_twice ? 2 : 1;  // A k-tiles per weight k-tile
+  bf16* sB = reinterpret_cast<bf16*>(smem_raw);  // [STAGES][16][64]
+  bf16* sA = sB + STAGES * TILE;                 // [STAGES][AT][16][64] bf16, or (AF32) [STAGES][16][64] fp32
+  bf16* sX = sA + STAGES * 2 * TILE;             // (AF32) the stage split into [hi][lo] tiles
+  const int lane = threadIdx.x;
+  // As tc_gemm_kernel: weights before the wait where they are known without the previous kernel.
+  const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
+  if (!early_b) pdl_wait();
+  pdl_trigger();
+  int group = blockIdx.y, m0 = 0;
+  if (p.tiles) {
+    if (int(blockIdx.y) >= *p.num_tiles) {
+      if (early_b) pdl_wait();
+      return;
+    }
+    group = p.tiles[2 * blockIdx.y];
+    m0 = p.tiles[2 * blockIdx.y + 1];
+  }
+  int row_begin, rows;
+  group_range(p, group, row_begin, rows);
+  rows = min(rows - m0, kSlab);
+  if (rows <= 0) {
+    if (early_b) pdl_wait();
+    return;
+  }
+  const int n0 = blockIdx.x * kSlab;
+  const int K = p.K, KB = p.b_k_twice ? K / 2 : K, KTB = (KB + BK - 1) / BK;
+  const bf16* B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
+  // This lane's 16-byte chunks of a 16 x 64 bf16 tile: rows (lane >> 3) + 4 i, column chunk
+  // lane & 7 -- the weights, and bf16 A alike. fp32 A: rows (lane >> 4) + 2 i, chunk lane & 15.
+  const int c = lane & 7, col = c * 8;
+  const bf16* b_src[4];
+  bool b_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int r = (lane >> 3) + 4 * i;
+    b_ok[i] = n0 + r < p.N;
+    b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb + col;
+  }
+  auto load_b = [&](int stage, int kb) {
+    bf16* db = sB + stage * TILE;
+    const int k0 = kb * BK;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const bool ok = b_ok[i] && k0 + col < KB;
+      ptx::cp_async16(db + ptx::swz((lane >> 3) + 4 * i, c), ok ? b_src[i] + k0 : B, ok ? 16 : 0);
+    }
+  };
+  constexpr int AC = AF32 ? 8 : 4;  // A chunks per lane per tile
+  const char* a_src[AC];
+  bool a_ok[AC];
+  auto prepare_a = [&] {  // (after the wait: a_rows may come from the plan)
+#pragma unroll
+    for (int i = 0; i < AC; i++) {
+      const int r = AF32 ? (lane >> 4) + 2 * i : (lane >> 3) + 4 * i;
+      a_ok[i] = r < rows;
+      int src = row_begin + m0 + r;
+      if (a_ok[i] && p.a_rows) src = p.a_rows[src];
+      const int64_t off = int64_t(a_ok[i] ? src : 0) * p.lda + (AF32 ? (lane & 15) * 4 : col);
+      a_src[i] = static_cast<const char*>(p.A) + off * (AF32 ? 4 : 2);
+    }
+  };
+  auto load_a = [&](int stage, int kb) {
+    if constexpr (AF32) {  // x columns [64 kb, 64 kb + 64): no tail (b_k_twice: K % 128 == 0)
+      float* da = reinterpret_cast<float*>(sA) + stage * TILE;
+#pragma unroll
+      for (int i = 0; i < AC; i++)
+        if (a_ok[i]) ptx::cp_async16(da + ((lane >> 4) + 2 * i) * BK + (lane & 15) * 4, a_src[i] + kb * BK * 4, 16);
+    } else {
+      for (int t = 0; t < AT; t++) {
+        bf16* da = sA + (stage * AT + t) * TILE;
+        const int k0 = (kb * AT + t) * BK;
+#pragma unroll
+        for (int i = 0; i < AC; i++)
+          if (a_ok[i]) {
+            const bool ok = k0 + col < K;
+            ptx::cp_async16(da + ptx::swz((lane >> 3) + 4 * i, c), ok ? a_src[i] + k0 * 2 : p.A, ok ? 16 : 0);
+          }
+      }
+    }
+  };
+  // Commit groups as tc_gemm_kernel: with early weights, the weights of the first STAGES - 1
+  // stages, then their A halves; at k-tile kb, wait_group<STAGES - 2> covers both of stage kb.
+  if (early_b) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KTB) load_b(s, s);
+      ptx::cp_async_commit();
+    }
+    pdl_wait();
+    prepare_a();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KTB) load_a(s, s);
+      ptx::cp_async_commit();
+    }
+  } else {
+    prepare_a();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KTB) load_b(s, s), load_a(s, s);
+      ptx::cp_async_commit();
+    }
+  }
+  float acc[2][4] = {};
+  for (int kb = 0; kb < KTB; kb++) {
+    ptx::cp_async_wait<STAGES - 2>();
+    __syncwarp();
+    const int nk = kb + STAGES - 1;
+    if (nk < KTB) load_b(nk % STAGES, nk), load_a(nk % STAGES, nk);
+    ptx::cp_async_commit();
+    const bf16* b = sB + (kb % STAGES) * TILE;
+    const bf16* a0 = sA + (kb % STAGES) * AT * TILE;
+    if constexpr (AF32) {
+      // split_rows' values: hi = bf16(v), lo = bf16(v - hi), into the [hi] and [lo] tiles.
+      const float* xs = reinterpret_cast<const float*>(sA) + (kb % STAGES) * TILE;
+      for (int idx = lane; idx < rows * 16; idx += 32) {
+        const int r = idx >> 4, q = idx & 15;
+        const float4 v = *reinterpret_cast<const float4*>(xs + r * BK + 4 * q);
+        const float f[4] = {v.x, v.y, v.z, v.w};
+        __align__(8) bf16 hi[4], lo[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          hi[e] = __float2bfloat16_rn(f[e]);
+          lo[e] = __float2bfloat16_rn(f[e] - __bfloat162float(hi[e]));
+        }
+        const int o = ptx::swz(r, q >> 1) + (q & 1) * 4;
+        *reinterpret_cast<uint2*>(sX + o) = *reinterpret_cast<const uint2*>(hi);
+        *reinterpret_cast<uint2*>(sX + TILE + o) = *reinterpret_cast<const uint2*>(lo);
+      }
+      __syncwarp();
+      a0 = sX;
+    }
+    for (int t = 0; t < AT; t++) {
+      const bf16* a = a0 + t * TILE;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ks++) {
+        uint32_t af[4], bt[4];
+        ptx::ldmatrix_x4(af, a + ptx::swz(lane & 15, ks * 2 + (lane >> 4)));
+        ptx::ldmatrix_x4(bt, b + ptx::swz((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+        ptx::mma_bf16(acc[0], af, bt[0], bt[1]);
+        ptx::mma_bf16(acc[1], af, bt[2], bt[3]);
+      }
+    }
+    if constexpr (AF32) __syncwarp();  // (sX is rewritten by the next k-tile)
+  }
+  ptx::cp_async_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int lr = (lane >> 2) + h * 8;
+    if (lr >= rows) continue;
+    const int r = row_begin + m0 + lr;
+    const int64_t orow = p.c_rows ? p.c_rows[r] : r;
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++)
+      ptx::store_pair<TC, SWIGLU>(p, orow, n0 + ni * 8 + (lane & 3) * 2, acc[ni][2 * h], acc[ni][2 * h + 1]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // fp32 SIMT kernel: 64 x 64 tile, 256 threads of 4 x 4 outputs, k in steps of 16. Columns of a
 // thread are contiguous and start even, so (gate, up) pairs of the SwiGLU layout stay together.
 
@@ -318,12 +504,53 @@ void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   else launch_pdl(tc_gemm_kernel<Cfg, TC, false>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
 }
 
+// The decode kernel's stages: EPMOE_GEMM_STREAM=8|16; 0 (the default: measured slower on a
+// 48-layer decode step, docs/gpu.md issue 33) for Small / Tiny in its place. The bits are the same.
+int stream_stages() {
+  static const int n = [] {
+    const char* e = std::getenv("EPMOE_GEMM_STREAM");
+    const int v = e && *e ? std::atoi(e) : 0;
+    return v <= 0 ? 0 : v <= 8 ? 8 : 16;
+  }();
+  return n;
+}
+
+template <class TC, int STAGES, bool AF32>
+void launch_stream(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
+  static_assert(kSlab == Small::BM, "the decode kernel serves the plan's tiles of Small's height");
+  const dim3 grid(ceil_div(a.N, kSlab), a.tiles ? std::max(1, a.max_tiles) : a.G);
+  static const bool ready = [] {
+    for (auto k : {tc_stream_kernel<TC, true, STAGES, AF32>, tc_stream_kernel<TC, false, STAGES, AF32>})
+      EPMOE_CUDA_CHECK(
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, stream_smem<STAGES, AF32>(true)));
+    return true;
+  }();
+  (void)ready;
+  const int smem = stream_smem<STAGES, AF32>(a.b_k_twice);
+  if (ep == Epilogue::SwiGLU) launch_pdl(tc_stream_kernel<TC, true, STAGES, AF32>, grid, dim3(32), smem, stream, a);
+  else launch_pdl(tc_stream_kernel<TC, false, STAGES, AF32>, grid, dim3(32), smem, stream, a);
+}
+
+template <class TC>
+void launch_stream(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
+  if (a.a_f32_split) {
+    if (stream_stages() == 16) launch_stream<TC, 16, true>(a, ep, stream);
+    else launch_stream<TC, 8, true>(a, ep, stream);
+  } else {
+    if (stream_stages() == 16) launch_stream<TC, 16, false>(a, ep, stream);
+    else launch_stream<TC, 8, false>(a, ep, stream);
+  }
+}
+
 void check_args(const GemmArgs& a, Epilogue ep) {
   EPMOE_ASSERT(a.N > 0 && a.K > 0 && a.G >= 1, "gemm: empty shape");
+  EPMOE_ASSERT(!a.accumulate || ep == Epilogue::Store, "gemm: accumulate needs the Store epilogue");
   if (ep == Epilogue::SwiGLU) EPMOE_ASSERT(a.N % 2 == 0 && !a.bias, "gemm: SwiGLU needs an even N and no bias");
 }
 
 }  // namespace
+
+bool gemm_decode_kernel_on() { return stream_stages() > 0; }
 
 int gemm_tile_m(int rows_hint) {
   if (const int wg = wgmma_tile_m(rows_hint)) return wg;
@@ -344,13 +571,23 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
     // Hopper's wgmma kernel where groups have enough rows (the same bits, gemm_wgmma.cu); not for
     // a dense GEMM of a few rows, where its wider tile would leave half the CTAs of Small/Tiny.
-    if (wgmma_tile_m(rows) && (a.offsets || rows > 16)) gemm_wgmma<TC>(a, ep, rows, stream);
+    const bool stream_fits = rows <= kSlab && (!a.offsets || a.tiles);
+    EPMOE_ASSERT(a.path != GemmPath::Stream || stream_fits,
+                 "gemm: the decode kernel takes at most 16 rows per group, from a tile list when grouped");
+    EPMOE_ASSERT(!a.a_f32_split || (stream_fits && a.path != GemmPath::Tiled && a.b_k_twice && a.lda % 4 == 0 &&
+                                    reinterpret_cast<uintptr_t>(a.A) % 16 == 0),
+                 "gemm: fp32 A split in the kernel needs the decode kernel (<= 16 rows), b_k_twice and 16-byte rows");
+    EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
+    if (a.path == GemmPath::Stream || a.a_f32_split) launch_stream<TC>(a, ep, stream);
+    else if (a.path == GemmPath::Auto && wgmma_tile_m(rows) && (a.offsets || rows > 16)) gemm_wgmma<TC>(a, ep, rows, stream);
+    else if (a.path == GemmPath::Auto && stream_fits && stream_stages() > 0) launch_stream<TC>(a, ep, stream);
     else if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
       launch_tc<Tiny, TC>(a, ep, stream);
     else launch_tc<Small, TC>(a, ep, stream);
   } else {
     EPMOE_ASSERT(!a.tiles, "gemm f32: no tile lists (the fp32 path loops over m-tiles)");
-    EPMOE_ASSERT(!a.b_k_twice, "gemm f32: no b_k_twice");
+    EPMOE_ASSERT(!a.b_k_twice && !a.a_f32_split, "gemm f32: no b_k_twice, no split A");
+    EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
     const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
     dim3 grid(ceil_div(a.N, 64), a.G, std::max(1, std::min(ceil_div(per_group, 64), 65535)));
     if (ep == Epilogue::SwiGLU) simt_gemm_kernel<TA, TC, true><<<grid, 256, 0, stream>>>(a);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/gemm.cuh"
 
@@ -51,8 +52,8 @@ __device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t 
 __device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
 // The epilogue pair of columns (col even) of output row orow: SwiGLU (B rows interleaved gate,
-// up: C[orow, col / 2] = silu(gate) * up) or Store (+ bias). One definition for the mma.sync and
-// the wgmma kernel: their C must have the same bits.
+// up: C[orow, col / 2] = silu(gate) * up) or Store (+ bias; with accumulate, C += it). One
+// definition for the mma.sync, decode and wgmma kernels: their C must have the same bits.
 template <class TC, bool SWIGLU>
 __device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
   TC* C = static_cast<TC*>(p.C);
@@ -63,6 +64,12 @@ __device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, floa
     if (p.bias) {
       if (col < p.N) v0 += p.bias[col];
       if (col + 1 < p.N) v1 += p.bias[col + 1];
+    }
+    if constexpr (std::is_same_v<TC, float>) {
+      if (p.accumulate) {  // (add_inplace's x[i] += y[i])
+        if (col < p.N) v0 = C[orow * p.ldc + col] + v0;
+        if (col + 1 < p.N) v1 = C[orow * p.ldc + col + 1] + v1;
+      }
     }
     if (col < p.N) C[orow * p.ldc + col] = from_f32<TC>(v0);
     if (col + 1 < p.N) C[orow * p.ldc + col + 1] = from_f32<TC>(v1);

@@ -4,14 +4,20 @@ namespace epmoe::cuda {
 
 namespace {
 
+// res.routed: first x[t] += the MoE output (residual_rmsnorm; rows is then nullptr). Each thread
+// writes and then reads back its own elements i = tid, tid + 256, ...: no barrier needed.
 template <class TA>
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
-                               TA* oa) {
+                               TA* oa, const MoeResidual res) {
   __shared__ float scratch[32];
   pdl_wait();  // (launched with launch_pdl)
   pdl_trigger();
   const int64_t t = blockIdx.x;
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
+  if (res.routed) {
+    float* xr = const_cast<float*>(r);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = xr[i] + moe_residual_value(res, t * H + i, H);
+  }
   float ss = 0.f;
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += r[i] * r[i];
   ss = block_sum(ss, scratch);
@@ -62,11 +68,26 @@ template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
              TA* out_act, cudaStream_t s) {
   if (T == 0) return;
-  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, x, w, eps, H, rows, out_f32, out_act);
+  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, x, w, eps, H, rows, out_f32, out_act,
+             MoeResidual{});
   EPMOE_CUDA_LAUNCHED();
 }
 template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t);
 template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t);
+
+template <class TA>
+void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
+                      TA* out_act, cudaStream_t s) {
+  if (T == 0) return;
+  EPMOE_ASSERT(m.routed, "residual_rmsnorm: no MoE output to add");
+  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, static_cast<const float*>(x), w, eps, H,
+             static_cast<const int32_t*>(nullptr), out_f32, out_act, m);
+  EPMOE_CUDA_LAUNCHED();
+}
+template void residual_rmsnorm<float>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, float*,
+                                      cudaStream_t);
+template void residual_rmsnorm<bf16>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, bf16*,
+                                     cudaStream_t);
 
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s) {

@@ -13,6 +13,29 @@ template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
              TA* out_act, cudaStream_t s);
 
+// A MoE layer's output as the decoder adds it into the residual (moe/cuda/experts.cuh moe_output):
+// routed (+ sigmoid(gate_logit[t]) * shared, or + shared without a gate). One definition for
+// moe_output and residual_rmsnorm: the same bits either way.
+struct MoeResidual {
+  const float* routed = nullptr;      // [T, H]
+  const float* shared = nullptr;      // [T, H] or nullptr
+  const float* gate_logit = nullptr;  // [T] or nullptr
+};
+__device__ inline float moe_residual_value(const MoeResidual& m, int64_t i, int H) {
+  float v = m.routed[i];
+  if (m.shared) {
+    const float g = m.gate_logit ? 1.0f / (1.0f + expf(-m.gate_logit[i / H])) : 1.0f;
+    v += g * m.shared[i];
+  }
+  return v;
+}
+
+// x[t] += the MoE output of row t (moe_output's arithmetic), then rmsnorm of x[t] (rmsnorm's):
+// the end of one layer and the input norm of the next in one launch.
+template <class TA>
+void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
+                      TA* out_act, cudaStream_t s);
+
 // Embedding rows: out[t] = float(table[ids[t]]).
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s);

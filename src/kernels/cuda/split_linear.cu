@@ -7,6 +7,8 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void split_rows_kernel(const float* x, int64_t lda, int64_t T, int K, int P, bool il64, bf16* out) {
+  pdl_wait();  // (launched with launch_pdl: the GEMM after it requests its weights meanwhile)
+  pdl_trigger();
   const int64_t n = T * K;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / K;
@@ -110,18 +112,28 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
   if (T == 0) return;
   EPMOE_ASSERT(!interleave64 || (P == 2 && K % 64 == 0), "split_rows: interleave64 needs P = 2 and K % 64 == 0");
   out.reserve(size_t(T) * size_t(P) * size_t(K));
-  split_rows_kernel<<<blocks_for(T * K), 256, 0, s>>>(x, lda, T, K, P, interleave64, out.data());
+  launch_pdl(split_rows_kernel, dim3(unsigned(blocks_for(T * K))), dim3(256), 0, s, x, lda, T, K, P, interleave64,
+             out.data());
   EPMOE_CUDA_LAUNCHED();
 }
 
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
-                  const float* bias, Epilogue ep, cudaStream_t s) {
+                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate) {
   if (T == 0) return;
   const int Kp = W.P * W.K;
-  split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
+  const bool in_gemm = W.periodic && T <= 16 && lda % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       gemm_decode_kernel_on();
   GemmArgs g;
-  g.A = xs.data();
-  g.lda = Kp;
+  if (in_gemm) {
+    g.A = x;
+    g.lda = lda;
+    g.a_f32_split = true;
+  } else {
+    split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
+    g.A = xs.data();
+    g.lda = Kp;
+  }
+  g.accumulate = accumulate;
   g.B = W.w.data();
   g.ldb = W.periodic ? W.K : Kp;
   g.b_k_twice = W.periodic;

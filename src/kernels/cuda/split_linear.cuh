@@ -48,9 +48,11 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
                 bool interleave64 = false);
 
 // y [T, N] (fp32; ldc N) = x [T, K] (fp32, rows lda apart) W^T (+ bias with Store; or the SwiGLU
-// epilogue on gate/up rows interleaved in W: y [T, N/2]). xs: scratch for the split rows.
+// epilogue on gate/up rows interleaved in W: y [T, N/2]); accumulate (Store): y += that instead.
+// xs: scratch for the split rows. Up to 16 rows of a periodic weight (a decode step) are split by
+// the GEMM as it stages them (GemmArgs::a_f32_split): no split_rows launch, the same values.
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
-                  const float* bias, Epilogue ep, cudaStream_t s);
+                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate = false);
 
 // Per-head products (latent attention's W_UK^T and W_UV): G groups of M rows, group g's weights
 // rows [g N/G, (g+1) N/G) of W; x [G M, K] group-major (row g M + r, rows lda apart), output row

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/cuda/mma_ptx.cuh"
+
 namespace epmoe::cuda {
 
 namespace {
@@ -388,6 +390,131 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention for decode steps of a few sequences (docs/gpu.md, issue 33): one block of 128 threads
+// per (token, q head), as attention_kernel, so a one-sequence step still spreads over Hq SMs
+// (the tiled kernel gives it Hkv blocks). The K rows, then the V rows, of the token's sequence
+// stream through kDecStages shared-memory tiles of kAttnRows rows with cp.async -- one flat
+// sequence of tiles, so the first V tiles are in flight while the last scores and the softmax are
+// computed -- instead of attention_kernel's few rows in flight per warp. The bits are
+// attention_kernel's: each score is the per-lane chain over dims lane + 32 i and warp_sum's tree
+// (warp_sums: eight keys a warp at once), the softmax the same 128 threads' partial sums over
+// j = tid, tid + 128, ... and block_sum, each output dim the same sequential sum over j = 0 .. pos.
+
+constexpr int kDecThreads = 128;  // attention_kernel's block: its softmax sums are per thread
+constexpr int kDecStages = 4;
+
+template <class KT>
+__device__ __forceinline__ void decode_stage_tile(KT* dst, const KT* base, int64_t stride, int D, const KvPages& kv,
+                                                  const int32_t* table, int layer, int j0, int n) {
+  const int cpr = D * int(sizeof(KT)) / 16;  // 16-byte chunks per row
+  for (int idx = threadIdx.x; idx < kAttnRows * cpr; idx += kDecThreads) {
+    const int r = idx / cpr, c = idx - r * cpr, j = j0 + r;
+    const KT* src = j < n ? base + kv_row(kv, table, layer, j, stride) + c * (16 / int(sizeof(KT))) : base;
+    ptx::cp_async16(dst + r * D + c * (16 / int(sizeof(KT))), src, j < n ? 16 : 0);
+  }
+}
+
+template <class TA, class KT, int NT>
+__global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const AttnArgs a, TA* ctx) {
+  extern __shared__ __align__(16) unsigned char dsm[];
+  __shared__ float scratch[32];
+  constexpr int D = NT * 32;  // Dk = Dv
+  KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
+  float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
+  const KvPages& kv = a.kv;
+  const int64_t t = blockIdx.x / a.Hq;
+  const int h = blockIdx.x % a.Hq, hk = h / (a.Hq / a.Hkv);
+  const TokenSlot slot = a.slots[t];
+  const int32_t* table = kv.tables + slot.table;
+  const KT* kbase = static_cast<const KT*>(kv.k) + int64_t(hk) * D;
+  const KT* vbase = static_cast<const KT*>(kv.v) + int64_t(hk) * D;
+  const int n = slot.pos + 1, nk = (n + kAttnRows - 1) / kAttnRows, total = 2 * nk;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Tile f of the flat sequence: K tile f, then V tile f - nk; one commit group each (empty past
+  // the end, so that the wait below counts groups the same way to the last tile).
+  auto issue = [&](int f) {
+    if (f < total) {
+      const bool is_k = f < nk;
+      decode_stage_tile(tiles + size_t(f % kDecStages) * kAttnRows * D, is_k ? kbase : vbase,
+                        is_k ? a.k_stride : a.v_stride, D, kv, table, a.layer, (is_k ? f : f - nk) * kAttnRows, n);
+    }
+    ptx::cp_async_commit();
+  };
+#pragma unroll
+  for (int f = 0; f < kDecStages - 1; f++) issue(f);
+  float qr[NT];
+  const float* qh = a.q + t * a.q_tok + int64_t(h) * a.q_head;
+#pragma unroll
+  for (int i = 0; i < NT; i++) qr[i] = qh[lane + 32 * i];
+  float m = -INFINITY, inv = 0.f;
+  float o[NT];  // thread -> dims threadIdx.x + 128 u (attention_kernel's loop over i)
+#pragma unroll
+  for (int u = 0; u < NT; u++) o[u] = 0.f;
+  for (int f = 0; f < total; f++) {
+    ptx::cp_async_wait<kDecStages - 2>();
+    __syncthreads();  // tile f is in for every thread; tile f - 1 is done with (its stage refills)
+    issue(f + kDecStages - 1);
+    const KT* tile = tiles + size_t(f % kDecStages) * kAttnRows * D;
+    if (f < nk) {
+      // Scores: warp w takes rows 16 w .. 16 w + 15 of the tile, eight at a time.
+      const int j0 = f * kAttnRows;
+#pragma unroll
+      for (int g = 0; g < 2; g++) {
+        const int r0 = 16 * warp + 8 * g;
+        if (j0 + r0 >= n) break;
+        float d[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          d[u] = 0.f;
+#pragma unroll
+          for (int i = 0; i < NT; i++) d[u] += qr[i] * to_f32(tile[(r0 + u) * D + lane + 32 * i]);
+        }
+        const float sc = warp_sums<8>(d, lane) * a.scale;  // lane l: key r0 + (l >> 2)
+        const int j = j0 + r0 + (lane >> 2);
+        if (j < n) {
+          if ((lane & 3) == 0) p[j] = sc;
+          m = fmaxf(m, sc);
+        }
+      }
+      continue;
+    }
+    if (f == nk) {  // every score is in p[] (the barrier above): the softmax, attention_kernel's
+      m = block_max(m, scratch);
+      float sum = 0.f;
+      for (int j = threadIdx.x; j < n; j += kDecThreads) {
+        p[j] = expf(p[j] - m);
+        sum += p[j];
+      }
+      sum = block_sum(sum, scratch);
+      inv = 1.0f / sum;
+      __syncthreads();
+    }
+    // V: each output dim a sequential sum over the tile's rows in order.
+    const int j0 = (f - nk) * kAttnRows, rows = min(kAttnRows, n - j0);
+#pragma unroll
+    for (int u = 0; u < NT; u++) {
+      const int i = threadIdx.x + kDecThreads * u;
+      if (i >= D) break;
+      float acc = o[u];
+      int r = 0;
+      for (; r + 8 <= rows; r += 8)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc += (p[j0 + r + e] * inv) * to_f32(tile[(r + e) * D + i]);
+      for (; r < rows; r++) acc += (p[j0 + r] * inv) * to_f32(tile[r * D + i]);
+      o[u] = acc;
+    }
+  }
+  ptx::cp_async_wait<0>();
+#pragma unroll
+  for (int u = 0; u < NT; u++) {
+    const int i = threadIdx.x + kDecThreads * u;
+    if (i < D) ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o[u]);
+  }
+}
+
 // Rope of dr dims at position pos, from in to out (may not alias across lanes: each lane reads
 // and writes its own pairs), lanes of one warp; cos/sin in fp32 times the attention factor, as
 // kernels/ops.cc Rope::apply.
@@ -494,7 +621,7 @@ constexpr size_t kTiledSmemMax = 200 * 1024;
 // The tiled kernel's shapes for a, or false where it does not apply (head dims other than 64 and
 // 128, latent attention's 576 / 512, unaligned rows, too long a context: attention_kernel then).
 static bool attention_tiling(const AttnArgs& a, AttnTiling* tp) {
-  if (a.reference || (a.Dk != 64 && a.Dk != 128) || (a.Dv != 64 && a.Dv != 128)) return false;
+  if ((a.Dk != 64 && a.Dk != 128) || (a.Dv != 64 && a.Dv != 128)) return false;
   if (a.k_stride % 4 || a.v_stride % 4 || reinterpret_cast<uintptr_t>(a.kv.k) % 16 ||
       reinterpret_cast<uintptr_t>(a.kv.v) % 16)
     return false;
@@ -541,11 +668,51 @@ static void raise_tiled_smem() {
   done = true;
 }
 
+template <class TA, class KT>
+static auto decode_instance(int D) {
+  return D == 64 ? attention_decode_kernel<TA, KT, 2> : attention_decode_kernel<TA, KT, 4>;
+}
+// attention_decode_kernel's shared memory: the staged tiles, then the scores of max_ctx positions.
+static size_t decode_smem(const AttnArgs& a) {
+  return size_t(kDecStages) * kAttnRows * size_t(a.Dk) * a.kv.value_bytes() + size_t(a.max_ctx) * sizeof(float);
+}
+// Where the decode kernel applies: K and V rows of one width (64 or 128), 16-byte aligned rows
+// (cp.async), the scores within the shared memory.
+static bool decode_applies(const AttnArgs& a) {
+  const size_t vb = a.kv.value_bytes();
+  return a.Dk == a.Dv && (a.Dk == 64 || a.Dk == 128) && (a.k_stride * vb) % 16 == 0 && (a.v_stride * vb) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(a.kv.v) % 16 == 0 &&
+         decode_smem(a) <= kTiledSmemMax;
+}
+static void raise_decode_smem() {
+  static bool done = false;
+  if (done) return;
+  for (int d : {64, 128}) {
+    for (auto k : {decode_instance<float, float>(d), decode_instance<float, bf16>(d)})
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
+    for (auto k : {decode_instance<bf16, float>(d), decode_instance<bf16, bf16>(d)})
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
+  }
+  done = true;
+}
+
+// The most tokens of a decode step (one token per sequence) that take the decode kernel: above it
+// the tiled kernel's one block per kv head (K/V read once for the Hq / Hkv heads of a group) has
+// blocks enough. EPMOE_ATTN_DECODE=N sets it (0: never; for measuring the kernels against each other).
+static int64_t decode_max_tokens() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("EPMOE_ATTN_DECODE");
+    return e && *e ? std::atoll(e) : int64_t(32);
+  }();
+  return n;
+}
+
 // The dynamic shared memory of attention_kernel: the query and the scores of max_ctx positions.
 static size_t attention_smem(int Dk, int max_ctx) { return (size_t(Dk) + size_t(max_ctx)) * sizeof(float); }
 
 void attention_prepare(int Dk, int max_ctx) {
   raise_tiled_smem();
+  raise_decode_smem();
   static size_t raised = 48 * 1024;  // the limit set on both instantiations
   const size_t smem = attention_smem(Dk, max_ctx);
   if (smem <= raised) return;
@@ -567,8 +734,21 @@ void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
     const char* e = std::getenv("EPMOE_ATTN_TILED");
     return !(e && std::string(e) == "0");
   }();
+  AttnKernel kind = a.kernel;
+  if (kind == AttnKernel::Auto)
+    kind = a.max_run == 1 && a.T <= decode_max_tokens() && decode_applies(a) ? AttnKernel::Decode
+         : tiled_on                                                         ? AttnKernel::Tiled
+                                                                            : AttnKernel::Reference;
+  if (kind == AttnKernel::Decode) {
+    EPMOE_ASSERT(a.max_run == 1 && decode_applies(a), "gpu attention: the decode kernel does not apply to this step");
+    raise_decode_smem();
+    auto k = a.kv.bf16 ? decode_instance<TA, bf16>(a.Dk) : decode_instance<TA, float>(a.Dk);
+    launch_pdl(k, dim3(unsigned(a.T * a.Hq)), dim3(kDecThreads), decode_smem(a), s, a, ctx);
+    EPMOE_CUDA_LAUNCHED();
+    return;
+  }
   AttnTiling t;
-  if (tiled_on && attention_tiling(a, &t)) {
+  if (kind == AttnKernel::Tiled && attention_tiling(a, &t)) {
     raise_tiled_smem();
     const int64_t blocks = int64_t(ceil_div(a.T, t.TQ)) * (a.Hq / t.Gs);
     auto k = a.kv.bf16 ? (a.Dk == 64 ? tiled_instance<TA, bf16, 2>(t.QW) : tiled_instance<TA, bf16, 4>(t.QW))

@@ -63,6 +63,13 @@ void copy_kv_block(const KvPages& kv, int layers, int64_t k_width, int64_t v_wid
 // ctx[t * o_tok + h * o_head]. GQA: Dk = Dv = head_dim, K and V pools. Latent attention: Hkv = 1,
 // kv.v = kv.k, Dk = the whole cache row [latent | k_rope], Dv = the latent. The keys are summed in
 // position order whatever blocks hold them: the bits do not depend on the layout.
+enum class AttnKernel {
+  Auto,
+  Reference,  // attention_kernel: one block per (token, q head), rows read straight from the pool
+  Tiled,      // attention_tiled_kernel: K/V tiles shared by the q heads of a kv head and a chunk's tokens
+  Decode,     // attention_decode_kernel: one block per (token, q head), K/V tiles streamed ahead
+};
+
 struct AttnArgs {
   const float* q = nullptr;
   const TokenSlot* slots = nullptr;
@@ -77,9 +84,10 @@ struct AttnArgs {
   // The most tokens of one sequence in the step (a prefill chunk's length; 1 in decode): above 1
   // the tiled kernel gives a block several query tokens, which share its staged K/V rows.
   int max_run = 1;
-  // The one-block-per-(token, q head) kernel even where the tiled one applies (tests: the bits
-  // the tiled kernel keeps). Either kernel gives every query row the same bits.
-  bool reference = false;
+  // Which kernel: Auto picks (the decode kernel for a few sequences of one token each, the tiled
+  // one elsewhere it applies, the reference kernel otherwise); the tests force each. Every kernel
+  // gives every query row the same bits.
+  AttnKernel kernel = AttnKernel::Auto;
 };
 template <class TA>
 void attention(const AttnArgs& a, TA* ctx, cudaStream_t s);

@@ -711,11 +711,11 @@ struct GpuModel final : LanguageModel {
     }
   }
 
-  // Dense SwiGLU on the normalised rows (act) -> out fp32 [T, H].
-  void swiglu(const Swiglu<T>& s, const T* in, int64_t T_, float* out) {
+  // Dense SwiGLU on the normalised rows (act) -> out fp32 [T, H] (accumulate: out += it).
+  void swiglu(const Swiglu<T>& s, const T* in, int64_t T_, float* out, bool accumulate = false) {
     if constexpr (kBf16) {  // fp32-grade on the normalised fp32 rows
       split_linear(s.w1_s, hn_f.data(), H, T_, xs, h_f.data(), nullptr, Epilogue::SwiGLU, stream());
-      split_linear(s.w2_s, h_f.data(), s.I, T_, xs, out, nullptr, Epilogue::Store, stream());
+      split_linear(s.w2_s, h_f.data(), s.I, T_, xs, out, nullptr, Epilogue::Store, stream(), accumulate);
       return;
     }
     GemmArgs g1;
@@ -739,6 +739,7 @@ struct GpuModel final : LanguageModel {
     g2.K = s.I;
     g2.C = out;
     g2.ldc = H;
+    g2.accumulate = accumulate;
     gemm<T, float>(g2, Epilogue::Store, stream());
   }
 
@@ -748,9 +749,7 @@ struct GpuModel final : LanguageModel {
     cudaStream_t s = stream();
     const T* xin = act(hn_a, hn_f);
     if (!L.sparse) {
-      swiglu(L.dense, xin, T_, tmp.data());
-      if (accumulate) add_inplace(out, tmp.data(), T_ * H, s);
-      else EPMOE_CUDA_CHECK(cudaMemcpyAsync(out, tmp.data(), sizeof(float) * size_t(T_ * H), cudaMemcpyDeviceToDevice, s));
+      swiglu(L.dense, xin, T_, out, accumulate);  // (the residual add in the GEMM's epilogue)
       return;
     }
     // Router logits with fp32 accuracy (top-k choices are sensitive to rounding), then routing.
@@ -800,7 +799,20 @@ struct GpuModel final : LanguageModel {
         gl = gate.data();
       }
     }
+    // Added into the residual x by the next layer's input norm (residual_rmsnorm, one launch fewer),
+    // or here where nothing of the kind follows.
+    if (accumulate && out == x.data()) {
+      pending_moe_ = MoeResidual{routed.data(), sh, gl};
+      return;
+    }
     moe_output(routed.data(), sh, gl, T_, H, out, accumulate, s);
+  }
+  // A MoE layer's output not yet added into x (routed is set): residual_rmsnorm adds it.
+  MoeResidual pending_moe_;
+  void flush_moe(int64_t T_) {
+    if (!pending_moe_.routed) return;
+    moe_output(pending_moe_.routed, pending_moe_.shared, pending_moe_.gate_logit, T_, H, x.data(), true, stream());
+    pending_moe_ = {};
   }
 
   // q/k norm + RoPE + KV-cache write on qkv, then attention into ctx (TA: the o projection's input).
@@ -954,7 +966,8 @@ struct GpuModel final : LanguageModel {
     attention<float>(aa, lat_ctx.data(), s);
     linear_heads(L.mla_uv, lat_ctx.data(), C, T_, attn_v.data(), dv);  // token-major [T][Hq v]
     if constexpr (kBf16) {
-      split_linear(L.o_s, attn_v.data(), int64_t(Hq) * dv, T_, xs, tmp.data(), nullptr, Epilogue::Store, s);
+      // The residual add in the GEMM's epilogue (add_inplace's arithmetic).
+      split_linear(L.o_s, attn_v.data(), int64_t(Hq) * dv, T_, xs, x.data(), nullptr, Epilogue::Store, s, true);
     } else {
       GemmArgs go;
       go.A = attn_v.data();
@@ -964,11 +977,11 @@ struct GpuModel final : LanguageModel {
       go.M = int(T_);
       go.N = H;
       go.K = Hq * dv;
-      go.C = tmp.data();
+      go.C = x.data();
       go.ldc = H;
+      go.accumulate = true;
       gemm<float, float>(go, Epilogue::Store, s);
     }
-    add_inplace(x.data(), tmp.data(), T_ * H, s);
   }
 
   void attention_block(int l, int64_t T_, int max_ctx) {
@@ -979,8 +992,8 @@ struct GpuModel final : LanguageModel {
     if constexpr (kBf16) {
       split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s);
       rope_and_attend(L, l, T_, max_ctx, ctx_f.data());
-      split_linear(L.o_s, ctx_f.data(), qd, T_, xs, tmp.data(), nullptr, Epilogue::Store, s);
-      add_inplace(x.data(), tmp.data(), T_ * H, s);
+      // The residual add in the GEMM's epilogue (add_inplace's arithmetic).
+      split_linear(L.o_s, ctx_f.data(), qd, T_, xs, x.data(), nullptr, Epilogue::Store, s, true);
       return;
     }
     GemmArgs g;
@@ -1004,13 +1017,20 @@ struct GpuModel final : LanguageModel {
     go.M = int(T_);
     go.N = H;
     go.K = qd;
-    go.C = tmp.data();
+    go.C = x.data();
     go.ldc = H;
+    go.accumulate = true;  // the residual add (add_inplace's arithmetic)
     gemm<T, float>(go, Epilogue::Store, s);
-    add_inplace(x.data(), tmp.data(), T_ * H, s);
   }
 
   void norm(const float* in, const DeviceArray<float>& w, int64_t T_, const int32_t* rows = nullptr) {
+    if (pending_moe_.routed) {  // the previous layer's MoE output into x first, in the same launch
+      EPMOE_ASSERT(in == x.data() && !rows, "gpu model: a MoE output is pending on a norm of other rows");
+      if constexpr (kBf16) residual_rmsnorm<bf16>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), hn_a.data(), stream());
+      else residual_rmsnorm<float>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), nullptr, stream());
+      pending_moe_ = {};
+      return;
+    }
     if constexpr (kBf16) rmsnorm<bf16>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), hn_a.data(), stream());
     else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
   }
@@ -1055,6 +1075,7 @@ struct GpuModel final : LanguageModel {
   // no host synchronisation, no allocation once the buffers are sized: what a graph captures.
   void body(int64_t T_, int max_ctx, int64_t R, A2ABackend& backend) {
     cudaStream_t s = stream();
+    pending_moe_ = {};  // (a step that threw half way leaves nothing behind)
     if (T_ > 0) {
       if (embed_f32) embed<float>(st_ids, embed_f.data(), T_, H, x.data(), s);
       else embed<T>(st_ids, embed_w.data(), T_, H, x.data(), s);
@@ -1066,6 +1087,7 @@ struct GpuModel final : LanguageModel {
       norm(x.data(), layers[size_t(l)]->post_norm, T_);
       mlp(l, T_, backend, x.data(), /*accumulate=*/true);
     }
+    flush_moe(T_);  // (the final norm reads selected rows only)
     if (R == 0) return;
     // The rows whose logits are wanted (selected before the layers) are normalised, through lm_head.
     reserve(R);

@@ -1,5 +1,7 @@
 #include "moe/cuda/experts.cuh"
 
+#include "kernels/cuda/ops.cuh"
+
 #include <cstring>
 #include <type_traits>
 
@@ -191,15 +193,12 @@ void Fp8ExpertRunner::run(const ExpertJobs& j, void* out) {
 
 namespace {
 
-__global__ void moe_output_kernel(const float* routed, const float* shared, const float* gate, int64_t T, int H,
-                                  float* out, bool accumulate) {
+__global__ void moe_output_kernel(const MoeResidual m, int64_t T, int H, float* out, bool accumulate) {
+  pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const int64_t n = T * H;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float v = routed[i];
-    if (shared) {
-      const float g = gate ? 1.0f / (1.0f + expf(-gate[i / H])) : 1.0f;
-      v += g * shared[i];
-    }
+    const float v = moe_residual_value(m, i, H);
     out[i] = accumulate ? out[i] + v : v;
   }
 }
@@ -209,7 +208,8 @@ __global__ void moe_output_kernel(const float* routed, const float* shared, cons
 void moe_output(const float* routed, const float* shared, const float* gate_logit, int64_t T, int H, float* out,
                 bool accumulate, cudaStream_t s) {
   if (T == 0) return;
-  moe_output_kernel<<<grid_for(T * H), 256, 0, s>>>(routed, shared, gate_logit, T, H, out, accumulate);
+  launch_pdl(moe_output_kernel, dim3(unsigned(grid_for(T * H))), dim3(256), 0, s, MoeResidual{routed, shared, gate_logit},
+             T, H, out, accumulate);
   EPMOE_CUDA_LAUNCHED();
 }
 

@@ -1,0 +1,150 @@
+// The dense projections of a Qwen3-30B-A3B decode step on one GPU, each kernel path side by side:
+// split_linear (bf16 mode's fp32-grade products of bf16 weights: [xh | xl] against the weights
+// read once) at T = 1, 8 and 16 rows for q/k/v (5120 x 2048), o (2048 x 4096) and the lm_head
+// (151936 x 2048), through the mma.sync tile kernel (split_rows launch + GEMM) and through the
+// decode kernel (the split in the GEMM). Each call alone, weights rotated over copies larger than
+// L2 (none cached from the call before), median of the calls; GB/s of weight bytes, and the share of
+// the HBM read rate this bench measures first. The decode kernel's stages come from
+// EPMOE_GEMM_STREAM (8 or 16). Printed, never asserted.
+//   gpu_gemm_bench [--iters N (50)] [--rows LIST (1,8,16)]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/split_linear.cuh"
+
+using namespace epmoe;
+using namespace epmoe::cuda;
+
+namespace {
+
+__global__ void read_kernel(const uint4* __restrict__ p, size_t n, float* sink) {
+  uint32_t acc = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = 1.f;
+}
+
+// HBM read rate: best of 5 reads of 4 GiB.
+double read_bandwidth() {
+  const size_t bytes = size_t(4) << 30;
+  DeviceArray<unsigned char> buf(bytes);
+  DeviceArray<float> sink(1);
+  EPMOE_CUDA_CHECK(cudaMemset(buf.data(), 1, bytes));
+  cudaEvent_t a, b;
+  EPMOE_CUDA_CHECK(cudaEventCreate(&a));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int i = 0; i < 5; i++) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(a, stream()));
+    read_kernel<<<sm_count() * 8, 512, 0, stream()>>>(reinterpret_cast<const uint4*>(buf.data()), bytes / 16,
+                                                     sink.data());
+    EPMOE_CUDA_CHECK(cudaEventRecord(b, stream()));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms);
+  }
+  return double(bytes) / (best * 1e-3);
+}
+
+struct Shape {
+  const char* name;
+  int N, K;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 50;
+  std::vector<int> rows = {1, 8, 16};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (k == "--rows") {
+      rows.clear();
+      for (std::string s = argv[i + 1]; !s.empty();) {
+        const size_t q = s.find(',');
+        rows.push_back(std::stoi(s.substr(0, q)));
+        s = q == std::string::npos ? "" : s.substr(q + 1);
+      }
+    } else {
+      std::fprintf(stderr, "gpu_gemm_bench: unknown flag %s (--iters, --rows)\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    const double bw = read_bandwidth();
+    const char* st = std::getenv("EPMOE_GEMM_STREAM");
+    std::printf("HBM read %.0f GB/s; decode kernel stages: %s\n\n", bw / 1e9, st ? st : "default");
+    std::printf("| projection | N x K | rows | tile kernel us (GB/s) | decode kernel us (GB/s) | decode / tile | decode of HBM |\n"
+                "|---|---|---|---|---|---|---|\n");
+    const Shape shapes[] = {{"q/k/v", 5120, 2048}, {"o", 2048, 4096}, {"lm_head", 151936, 2048}};
+    cudaEvent_t e0, e1;
+    EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
+    EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
+    for (const Shape& sh : shapes) {
+      const double wbytes = double(sh.N) * sh.K * 2;
+      const int copies = std::max(1, int(200e6 / wbytes + 1));  // > 200 MB in rotation: never in L2
+      std::vector<SplitWeight> ws(static_cast<size_t>(copies));
+      for (int c = 0; c < copies; c++) ws[size_t(c)].init_random(sh.N, sh.K, 100 + c, 0.02f, stream());
+      DeviceArray<float> x(size_t(16) * sh.K), y(size_t(16) * sh.N);
+      DeviceArray<bf16> xs;
+      fill_random(x.data(), int64_t(16) * sh.K, 7, 1.0f, stream());
+      for (int T : rows) {
+        double us[2] = {0, 0};
+        for (int path = 0; path < 2; path++) {
+          auto call = [&](int i) {
+            const SplitWeight& w = ws[size_t(i % copies)];
+            if (path == 1) {
+              split_linear(w, x.data(), sh.K, T, xs, y.data(), nullptr, Epilogue::Store, stream());
+              return;
+            }
+            split_rows(x.data(), sh.K, T, sh.K, 2, xs, stream(), true);  // split_linear's tile path
+            GemmArgs g;
+            g.A = xs.data();
+            g.lda = 2 * sh.K;
+            g.B = w.w.data();
+            g.ldb = sh.K;
+            g.b_k_twice = true;
+            g.M = T;
+            g.N = sh.N;
+            g.K = 2 * sh.K;
+            g.C = y.data();
+            g.ldc = sh.N;
+            g.path = GemmPath::Tiled;
+            gemm<bf16, float>(g, Epilogue::Store, stream());
+          };
+          for (int i = 0; i < 3; i++) call(i);
+          std::vector<float> t;
+          for (int i = 0; i < iters; i++) {
+            EPMOE_CUDA_CHECK(cudaEventRecord(e0, stream()));
+            call(i);
+            EPMOE_CUDA_CHECK(cudaEventRecord(e1, stream()));
+            EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+            float ms = 0;
+            EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1e3f);
+          }
+          std::sort(t.begin(), t.end());
+          us[path] = t[t.size() / 2];
+        }
+        std::printf("| %s | %d x %d | %d | %.1f (%.0f) | %.1f (%.0f) | %.2f | %.2f |\n", sh.name, sh.N, sh.K, T, us[0],
+                    wbytes / (us[0] * 1e3), us[1], wbytes / (us[1] * 1e3), us[1] / us[0],
+                    wbytes / (us[1] * 1e-6) / bw);
+        std::fflush(stdout);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_gemm_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
