@@ -1498,6 +1498,52 @@ TEST(GpuGemm, SplitInTheDecodeKernel) {
                            " cases bit for bit");
 }
 
+// GemmArgs::accumulate (the residual add in the epilogue) gives add_inplace's bits after a plain
+// Store on every kernel: the tile kernel (1 and 16 rows), the wgmma kernel (40 and 300 rows, its
+// paired fp32 stores), bf16 and fp32 A, with a bias.
+TEST(GpuGemm, AccumulateIsTheResidualAdd) {
+  REQUIRE_GPU();
+  const int N = 264, K = 512;
+  int cases = 0, same = 0;
+  for (int M : {1, 16, 40, 300})
+    for (bool f32 : {false, true}) {
+      auto fx = randu(size_t(M) * K), fw = randu(size_t(N) * K, 0.1f), fb = randu(size_t(N)), y0 = randu(size_t(M) * N);
+      DeviceArray<float> xf, wf, db, ref, got, tmp(size_t(M) * N);
+      DeviceArray<bf16> xb, wb;
+      xf.upload(fx), wf.upload(fw), db.upload(fb), ref.upload(y0), got.upload(y0);
+      xb.upload(to_dev_type<bf16>(fx)), wb.upload(to_dev_type<bf16>(fw));
+      GemmArgs g;
+      g.A = f32 ? static_cast<const void*>(xf.data()) : static_cast<const void*>(xb.data());
+      g.lda = K;
+      g.B = f32 ? static_cast<const void*>(wf.data()) : static_cast<const void*>(wb.data());
+      g.ldb = K;
+      g.M = M;
+      g.N = N;
+      g.K = K;
+      g.ldc = N;
+      g.bias = db.data();
+      auto run = [&] {
+        if (f32) gemm<float, float>(g, Epilogue::Store, stream());
+        else gemm<bf16, float>(g, Epilogue::Store, stream());
+      };
+      g.C = tmp.data();
+      run();
+      add_inplace(ref.data(), tmp.data(), int64_t(M) * N, stream());
+      g.C = got.data();
+      g.accumulate = true;
+      run();
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto r = ref.download(size_t(M) * N), n = got.download(size_t(M) * N);
+      const bool ok = std::memcmp(r.data(), n.data(), r.size() * 4) == 0;
+      cases++, same += ok;
+      if (!ok)
+        check(false, std::string("accumulate == Store + add_inplace (bits): ") + (f32 ? "f32" : "bf16") + " M " +
+                         std::to_string(M));
+    }
+  check(same == cases,
+        "accumulate == Store + add_inplace: " + std::to_string(same) + "/" + std::to_string(cases) + " bit for bit");
+}
+
 TEST(GpuGemm, SplitLinear) {
   REQUIRE_GPU();
   for (int K : {64, 96, 2048})

@@ -224,33 +224,38 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 // ---------------------------------------------------------------------------------------------
 // The decode kernel (bf16, at most 16 rows per m-tile: a decode step's projections and experts).
 // There the GEMM reads every weight once and does almost no arithmetic, so what counts is bytes
-// in flight over the whole chip and no CTA idling at the end. One warp per slab of kSlab weight
-// rows x the whole K: four times the CTAs of Small's 64-row tiles for the same weights, each with
-// STAGES k-tiles of 64 in flight (Small: 6 stages for four warps), and A rows copied only where
-// the m-tile has them (a missing row's smem is never read into a stored output: row i of an mma
-// result depends on row i of A alone). With b_k_twice a stage holds one weight tile and the two
-// A tiles it serves, so the weights cross into shared memory once.
+// in flight and how the weights are read. One warp per slab of kSlab weight rows x the whole K;
+// a stage holds SUB consecutive k-tiles of 64, so that each weight row is read as one run of
+// SUB x 128 bytes (one warp instruction covers a row's run at SUB = 4) rather than 128-byte pieces
+// of many rows; A rows are copied only where the m-tile has them (row i of an mma result depends
+// on row i of A alone), into an 8-row tile when the m-tile has at most 8 (ldmatrix's rows 8-15
+// then read rows 0-7 again: outputs that are never stored). With b_k_twice a weight k-tile serves
+// the two A k-tiles of [xh | xl]; with AF32, fp32 rows are split into them as they are staged.
 // The bits are tc_gemm_kernel's: a warp tile of 16 x 16 (Small's), the same fragments and each
 // output element the same chain of m16n8k16 steps over k ascending from 0.
 
 constexpr int kSlab = 16;  // weight rows per warp
 
-// Shared memory of the decode kernel: per stage a weight tile and its A tile(s) -- bf16, or with
-// AF32 one fp32 staging tile of 16 x 64 -- and with AF32 the [hi | lo] tiles it is split into.
-template <int STAGES, bool AF32>
-constexpr int stream_smem(bool b_k_twice) {
-  constexpr int tile = kSlab * 64 * 2;  // bytes of a 16 x 64 bf16 tile
-  return AF32 ? STAGES * (tile + 2 * tile) + 2 * tile : STAGES * (1 + (b_k_twice ? 2 : 1)) * tile;
+// Shared memory of the decode kernel for A tiles of ar rows: per stage SUB weight tiles and the A
+// tiles they serve -- bf16, or with AF32 fp32 staging of ar x 64 SUB -- and with AF32 the [hi | lo]
+// tiles of one k-tile.
+template <int STAGES, int SUB, bool AF32>
+constexpr int stream_smem(bool b_k_twice, int ar) {
+  constexpr int wtile = kSlab * 64 * 2;  // bytes of a 16 x 64 bf16 weight tile
+  const int atile = ar * 64 * 2;
+  return AF32 ? STAGES * SUB * (wtile + 2 * atile) + 2 * atile
+              : STAGES * SUB * (wtile + (b_k_twice ? 2 : 1) * atile);
 }
 
-template <class TC, bool SWIGLU, int STAGES, bool AF32>
-__global__ void __launch_bounds__(32) tc_stream_kernel(const GemmArgs p) {
-  constexpr int BK = 64, TILE = kSlab * BK;  // bf16 per 16-row tile
+template <class TC, bool SWIGLU, int STAGES, int SUB, bool AF32>
+__global__ void __launch_bounds__(32) tc_stream_kernel(const GemmArgs p, int ar) {
+  constexpr int BK = 64, TILE = kSlab * BK, CPR = SUB * 8;  // CPR: 16-byte weight chunks per row per stage
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int AT = p.b_k_twice ? 2 : 1;  // A k-tiles per weight k-tile
-  bf16* sB = reinterpret_cast<bf16*>(smem_raw);  // [STAGES][16][64]
-  bf16* sA = sB + STAGES * TILE;                 // [STAGES][AT][16][64] bf16, or (AF32) [STAGES][16][64] fp32
-  bf16* sX = sA + STAGES * 2 * TILE;             // (AF32) the stage split into [hi][lo] tiles
+  const int ATILE = ar * BK;           // bf16 per A tile
+  bf16* sB = reinterpret_cast<bf16*>(smem_raw);  // [STAGES][SUB][16][64]
+  bf16* sA = sB + STAGES * SUB * TILE;           // [STAGES][SUB][AT][ar][64] bf16, or (AF32) [STAGES][ar][64 SUB] fp32
+  bf16* sX = sA + STAGES * SUB * 2 * ATILE;      // (AF32) one k-tile split into [hi][lo] tiles
   const int lane = threadIdx.x;
   // As tc_gemm_kernel: weights before the wait where they are known without the previous kernel.
   const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
@@ -273,125 +278,120 @@ __global__ void __launch_bounds__(32) tc_stream_kernel(const GemmArgs p) {
     return;
   }
   const int n0 = blockIdx.x * kSlab;
-  const int K = p.K, KB = p.b_k_twice ? K / 2 : K, KTB = (KB + BK - 1) / BK;
+  const int K = p.K, KB = p.b_k_twice ? K / 2 : K;
+  const int KTS = (KB + BK * SUB - 1) / (BK * SUB);  // stages of the whole K
   const bf16* B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
-  // This lane's 16-byte chunks of a 16 x 64 bf16 tile: rows (lane >> 3) + 4 i, column chunk
-  // lane & 7 -- the weights, and bf16 A alike. fp32 A: rows (lane >> 4) + 2 i, chunk lane & 15.
-  const int c = lane & 7, col = c * 8;
-  const bf16* b_src[4];
-  bool b_ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int r = (lane >> 3) + 4 * i;
-    b_ok[i] = n0 + r < p.N;
-    b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb + col;
-  }
+  // Weights: lane -> chunk lane % CPR of rows lane / CPR + (32 / CPR) i, i < 16 CPR / 32.
+  constexpr int BI = kSlab * CPR / 32;
   auto load_b = [&](int stage, int kb) {
-    bf16* db = sB + stage * TILE;
-    const int k0 = kb * BK;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const bool ok = b_ok[i] && k0 + col < KB;
-      ptx::cp_async16(db + ptx::swz((lane >> 3) + 4 * i, c), ok ? b_src[i] + k0 : B, ok ? 16 : 0);
+    for (int i = 0; i < BI; i++) {
+      const int idx = lane + 32 * i, r = idx / CPR, cc = idx % CPR, k = kb * BK * SUB + cc * 8;
+      const bool ok = n0 + r < p.N && k < KB;
+      ptx::cp_async16(sB + (stage * SUB + (cc >> 3)) * TILE + ptx::swz(r, cc & 7),
+                      ok ? B + int64_t(n0 + r) * p.ldb + k : B, ok ? 16 : 0);
     }
   };
-  constexpr int AC = AF32 ? 8 : 4;  // A chunks per lane per tile
-  const char* a_src[AC];
-  bool a_ok[AC];
+  // A: the source row of each of the m-tile's rows, from the plan where it has one.
+  const char* a_row = nullptr;  // lane r < rows: its row's first byte
   auto prepare_a = [&] {  // (after the wait: a_rows may come from the plan)
-#pragma unroll
-    for (int i = 0; i < AC; i++) {
-      const int r = AF32 ? (lane >> 4) + 2 * i : (lane >> 3) + 4 * i;
-      a_ok[i] = r < rows;
-      int src = row_begin + m0 + r;
-      if (a_ok[i] && p.a_rows) src = p.a_rows[src];
-      const int64_t off = int64_t(a_ok[i] ? src : 0) * p.lda + (AF32 ? (lane & 15) * 4 : col);
-      a_src[i] = static_cast<const char*>(p.A) + off * (AF32 ? 4 : 2);
+    if (lane < rows) {
+      int src = row_begin + m0 + lane;
+      if (p.a_rows) src = p.a_rows[src];
+      a_row = static_cast<const char*>(p.A) + int64_t(src) * p.lda * (AF32 ? 4 : 2);
     }
   };
   auto load_a = [&](int stage, int kb) {
-    if constexpr (AF32) {  // x columns [64 kb, 64 kb + 64): no tail (b_k_twice: K % 128 == 0)
-      float* da = reinterpret_cast<float*>(sA) + stage * TILE;
-#pragma unroll
-      for (int i = 0; i < AC; i++)
-        if (a_ok[i]) ptx::cp_async16(da + ((lane >> 4) + 2 * i) * BK + (lane & 15) * 4, a_src[i] + kb * BK * 4, 16);
-    } else {
-      for (int t = 0; t < AT; t++) {
-        bf16* da = sA + (stage * AT + t) * TILE;
-        const int k0 = (kb * AT + t) * BK;
-#pragma unroll
-        for (int i = 0; i < AC; i++)
-          if (a_ok[i]) {
-            const bool ok = k0 + col < K;
-            ptx::cp_async16(da + ptx::swz((lane >> 3) + 4 * i, c), ok ? a_src[i] + k0 * 2 : p.A, ok ? 16 : 0);
-          }
+    // Chunks of 16 bytes: per row 8 SUB AT (bf16) or 16 SUB (fp32) a stage, lanes over the row's
+    // chunks; each row's pointer comes from its lane by a shuffle.
+    constexpr int ACPR_F = 16 * SUB;
+    const int acpr = AF32 ? ACPR_F : 8 * SUB * AT;
+    for (int r = 0; r < rows; r++) {
+      const char* src = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(a_row), r));
+      for (int cc = lane; cc < acpr; cc += 32) {
+        if constexpr (AF32) {  // x columns 64 SUB kb + 4 cc (b_k_twice: K % 128 == 0, KB % 64 == 0)
+          const int k = kb * BK * SUB + cc * 4;
+          float* da = reinterpret_cast<float*>(sA) + stage * SUB * 2 * ATILE / 2 + r * BK * SUB + cc * 4;
+          if (k < KB) ptx::cp_async16(da, src + int64_t(k) * 4, 16);
+        } else {  // A' k-tile (kb SUB + j) AT + t, chunk c
+          const int t_all = cc >> 3, c = cc & 7, ka = kb * SUB * AT + t_all, k = ka * BK + c * 8;
+          const bool ok = k < K;
+          ptx::cp_async16(sA + (stage * SUB * AT + t_all) * ATILE + ptx::swz(r, c), ok ? src + int64_t(k) * 2 : p.A,
+                          ok ? 16 : 0);
+        }
       }
     }
   };
   // Commit groups as tc_gemm_kernel: with early weights, the weights of the first STAGES - 1
-  // stages, then their A halves; at k-tile kb, wait_group<STAGES - 2> covers both of stage kb.
+  // stages, then their A halves; at stage kb, wait_group<STAGES - 2> covers both.
   if (early_b) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KTB) load_b(s, s);
+      if (s < KTS) load_b(s, s);
       ptx::cp_async_commit();
     }
     pdl_wait();
     prepare_a();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KTB) load_a(s, s);
+      if (s < KTS) load_a(s, s);
       ptx::cp_async_commit();
     }
   } else {
     prepare_a();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KTB) load_b(s, s), load_a(s, s);
+      if (s < KTS) load_b(s, s), load_a(s, s);
       ptx::cp_async_commit();
     }
   }
   float acc[2][4] = {};
-  for (int kb = 0; kb < KTB; kb++) {
+  const int arow = (lane & 15) & (ar - 1);  // ldmatrix's A row (rows 8-15 reread 0-7 when ar = 8)
+  for (int kb = 0; kb < KTS; kb++) {
     ptx::cp_async_wait<STAGES - 2>();
     __syncwarp();
     const int nk = kb + STAGES - 1;
-    if (nk < KTB) load_b(nk % STAGES, nk), load_a(nk % STAGES, nk);
+    if (nk < KTS) load_b(nk % STAGES, nk), load_a(nk % STAGES, nk);
     ptx::cp_async_commit();
-    const bf16* b = sB + (kb % STAGES) * TILE;
-    const bf16* a0 = sA + (kb % STAGES) * AT * TILE;
-    if constexpr (AF32) {
-      // split_rows' values: hi = bf16(v), lo = bf16(v - hi), into the [hi] and [lo] tiles.
-      const float* xs = reinterpret_cast<const float*>(sA) + (kb % STAGES) * TILE;
-      for (int idx = lane; idx < rows * 16; idx += 32) {
-        const int r = idx >> 4, q = idx & 15;
-        const float4 v = *reinterpret_cast<const float4*>(xs + r * BK + 4 * q);
-        const float f[4] = {v.x, v.y, v.z, v.w};
-        __align__(8) bf16 hi[4], lo[4];
+    const int stage = kb % STAGES;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          hi[e] = __float2bfloat16_rn(f[e]);
-          lo[e] = __float2bfloat16_rn(f[e] - __bfloat162float(hi[e]));
+    for (int j = 0; j < SUB; j++) {
+      if ((kb * SUB + j) * BK >= KB) break;  // (the zero-filled k-tiles past K add nothing: skipped)
+      const bf16* b = sB + (stage * SUB + j) * TILE;
+      const bf16* a0 = sA + (stage * SUB + j) * AT * ATILE;
+      if constexpr (AF32) {
+        // split_rows' values: hi = bf16(v), lo = bf16(v - hi), into the [hi] and [lo] tiles.
+        const float* xs = reinterpret_cast<const float*>(sA) + stage * SUB * 2 * ATILE / 2 + j * BK;
+        for (int idx = lane; idx < rows * 16; idx += 32) {
+          const int r = idx >> 4, q = idx & 15;
+          const float4 v = *reinterpret_cast<const float4*>(xs + r * BK * SUB + 4 * q);
+          const float f[4] = {v.x, v.y, v.z, v.w};
+          __align__(8) bf16 hi[4], lo[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            hi[e] = __float2bfloat16_rn(f[e]);
+            lo[e] = __float2bfloat16_rn(f[e] - __bfloat162float(hi[e]));
+          }
+          const int o = ptx::swz(r, q >> 1) + (q & 1) * 4;
+          *reinterpret_cast<uint2*>(sX + o) = *reinterpret_cast<const uint2*>(hi);
+          *reinterpret_cast<uint2*>(sX + ATILE + o) = *reinterpret_cast<const uint2*>(lo);
         }
-        const int o = ptx::swz(r, q >> 1) + (q & 1) * 4;
-        *reinterpret_cast<uint2*>(sX + o) = *reinterpret_cast<const uint2*>(hi);
-        *reinterpret_cast<uint2*>(sX + TILE + o) = *reinterpret_cast<const uint2*>(lo);
+        __syncwarp();
+        a0 = sX;
       }
-      __syncwarp();
-      a0 = sX;
-    }
-    for (int t = 0; t < AT; t++) {
-      const bf16* a = a0 + t * TILE;
+      for (int t = 0; t < AT; t++) {
+        const bf16* a = a0 + t * ATILE;
 #pragma unroll
-      for (int ks = 0; ks < BK / 16; ks++) {
-        uint32_t af[4], bt[4];
-        ptx::ldmatrix_x4(af, a + ptx::swz(lane & 15, ks * 2 + (lane >> 4)));
-        ptx::ldmatrix_x4(bt, b + ptx::swz((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-        ptx::mma_bf16(acc[0], af, bt[0], bt[1]);
-        ptx::mma_bf16(acc[1], af, bt[2], bt[3]);
+        for (int ks = 0; ks < BK / 16; ks++) {
+          uint32_t af[4], bt[4];
+          ptx::ldmatrix_x4(af, a + ptx::swz(arow, ks * 2 + (lane >> 4)));
+          ptx::ldmatrix_x4(bt, b + ptx::swz((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+          ptx::mma_bf16(acc[0], af, bt[0], bt[1]);
+          ptx::mma_bf16(acc[1], af, bt[2], bt[3]);
+        }
       }
+      if constexpr (AF32) __syncwarp();  // (sX is rewritten by the next k-tile)
     }
-    if constexpr (AF32) __syncwarp();  // (sX is rewritten by the next k-tile)
   }
   ptx::cp_async_wait<0>();
 #pragma unroll
@@ -504,42 +504,48 @@ void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   else launch_pdl(tc_gemm_kernel<Cfg, TC, false>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
 }
 
-// The decode kernel's stages: EPMOE_GEMM_STREAM=8|16; 0 (the default: measured slower on a
-// 48-layer decode step, docs/gpu.md issue 33) for Small / Tiny in its place. The bits are the same.
-int stream_stages() {
+// The decode kernel's shape: EPMOE_GEMM_STREAM=1 (8 stages of one k-tile), 2 (4 stages of 4
+// k-tiles), 3 (3 stages of 8); 0 (the default) for Small / Tiny in its place. The bits are the same.
+int stream_config() {
   static const int n = [] {
     const char* e = std::getenv("EPMOE_GEMM_STREAM");
     const int v = e && *e ? std::atoi(e) : 0;
-    return v <= 0 ? 0 : v <= 8 ? 8 : 16;
+    return v < 0 || v > 3 ? 0 : v;
   }();
   return n;
 }
 
-template <class TC, int STAGES, bool AF32>
-void launch_stream(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
+template <class TC, int STAGES, int SUB, bool AF32>
+void launch_stream(const GemmArgs& a, Epilogue ep, int ar, cudaStream_t stream) {
   static_assert(kSlab == Small::BM, "the decode kernel serves the plan's tiles of Small's height");
   const dim3 grid(ceil_div(a.N, kSlab), a.tiles ? std::max(1, a.max_tiles) : a.G);
   static const bool ready = [] {
-    for (auto k : {tc_stream_kernel<TC, true, STAGES, AF32>, tc_stream_kernel<TC, false, STAGES, AF32>})
-      EPMOE_CUDA_CHECK(
-          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, stream_smem<STAGES, AF32>(true)));
+    for (auto k : {tc_stream_kernel<TC, true, STAGES, SUB, AF32>, tc_stream_kernel<TC, false, STAGES, SUB, AF32>})
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            stream_smem<STAGES, SUB, AF32>(true, kSlab)));
     return true;
   }();
   (void)ready;
-  const int smem = stream_smem<STAGES, AF32>(a.b_k_twice);
-  if (ep == Epilogue::SwiGLU) launch_pdl(tc_stream_kernel<TC, true, STAGES, AF32>, grid, dim3(32), smem, stream, a);
-  else launch_pdl(tc_stream_kernel<TC, false, STAGES, AF32>, grid, dim3(32), smem, stream, a);
+  const int smem = stream_smem<STAGES, SUB, AF32>(a.b_k_twice, ar);
+  if (ep == Epilogue::SwiGLU) launch_pdl(tc_stream_kernel<TC, true, STAGES, SUB, AF32>, grid, dim3(32), smem, stream, a, ar);
+  else launch_pdl(tc_stream_kernel<TC, false, STAGES, SUB, AF32>, grid, dim3(32), smem, stream, a, ar);
 }
 
-template <class TC>
-void launch_stream(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
-  if (a.a_f32_split) {
-    if (stream_stages() == 16) launch_stream<TC, 16, true>(a, ep, stream);
-    else launch_stream<TC, 8, true>(a, ep, stream);
-  } else {
-    if (stream_stages() == 16) launch_stream<TC, 16, false>(a, ep, stream);
-    else launch_stream<TC, 8, false>(a, ep, stream);
+template <class TC, bool AF32>
+void launch_stream(const GemmArgs& a, Epilogue ep, int ar, cudaStream_t stream) {
+  switch (stream_config()) {
+    case 3: return launch_stream<TC, 3, 8, AF32>(a, ep, ar, stream);
+    case 2: return launch_stream<TC, 4, 4, AF32>(a, ep, ar, stream);
+    default: return launch_stream<TC, 8, 1, AF32>(a, ep, ar, stream);
   }
+}
+
+// rows: at most this many rows per m-tile (8 or fewer: 8-row A tiles).
+template <class TC>
+void launch_stream(const GemmArgs& a, Epilogue ep, int rows, cudaStream_t stream) {
+  const int ar = rows <= 8 && !a.tiles ? 8 : kSlab;  // (a tile list's tiles may hold 16 rows)
+  if (a.a_f32_split) launch_stream<TC, true>(a, ep, ar, stream);
+  else launch_stream<TC, false>(a, ep, ar, stream);
 }
 
 void check_args(const GemmArgs& a, Epilogue ep) {
@@ -550,7 +556,7 @@ void check_args(const GemmArgs& a, Epilogue ep) {
 
 }  // namespace
 
-bool gemm_decode_kernel_on() { return stream_stages() > 0; }
+bool gemm_decode_kernel_on() { return stream_config() > 0; }
 
 int gemm_tile_m(int rows_hint) {
   if (const int wg = wgmma_tile_m(rows_hint)) return wg;
@@ -578,9 +584,9 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
                                     reinterpret_cast<uintptr_t>(a.A) % 16 == 0),
                  "gemm: fp32 A split in the kernel needs the decode kernel (<= 16 rows), b_k_twice and 16-byte rows");
     EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
-    if (a.path == GemmPath::Stream || a.a_f32_split) launch_stream<TC>(a, ep, stream);
+    if (a.path == GemmPath::Stream || a.a_f32_split) launch_stream<TC>(a, ep, rows, stream);
     else if (a.path == GemmPath::Auto && wgmma_tile_m(rows) && (a.offsets || rows > 16)) gemm_wgmma<TC>(a, ep, rows, stream);
-    else if (a.path == GemmPath::Auto && stream_fits && stream_stages() > 0) launch_stream<TC>(a, ep, stream);
+    else if (a.path == GemmPath::Auto && stream_fits && stream_config() > 0) launch_stream<TC>(a, ep, rows, stream);
     else if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
       launch_tc<Tiny, TC>(a, ep, stream);
     else launch_tc<Small, TC>(a, ep, stream);

@@ -358,7 +358,12 @@ __global__ void __launch_bounds__(Cfg::NT, 1)
             if (vec && col + 1 < p.N) {
               if (p.bias) v0 += p.bias[col], v1 += p.bias[col + 1];
               if constexpr (std::is_same_v<TC, float>) {
-                *reinterpret_cast<float2*>(C + orow * p.ldc + col) = make_float2(v0, v1);
+                float2* c2 = reinterpret_cast<float2*>(C + orow * p.ldc + col);
+                if (p.accumulate) {  // (store_pair's arithmetic: C + v)
+                  const float2 o = *c2;
+                  v0 = o.x + v0, v1 = o.y + v1;
+                }
+                *c2 = make_float2(v0, v1);
               } else {
                 *reinterpret_cast<__nv_bfloat162*>(C + orow * p.ldc + col) =
                     __halves2bfloat162(from_f32<bf16>(v0), from_f32<bf16>(v1));
