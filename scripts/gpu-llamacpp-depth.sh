@@ -16,9 +16,9 @@ python3 $T/anchors/llamacpp_cuda/gen_synth_gguf.py $M --gguf-py $W/gguf-py --tok
 echo "llama.cpp gguf gen: $(( $(date +%s) - t0 )) s, $(ls -la $M | awk '{print $5}') bytes"
 B=$W/bin
 echo "== llama-bench (prefill 512/2048, decode 128 at 1 sequence; flash attention on)"
-timeout 240 $B/llama-bench -m $M -ngl 99 -p 512,2048 -n 128 -b 2048 -ub 512 -fa 1 -r 3 -o md 2>&1 | grep -E "^\|" | tee "$OUT/lc-bench.md"
+timeout 200 $B/llama-bench -m $M -ngl 99 -p 512,2048 -n 128 -b 2048 -ub 512 -fa 1 -r 3 -o md 2>&1 | grep -E "^\|" | tee "$OUT/lc-bench.md"
 echo "== llama-batched-bench fa on, npp 128 ntg 32, npl 1,8,64,256 twice"
-timeout 240 $B/llama-batched-bench -m $M -ngl 99 -c 65536 -b 2048 -ub 512 -fa on -npp 128 -ntg 32 \
+timeout 220 $B/llama-batched-bench -m $M -ngl 99 -c 65536 -b 2048 -ub 512 -fa on -npp 128 -ntg 32 \
   -npl 1,8,64,256,1,8,64,256 > "$OUT/lc-batched.log" 2>&1
 grep -E "^\|" "$OUT/lc-batched.log"
 rm -f $M

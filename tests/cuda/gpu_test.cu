@@ -1369,12 +1369,11 @@ TEST(GpuGemm, BatchInvariance) {
   test_batch_invariance<float>();
 }
 
-// The decode kernel (one warp per 16 weight rows, deep pipeline, A rows copied only where they
-// exist) against the mma.sync tile kernel, bit for bit, NaN-poisoned outputs: dense GEMMs of 1 to
-// 16 rows (and G = 2 dense groups), k tails (K not a multiple of 64), N not a multiple of 16,
-// bias, SwiGLU, bf16 and fp32 C, and b_k_twice (split_linear's weights read once for [xh | xl]).
-// The grouped form from tile lists is in GroupedBf16 (hint 8 takes this kernel).
-TEST(GpuGemm, DecodeKernelKeepsTheBits) {
+// Dense GEMMs of a decode step's size on the wgmma kernel (EPMOE_DENSE_WGMMA) against the
+// mma.sync tile kernel, bit for bit, NaN-poisoned outputs: 1 to 16 rows (and G = 2 dense groups),
+// k tails (K not a multiple of 64), N not a multiple of 16, bias, SwiGLU, bf16 and fp32 C, and
+// b_k_twice (split_linear's weights read once for [xh | xl]).
+TEST(GpuGemm, DenseDecodeOnWgmmaKeepsTheBits) {
   REQUIRE_GPU();
   int cases = 0, same = 0;
   for (int M : {1, 2, 7, 16})
@@ -1411,7 +1410,7 @@ TEST(GpuGemm, DecodeKernelKeepsTheBits) {
             a.ldc = NC;
             a.bias = bias ? db.data() : nullptr;
             a.b_k_twice = twice;
-            a.path = k == 0 ? GemmPath::Tiled : GemmPath::Stream;
+            a.path = k == 0 ? GemmPath::Tiled : GemmPath::Wgmma;
             const Epilogue ep = swiglu ? Epilogue::SwiGLU : Epilogue::Store;
             a.C = c32[k].data();
             gemm<bf16, float>(a, ep, stream());
@@ -1427,75 +1426,12 @@ TEST(GpuGemm, DecodeKernelKeepsTheBits) {
                           std::memcmp(o16[0].data(), o16[1].data(), o16[0].size() * 2) == 0;
           cases++, same += ok;
           if (!ok)
-            check(false, "decode gemm == tile gemm (bits): M " + std::to_string(M) + " G " + std::to_string(G) + " N " +
+            check(false, "wgmma gemm == tile gemm (bits): M " + std::to_string(M) + " G " + std::to_string(G) + " N " +
                              std::to_string(N) + " K " + std::to_string(K) + " variant " + std::to_string(variant) +
                              (finite ? "" : " (an output left unwritten)"));
         }
-  check(same == cases && cases > 0, "decode gemm == mma.sync tile gemm, bit for bit: " + std::to_string(same) + "/" +
+  check(same == cases && cases > 0, "wgmma gemm == mma.sync tile gemm, bit for bit: " + std::to_string(same) + "/" +
                                         std::to_string(cases) + " cases");
-}
-
-// The decode kernel splits fp32 rows as it stages them (a_f32_split, what split_linear uses for up
-// to 16 rows when that kernel is on): the bits of split_rows + the tile kernel, for Store (+ bias)
-// and SwiGLU; and accumulate (y += x W^T, the residual add in the epilogue) gives add_inplace's
-// bits after a plain Store.
-TEST(GpuGemm, SplitInTheDecodeKernel) {
-  REQUIRE_GPU();
-  int cases = 0, same = 0;
-  for (int M : {1, 5, 16})
-    for (int K : {128, 2048})
-      for (int N : {24, 200})
-        for (int variant = 0; variant < 4; variant++) {  // store, store + bias, swiglu, accumulate
-          const bool swiglu = variant == 2, bias = variant == 1, accumulate = variant == 3;
-          std::vector<float> x = randu(size_t(M) * K), w = randu(size_t(N) * K, 0.2f), b = randu(size_t(N)),
-                             y0 = randu(size_t(M) * N);
-          for (auto& v : w) v = round_bf16(v);
-          SplitWeight sw;
-          sw.init(w, N, K);
-          const int NC = swiglu ? N / 2 : N;
-          DeviceArray<float> dx, db, dref, dnew, dtmp(size_t(M) * NC);
-          DeviceArray<bf16> xs;
-          dx.upload(x);
-          db.upload(b);
-          dref.upload(accumulate ? y0 : std::vector<float>(size_t(M) * NC, 0.f));
-          dnew.upload(accumulate ? y0 : std::vector<float>(size_t(M) * NC, 0.f));
-          const Epilogue ep = swiglu ? Epilogue::SwiGLU : Epilogue::Store;
-          // Reference: split_rows, then the tile kernel (then add_inplace for accumulate).
-          split_rows(dx.data(), K, M, K, 2, xs, stream(), true);
-          GemmArgs g;
-          g.A = xs.data();
-          g.lda = 2 * K;
-          g.B = sw.w.data();
-          g.ldb = K;
-          g.b_k_twice = true;
-          g.M = M;
-          g.N = N;
-          g.K = 2 * K;
-          g.C = accumulate ? dtmp.data() : dref.data();
-          g.ldc = NC;
-          g.bias = bias ? db.data() : nullptr;
-          g.path = GemmPath::Tiled;
-          gemm<bf16, float>(g, ep, stream());
-          if (accumulate) add_inplace(dref.data(), dtmp.data(), int64_t(M) * N, stream());
-          // The decode kernel on the fp32 rows (what split_linear runs for a decode step when the
-          // decode kernel is on), accumulating into y itself.
-          g.A = dx.data();
-          g.lda = K;
-          g.a_f32_split = true;
-          g.accumulate = accumulate;
-          g.C = dnew.data();
-          g.path = GemmPath::Stream;
-          gemm<bf16, float>(g, ep, stream());
-          EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-          const auto r = dref.download(size_t(M) * NC), n = dnew.download(size_t(M) * NC);
-          const bool ok = std::memcmp(r.data(), n.data(), r.size() * 4) == 0;
-          cases++, same += ok;
-          if (!ok)
-            check(false, "split in the decode kernel == split_rows + tile kernel (bits): M " + std::to_string(M) +
-                             " K " + std::to_string(K) + " N " + std::to_string(N) + " variant " + std::to_string(variant));
-        }
-  check(same == cases, "split in the decode kernel, accumulate: " + std::to_string(same) + "/" + std::to_string(cases) +
-                           " cases bit for bit");
 }
 
 // GemmArgs::accumulate (the residual add in the epilogue) gives add_inplace's bits after a plain

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
@@ -222,191 +223,6 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 }
 
 // ---------------------------------------------------------------------------------------------
-// The decode kernel (bf16, at most 16 rows per m-tile: a decode step's projections and experts).
-// There the GEMM reads every weight once and does almost no arithmetic, so what counts is bytes
-// in flight and how the weights are read. One warp per slab of kSlab weight rows x the whole K;
-// a stage holds SUB consecutive k-tiles of 64, so that each weight row is read as one run of
-// SUB x 128 bytes (one warp instruction covers a row's run at SUB = 4) rather than 128-byte pieces
-// of many rows; A rows are copied only where the m-tile has them (row i of an mma result depends
-// on row i of A alone), into an 8-row tile when the m-tile has at most 8 (ldmatrix's rows 8-15
-// then read rows 0-7 again: outputs that are never stored). With b_k_twice a weight k-tile serves
-// the two A k-tiles of [xh | xl]; with AF32, fp32 rows are split into them as they are staged.
-// The bits are tc_gemm_kernel's: a warp tile of 16 x 16 (Small's), the same fragments and each
-// output element the same chain of m16n8k16 steps over k ascending from 0.
-
-constexpr int kSlab = 16;  // weight rows per warp
-
-// Shared memory of the decode kernel for A tiles of ar rows: per stage SUB weight tiles and the A
-// tiles they serve -- bf16, or with AF32 fp32 staging of ar x 64 SUB -- and with AF32 the [hi | lo]
-// tiles of one k-tile.
-template <int STAGES, int SUB, bool AF32>
-constexpr int stream_smem(bool b_k_twice, int ar) {
-  constexpr int wtile = kSlab * 64 * 2;  // bytes of a 16 x 64 bf16 weight tile
-  const int atile = ar * 64 * 2;
-  return AF32 ? STAGES * SUB * (wtile + 2 * atile) + 2 * atile
-              : STAGES * SUB * (wtile + (b_k_twice ? 2 : 1) * atile);
-}
-
-template <class TC, bool SWIGLU, int STAGES, int SUB, bool AF32>
-__global__ void __launch_bounds__(32) tc_stream_kernel(const GemmArgs p, int ar) {
-  constexpr int BK = 64, TILE = kSlab * BK, CPR = SUB * 8;  // CPR: 16-byte weight chunks per row per stage
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const int AT = p.b_k_twice ? 2 : 1;  // A k-tiles per weight k-tile
-  const int ATILE = ar * BK;           // bf16 per A tile
-  bf16* sB = reinterpret_cast<bf16*>(smem_raw);  // [STAGES][SUB][16][64]
-  bf16* sA = sB + STAGES * SUB * TILE;           // [STAGES][SUB][AT][ar][64] bf16, or (AF32) [STAGES][ar][64 SUB] fp32
-  bf16* sX = sA + STAGES * SUB * 2 * ATILE;      // (AF32) one k-tile split into [hi][lo] tiles
-  const int lane = threadIdx.x;
-  // As tc_gemm_kernel: weights before the wait where they are known without the previous kernel.
-  const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
-  if (!early_b) pdl_wait();
-  pdl_trigger();
-  int group = blockIdx.y, m0 = 0;
-  if (p.tiles) {
-    if (int(blockIdx.y) >= *p.num_tiles) {
-      if (early_b) pdl_wait();
-      return;
-    }
-    group = p.tiles[2 * blockIdx.y];
-    m0 = p.tiles[2 * blockIdx.y + 1];
-  }
-  int row_begin, rows;
-  group_range(p, group, row_begin, rows);
-  rows = min(rows - m0, kSlab);
-  if (rows <= 0) {
-    if (early_b) pdl_wait();
-    return;
-  }
-  const int n0 = blockIdx.x * kSlab;
-  const int K = p.K, KB = p.b_k_twice ? K / 2 : K;
-  const int KTS = (KB + BK * SUB - 1) / (BK * SUB);  // stages of the whole K
-  const bf16* B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
-  // Weights: lane -> chunk lane % CPR of rows lane / CPR + (32 / CPR) i, i < 16 CPR / 32.
-  constexpr int BI = kSlab * CPR / 32;
-  auto load_b = [&](int stage, int kb) {
-#pragma unroll
-    for (int i = 0; i < BI; i++) {
-      const int idx = lane + 32 * i, r = idx / CPR, cc = idx % CPR, k = kb * BK * SUB + cc * 8;
-      const bool ok = n0 + r < p.N && k < KB;
-      ptx::cp_async16(sB + (stage * SUB + (cc >> 3)) * TILE + ptx::swz(r, cc & 7),
-                      ok ? B + int64_t(n0 + r) * p.ldb + k : B, ok ? 16 : 0);
-    }
-  };
-  // A: the source row of each of the m-tile's rows, from the plan where it has one.
-  const char* a_row = nullptr;  // lane r < rows: its row's first byte
-  auto prepare_a = [&] {  // (after the wait: a_rows may come from the plan)
-    if (lane < rows) {
-      int src = row_begin + m0 + lane;
-      if (p.a_rows) src = p.a_rows[src];
-      a_row = static_cast<const char*>(p.A) + int64_t(src) * p.lda * (AF32 ? 4 : 2);
-    }
-  };
-  auto load_a = [&](int stage, int kb) {
-    // Chunks of 16 bytes: per row 8 SUB AT (bf16) or 16 SUB (fp32) a stage, lanes over the row's
-    // chunks; each row's pointer comes from its lane by a shuffle.
-    constexpr int ACPR_F = 16 * SUB;
-    const int acpr = AF32 ? ACPR_F : 8 * SUB * AT;
-    for (int r = 0; r < rows; r++) {
-      const char* src = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(a_row), r));
-      for (int cc = lane; cc < acpr; cc += 32) {
-        if constexpr (AF32) {  // x columns 64 SUB kb + 4 cc (b_k_twice: K % 128 == 0, KB % 64 == 0)
-          const int k = kb * BK * SUB + cc * 4;
-          float* da = reinterpret_cast<float*>(sA) + stage * SUB * 2 * ATILE / 2 + r * BK * SUB + cc * 4;
-          if (k < KB) ptx::cp_async16(da, src + int64_t(k) * 4, 16);
-        } else {  // A' k-tile (kb SUB + j) AT + t, chunk c
-          const int t_all = cc >> 3, c = cc & 7, ka = kb * SUB * AT + t_all, k = ka * BK + c * 8;
-          const bool ok = k < K;
-          ptx::cp_async16(sA + (stage * SUB * AT + t_all) * ATILE + ptx::swz(r, c), ok ? src + int64_t(k) * 2 : p.A,
-                          ok ? 16 : 0);
-        }
-      }
-    }
-  };
-  // Commit groups as tc_gemm_kernel: with early weights, the weights of the first STAGES - 1
-  // stages, then their A halves; at stage kb, wait_group<STAGES - 2> covers both.
-  if (early_b) {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KTS) load_b(s, s);
-      ptx::cp_async_commit();
-    }
-    pdl_wait();
-    prepare_a();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KTS) load_a(s, s);
-      ptx::cp_async_commit();
-    }
-  } else {
-    prepare_a();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KTS) load_b(s, s), load_a(s, s);
-      ptx::cp_async_commit();
-    }
-  }
-  float acc[2][4] = {};
-  const int arow = (lane & 15) & (ar - 1);  // ldmatrix's A row (rows 8-15 reread 0-7 when ar = 8)
-  for (int kb = 0; kb < KTS; kb++) {
-    ptx::cp_async_wait<STAGES - 2>();
-    __syncwarp();
-    const int nk = kb + STAGES - 1;
-    if (nk < KTS) load_b(nk % STAGES, nk), load_a(nk % STAGES, nk);
-    ptx::cp_async_commit();
-    const int stage = kb % STAGES;
-#pragma unroll
-    for (int j = 0; j < SUB; j++) {
-      if ((kb * SUB + j) * BK >= KB) break;  // (the zero-filled k-tiles past K add nothing: skipped)
-      const bf16* b = sB + (stage * SUB + j) * TILE;
-      const bf16* a0 = sA + (stage * SUB + j) * AT * ATILE;
-      if constexpr (AF32) {
-        // split_rows' values: hi = bf16(v), lo = bf16(v - hi), into the [hi] and [lo] tiles.
-        const float* xs = reinterpret_cast<const float*>(sA) + stage * SUB * 2 * ATILE / 2 + j * BK;
-        for (int idx = lane; idx < rows * 16; idx += 32) {
-          const int r = idx >> 4, q = idx & 15;
-          const float4 v = *reinterpret_cast<const float4*>(xs + r * BK * SUB + 4 * q);
-          const float f[4] = {v.x, v.y, v.z, v.w};
-          __align__(8) bf16 hi[4], lo[4];
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            hi[e] = __float2bfloat16_rn(f[e]);
-            lo[e] = __float2bfloat16_rn(f[e] - __bfloat162float(hi[e]));
-          }
-          const int o = ptx::swz(r, q >> 1) + (q & 1) * 4;
-          *reinterpret_cast<uint2*>(sX + o) = *reinterpret_cast<const uint2*>(hi);
-          *reinterpret_cast<uint2*>(sX + ATILE + o) = *reinterpret_cast<const uint2*>(lo);
-        }
-        __syncwarp();
-        a0 = sX;
-      }
-      for (int t = 0; t < AT; t++) {
-        const bf16* a = a0 + t * ATILE;
-#pragma unroll
-        for (int ks = 0; ks < BK / 16; ks++) {
-          uint32_t af[4], bt[4];
-          ptx::ldmatrix_x4(af, a + ptx::swz(arow, ks * 2 + (lane >> 4)));
-          ptx::ldmatrix_x4(bt, b + ptx::swz((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-          ptx::mma_bf16(acc[0], af, bt[0], bt[1]);
-          ptx::mma_bf16(acc[1], af, bt[2], bt[3]);
-        }
-      }
-      if constexpr (AF32) __syncwarp();  // (sX is rewritten by the next k-tile)
-    }
-  }
-  ptx::cp_async_wait<0>();
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int lr = (lane >> 2) + h * 8;
-    if (lr >= rows) continue;
-    const int r = row_begin + m0 + lr;
-    const int64_t orow = p.c_rows ? p.c_rows[r] : r;
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++)
-      ptx::store_pair<TC, SWIGLU>(p, orow, n0 + ni * 8 + (lane & 3) * 2, acc[ni][2 * h], acc[ni][2 * h + 1]);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // fp32 SIMT kernel: 64 x 64 tile, 256 threads of 4 x 4 outputs, k in steps of 16. Columns of a
 // thread are contiguous and start even, so (gate, up) pairs of the SwiGLU layout stay together.
 
@@ -504,48 +320,14 @@ void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   else launch_pdl(tc_gemm_kernel<Cfg, TC, false>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
 }
 
-// The decode kernel's shape: EPMOE_GEMM_STREAM=1 (8 stages of one k-tile), 2 (4 stages of 4
-// k-tiles), 3 (3 stages of 8); 0 (the default) for Small / Tiny in its place. The bits are the same.
-int stream_config() {
-  static const int n = [] {
-    const char* e = std::getenv("EPMOE_GEMM_STREAM");
-    const int v = e && *e ? std::atoi(e) : 0;
-    return v < 0 || v > 3 ? 0 : v;
+// Dense GEMMs of at most 16 rows (a decode step's projections) on the wgmma kernel instead of the
+// mma.sync tile kernel: EPMOE_DENSE_WGMMA=1 (for measuring; the bits are the same).
+bool dense_decode_wgmma() {
+  static const bool on = [] {
+    const char* e = std::getenv("EPMOE_DENSE_WGMMA");
+    return e && std::string(e) == "1";
   }();
-  return n;
-}
-
-template <class TC, int STAGES, int SUB, bool AF32>
-void launch_stream(const GemmArgs& a, Epilogue ep, int ar, cudaStream_t stream) {
-  static_assert(kSlab == Small::BM, "the decode kernel serves the plan's tiles of Small's height");
-  const dim3 grid(ceil_div(a.N, kSlab), a.tiles ? std::max(1, a.max_tiles) : a.G);
-  static const bool ready = [] {
-    for (auto k : {tc_stream_kernel<TC, true, STAGES, SUB, AF32>, tc_stream_kernel<TC, false, STAGES, SUB, AF32>})
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            stream_smem<STAGES, SUB, AF32>(true, kSlab)));
-    return true;
-  }();
-  (void)ready;
-  const int smem = stream_smem<STAGES, SUB, AF32>(a.b_k_twice, ar);
-  if (ep == Epilogue::SwiGLU) launch_pdl(tc_stream_kernel<TC, true, STAGES, SUB, AF32>, grid, dim3(32), smem, stream, a, ar);
-  else launch_pdl(tc_stream_kernel<TC, false, STAGES, SUB, AF32>, grid, dim3(32), smem, stream, a, ar);
-}
-
-template <class TC, bool AF32>
-void launch_stream(const GemmArgs& a, Epilogue ep, int ar, cudaStream_t stream) {
-  switch (stream_config()) {
-    case 3: return launch_stream<TC, 3, 8, AF32>(a, ep, ar, stream);
-    case 2: return launch_stream<TC, 4, 4, AF32>(a, ep, ar, stream);
-    default: return launch_stream<TC, 8, 1, AF32>(a, ep, ar, stream);
-  }
-}
-
-// rows: at most this many rows per m-tile (8 or fewer: 8-row A tiles).
-template <class TC>
-void launch_stream(const GemmArgs& a, Epilogue ep, int rows, cudaStream_t stream) {
-  const int ar = rows <= 8 && !a.tiles ? 8 : kSlab;  // (a tile list's tiles may hold 16 rows)
-  if (a.a_f32_split) launch_stream<TC, true>(a, ep, ar, stream);
-  else launch_stream<TC, false>(a, ep, ar, stream);
+  return on;
 }
 
 void check_args(const GemmArgs& a, Epilogue ep) {
@@ -555,8 +337,6 @@ void check_args(const GemmArgs& a, Epilogue ep) {
 }
 
 }  // namespace
-
-bool gemm_decode_kernel_on() { return stream_config() > 0; }
 
 int gemm_tile_m(int rows_hint) {
   if (const int wg = wgmma_tile_m(rows_hint)) return wg;
@@ -577,22 +357,18 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
     // Hopper's wgmma kernel where groups have enough rows (the same bits, gemm_wgmma.cu); not for
     // a dense GEMM of a few rows, where its wider tile would leave half the CTAs of Small/Tiny.
-    const bool stream_fits = rows <= kSlab && (!a.offsets || a.tiles);
-    EPMOE_ASSERT(a.path != GemmPath::Stream || stream_fits,
-                 "gemm: the decode kernel takes at most 16 rows per group, from a tile list when grouped");
-    EPMOE_ASSERT(!a.a_f32_split || (stream_fits && a.path != GemmPath::Tiled && a.b_k_twice && a.lda % 4 == 0 &&
-                                    reinterpret_cast<uintptr_t>(a.A) % 16 == 0),
-                 "gemm: fp32 A split in the kernel needs the decode kernel (<= 16 rows), b_k_twice and 16-byte rows");
     EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
-    if (a.path == GemmPath::Stream || a.a_f32_split) launch_stream<TC>(a, ep, rows, stream);
+    EPMOE_ASSERT(a.path != GemmPath::Wgmma || !a.tiles, "gemm: a tile list is laid out for the mma.sync tile height");
+    const bool dense_decode = !a.offsets && !a.tiles && rows <= 16;
+    if (a.path == GemmPath::Wgmma || (a.path == GemmPath::Auto && dense_decode && dense_decode_wgmma()))
+      gemm_wgmma<TC>(a, ep, std::max(rows, 16), stream);
     else if (a.path == GemmPath::Auto && wgmma_tile_m(rows) && (a.offsets || rows > 16)) gemm_wgmma<TC>(a, ep, rows, stream);
-    else if (a.path == GemmPath::Auto && stream_fits && stream_config() > 0) launch_stream<TC>(a, ep, rows, stream);
     else if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
       launch_tc<Tiny, TC>(a, ep, stream);
     else launch_tc<Small, TC>(a, ep, stream);
   } else {
     EPMOE_ASSERT(!a.tiles, "gemm f32: no tile lists (the fp32 path loops over m-tiles)");
-    EPMOE_ASSERT(!a.b_k_twice && !a.a_f32_split, "gemm f32: no b_k_twice, no split A");
+    EPMOE_ASSERT(!a.b_k_twice, "gemm f32: no b_k_twice");
     EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
     const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
     dim3 grid(ceil_div(a.N, 64), a.G, std::max(1, std::min(ceil_div(per_group, 64), 65535)));

@@ -10,9 +10,8 @@
 //
 // Two implementations with the same contract:
 //   bf16: tensor cores (mma.sync m16n8k16, fp32 accumulation), cp.async multi-stage pipeline,
-//         swizzled shared memory; needs K, lda, ldb multiples of 8 (16-byte rows). Three kernels:
-//         wgmma (Hopper) for many rows per group, the decode kernel (one warp per 16 weight rows,
-//         deep pipeline) for at most 16, the mma.sync tile kernel otherwise.
+//         swizzled shared memory; needs K, lda, ldb multiples of 8 (16-byte rows). Two kernels:
+//         wgmma (Hopper) for many rows per group, the mma.sync tile kernel otherwise.
 //   f32:  SIMT fp32 FMA (the --compute f32 path and the router).
 // Both are batch-invariant: an output element is the sum over k in ascending order, in a chain
 // that depends on nothing but K -- never on M, the tile shape or the group sizes (no split-K).
@@ -24,9 +23,9 @@ namespace epmoe::cuda {
 
 enum class Epilogue { Store, SwiGLU };
 
-// Which bf16 kernel (all give the same bits): Auto picks by rows per group; the tests force the
-// decode kernel (Stream) and the mma.sync tile kernel (Tiled) against each other.
-enum class GemmPath { Auto, Tiled, Stream };
+// Which bf16 kernel (both give the same bits): Auto picks by rows per group; the tests and the
+// benchmarks force the mma.sync tile kernel (Tiled) or the wgmma kernel (Wgmma; no tile lists).
+enum class GemmPath { Auto, Tiled, Wgmma };
 
 struct GemmArgs {
   const void* A = nullptr;
@@ -63,17 +62,10 @@ struct GemmArgs {
   // Store epilogue, fp32 C: C += the result (+ bias) -- the residual add after a projection, with
   // add_inplace's arithmetic (x + y rounded once).
   bool accumulate = false;
-  // The decode kernel only, with b_k_twice: A is fp32 rows (float, lda in floats) of K / 2 values,
-  // split into [hi | lo] bf16 per 64 columns as it is staged -- split_rows' values, without its
-  // launch and its round trip through memory (split_linear.cuh).
-  bool a_f32_split = false;
 };
 
 // The m-tile height the bf16 GEMM uses for rows_hint rows per group (plan() lays tiles out for it).
 int gemm_tile_m(int rows_hint);
-// Whether GEMMs of at most 16 rows per group run the decode kernel (EPMOE_GEMM_STREAM=0: not), and
-// so whether GemmArgs::a_f32_split is available.
-bool gemm_decode_kernel_on();
 
 // TA: element type of A and B (bf16 or float); TC: of C (bf16 or float).
 template <class TA, class TC>

@@ -296,7 +296,7 @@ __global__ void quantize_fp8_kernel(const TX* x, int64_t ldx, int64_t rows, cons
 void gemm_fp8(const Fp8GemmArgs& q, Epilogue ep, cudaStream_t stream) {
   const GemmArgs& a = q.g;
   EPMOE_ASSERT(a.N > 0 && a.K > 0 && a.G >= 1, "gemm_fp8: empty shape");
-  EPMOE_ASSERT(!a.accumulate && !a.a_f32_split, "gemm_fp8: no accumulate, no split A (the experts' GEMMs)");
+  EPMOE_ASSERT(!a.accumulate, "gemm_fp8: no accumulate (the experts' GEMMs)");
   EPMOE_ASSERT(a.K % kFp8Block == 0 && a.lda % 16 == 0 && a.ldb % 16 == 0 && a.b_group_stride % 16 == 0,
                "gemm_fp8: K must be a multiple of 128 (rows zero-padded) and rows 16-byte aligned, K = " +
                    std::to_string(a.K));

@@ -121,18 +121,10 @@ void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, 
                   const float* bias, Epilogue ep, cudaStream_t s, bool accumulate) {
   if (T == 0) return;
   const int Kp = W.P * W.K;
-  const bool in_gemm = W.periodic && T <= 16 && lda % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       gemm_decode_kernel_on();
+  split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
   GemmArgs g;
-  if (in_gemm) {
-    g.A = x;
-    g.lda = lda;
-    g.a_f32_split = true;
-  } else {
-    split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
-    g.A = xs.data();
-    g.lda = Kp;
-  }
+  g.A = xs.data();
+  g.lda = Kp;
   g.accumulate = accumulate;
   g.B = W.w.data();
   g.ldb = W.periodic ? W.K : Kp;

@@ -49,8 +49,7 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
 
 // y [T, N] (fp32; ldc N) = x [T, K] (fp32, rows lda apart) W^T (+ bias with Store; or the SwiGLU
 // epilogue on gate/up rows interleaved in W: y [T, N/2]); accumulate (Store): y += that instead.
-// xs: scratch for the split rows. Up to 16 rows of a periodic weight (a decode step) are split by
-// the GEMM as it stages them (GemmArgs::a_f32_split): no split_rows launch, the same values.
+// xs: scratch for the split rows.
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
                   const float* bias, Epilogue ep, cudaStream_t s, bool accumulate = false);
 

@@ -210,7 +210,7 @@ void StagedUploader::finish() {
     m.error = nullptr;
     std::rethrow_exception(e);
   }
-  if (m.printed || m.seconds() > 2.0) {
+  if (m.printed || m.seconds() > 2.0 || m.done.load() > (size_t(1) << 30)) {  // (every load of a GB and more)
     const double s = m.seconds(), d = double(m.done.load());
     std::fprintf(stderr, "%s%s: %.1f GB in %.1f s (%.2f GB/s)\n", m.printed && m.tty ? "\r" : "", m.what.c_str(),
                  d / 1e9, s, s > 0 ? d / 1e9 / s : 0.0);
