@@ -64,9 +64,24 @@ int64_t kv_pool_tokens(const KvOptions& opt, Device device, int64_t free_bytes, 
 // The host memory available now (MemAvailable), for the CPU pool's default.
 int64_t available_memory_bytes();
 
-// What to check while running (all off by default).
+// Routing replay (R3: sglang's return_routed_experts, Megatron's RouterReplay): for each token of
+// a forward (the sequences' new tokens in order) and each MoE layer (in layer order), the top-k
+// logical experts in top-k order and their fp32 weights (what the combine multiplies by).
+struct StepRouting {
+  int moe_layers = 0, K = 0;
+  std::vector<int32_t> ids;    // [T][moe_layers][K]
+  std::vector<float> weights;  // [T][moe_layers][K]
+  int64_t tokens() const { return moe_layers * K > 0 ? int64_t(ids.size()) / (int64_t(moe_layers) * K) : 0; }
+};
+
+// What to check while running (all off by default), and routing replay.
 struct ForwardOptions {
   bool check_numerics = false;  // stop at the first layer (CPU) or the logits (GPU) with NaN/Inf
+  // CPU only for now (the GPU refuses them): capture is filled with every token's routing; with
+  // replay every token's routing is the one given and no router runs (an InputError when its
+  // shape is not the step's or an id is not an expert).
+  StepRouting* capture = nullptr;
+  const StepRouting* replay = nullptr;
 };
 
 // One token to draw after a forward (LanguageModel::forward_draw).

@@ -276,12 +276,48 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
 
 void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) {
   ComputeModeScope scope(compute_);
+  mlp(l, 0, x, T, gids, backend, y, ForwardOptions{});
+}
+
+void Model::mlp(int l, int moe, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y,
+                const ForwardOptions& opt) {
   const LayerWeights& L = w_.layers[size_t(l)];
-  if (L.sparse) {
-    MoeLayer(cfg_.routing, L.moe, placement_, rank_).forward(x, T, cfg_.hidden_size, gids, backend, y);
-  } else {
+  if (!L.sparse) {
     StageScope stage(Stage::Dense);
     swiglu_forward(L.dense, x, T, y);
+    return;
+  }
+  // Routing replay: this layer's slice [T][K] of the step's [T][moe_layers][K], in and out.
+  const int K = cfg_.routing.top_k, M = cfg_.num_sparse_layers();
+  Routing in, out;
+  LayerRouting io;
+  if (opt.replay) {
+    const StepRouting& r = *opt.replay;
+    if (r.moe_layers != M || r.K != K || r.tokens() != T || r.weights.size() != r.ids.size())
+      throw InputError("routing replay: [" + std::to_string(r.tokens()) + "][" + std::to_string(r.moe_layers) + "][" +
+                       std::to_string(r.K) + "] given for a step of [" + std::to_string(T) + "][" +
+                       std::to_string(M) + "][" + std::to_string(K) + "] (tokens, MoE layers, top-k)");
+    in.T = T, in.K = K;
+    in.ids.resize(size_t(T * K));
+    in.weights.resize(size_t(T * K));
+    for (int64_t t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) {
+        const size_t src = (size_t(t) * size_t(M) + size_t(moe)) * size_t(K) + size_t(k);
+        in.ids[size_t(t * K + k)] = r.ids[src];
+        in.weights[size_t(t * K + k)] = r.weights[src];
+      }
+    io.replay = &in;
+  }
+  if (opt.capture) io.capture = &out;
+  MoeLayer(cfg_.routing, L.moe, placement_, rank_).forward(x, T, cfg_.hidden_size, gids, backend, y, io);
+  if (opt.capture) {
+    StepRouting& c = *opt.capture;
+    for (int64_t t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) {
+        const size_t dst = (size_t(t) * size_t(M) + size_t(moe)) * size_t(K) + size_t(k);
+        c.ids[dst] = out.ids[size_t(t * K + k)];
+        c.weights[dst] = out.weights[size_t(t * K + k)];
+      }
   }
 }
 
@@ -325,14 +361,22 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
     StageScope stage(Stage::Residual);
     for (int64_t i = 0; i < T * H; i++) x[i] += tmp[i];
   };
-  for (int l = 0; l < cfg_.num_layers; l++) {
+  if (opt.capture) {
+    StepRouting& c = *opt.capture;
+    c.moe_layers = cfg_.num_sparse_layers();
+    c.K = cfg_.routing.top_k;
+    c.ids.assign(size_t(T) * size_t(c.moe_layers) * size_t(c.K), -1);
+    c.weights.assign(c.ids.size(), 0.0f);
+  }
+  for (int l = 0, moe = 0; l < cfg_.num_layers; l++) {
     const LayerWeights& L = w_.layers[size_t(l)];
     norm(x, L.input_norm);
     if (cfg_.mla.enabled()) mla_attention(l, seqs, offsets, hn, T, tmp);
     else attention(l, seqs, offsets, hn, T, tmp);
     residual();
     norm(x, L.post_attention_norm);
-    mlp_block(l, hn, T, gids, backend, tmp);
+    mlp(l, moe, hn, T, gids, backend, tmp, opt);
+    moe += L.sparse ? 1 : 0;
     residual();
     if (opt.check_numerics) check_finite(x, T * H, "layer " + std::to_string(l) + (L.sparse ? " (MoE)" : " (dense)"));
   }

@@ -57,6 +57,9 @@ class Model final : public LanguageModel {
   void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) override;
 
  private:
+  // mlp_block with routing replay: MoE layer number `moe` (0.. in layer order) of the step.
+  void mlp(int layer, int moe, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y,
+           const ForwardOptions& opt);
   void attention(int layer, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
                  const float* x, int64_t T, float* out) const;
   // Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash), in the absorbed form for every

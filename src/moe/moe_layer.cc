@@ -23,12 +23,26 @@ void CpuExpertRunner::run(const ExpertJobs& jobs, void* out) {
                    static_cast<float*>(out));
 }
 
-void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y) const {
+void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y,
+                       const LayerRouting& io) const {
   const int E = routing_.num_experts, K = routing_.top_k;
   std::optional<StageScope> router(std::in_place, Stage::Router);
-  std::vector<float> logits(static_cast<size_t>(T * E));
-  matmul(x, T, w_.router, logits.data());
-  Routing r = route(routing_, logits.data(), T, w_.correction_bias.empty() ? nullptr : w_.correction_bias.data());
+  Routing r;
+  if (io.replay) {  // the given choice instead of the router's (checked: ids of this model, T x K)
+    const Routing& p = *io.replay;
+    if (p.T != T || p.K != K || p.ids.size() != size_t(T * K) || p.weights.size() != size_t(T * K))
+      throw InputError("routing replay: " + std::to_string(p.T) + " tokens x " + std::to_string(p.K) +
+                       " experts given for a layer of " + std::to_string(T) + " x " + std::to_string(K));
+    for (int32_t e : p.ids)
+      if (e < 0 || e >= E)
+        throw InputError("routing replay: expert id " + std::to_string(e) + " is outside 0.." + std::to_string(E - 1));
+    r = p;
+  } else {
+    std::vector<float> logits(static_cast<size_t>(T * E));
+    matmul(x, T, w_.router, logits.data());
+    r = route(routing_, logits.data(), T, w_.correction_bias.empty() ? nullptr : w_.correction_bias.data());
+  }
+  if (io.capture) *io.capture = r;
 
   std::vector<int32_t> physical(static_cast<size_t>(T * K));
   for (int64_t t = 0; t < T; t++)

@@ -44,13 +44,23 @@ class CpuExpertRunner final : public ExpertRunner {
   int rank_, H_;
 };
 
+// Routing replay (R3): what a layer's router chose for the T tokens of a call (capture), or the
+// choice to use instead of the router's (replay): logical expert ids [T, K] in top-k order and
+// their fp32 weights (the weights the combine multiplies by, renormalised and scaled as the family
+// does). The replica serving a (token, slot) is still the placement's choice.
+struct LayerRouting {
+  Routing* capture = nullptr;
+  const Routing* replay = nullptr;
+};
+
 class MoeLayer {
  public:
   MoeLayer(const RoutingConfig& routing, const MoeLayerWeights& w, const Placement& placement, int rank)
       : routing_(routing), w_(w), placement_(placement), rank_(rank) {}
 
   // y: [T, H] (overwritten). gids: [T] token global ids.
-  void forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y) const;
+  void forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y,
+               const LayerRouting& io = {}) const;
 
  private:
   const RoutingConfig& routing_;

@@ -7,7 +7,9 @@
 // with zero tokens}, the logits of prefill and three greedy decode steps are compared with the
 // single-process reference (all experts local, no backend), computed by each rank for its own
 // sequences: deterministic combine must be bit-identical (memcmp), fast within 1e-5. The
-// low-latency capacity is set below the tokens per rank, so overflow rounds always run.
+// low-latency capacity is set below the tokens per rank, so overflow rounds always run. Routing
+// replay (R3), per backend: the routing captured on R ranks is the single process's, and a
+// re-score of prompt + output with it replayed gives the rollout's logits bit for bit.
 // Prints one line per case and "N passed, N failed"; exit 1 on any failure.
 #include <cmath>
 #include <cstdio>
@@ -83,6 +85,64 @@ std::vector<std::vector<float>> run(Model& m, A2ABackend& be, MpiGroup& comm,
   return all;
 }
 
+// Routing replay (R3): a rollout of this rank's sequences (prefill, then `steps` greedy steps) with
+// every step's routing captured, then one re-score of each sequence's fed tokens with that routing
+// replayed. Returns the captured routing and the rollout's logits, and whether the re-score gave
+// the rollout's logits bit for bit.
+struct ReplayRun {
+  std::vector<std::vector<int32_t>> ids;  // per sequence: [fed tokens][moe layers][K]
+  std::vector<std::vector<float>> weights;
+  bool rescore_bits = true;
+};
+ReplayRun replay_run(Model& m, A2ABackend& be, const std::vector<std::pair<uint64_t, std::vector<int32_t>>>& mine,
+                     int steps) {
+  const size_t n = mine.size();
+  std::vector<Sequence> seqs;
+  std::vector<Sequence*> ptrs;
+  std::vector<std::vector<int32_t>> toks, fed(n);
+  std::vector<std::vector<float>> logits_all(n);
+  ReplayRun out;
+  out.ids.resize(n), out.weights.resize(n);
+  for (auto& [id, p] : mine) seqs.push_back(m.new_sequence(id));
+  for (size_t i = 0; i < n; i++) ptrs.push_back(&seqs[i]), toks.push_back(mine[i].second);
+  const int64_t V = m.config().vocab_size;
+  StepRouting cap;
+  for (int s = 0; s <= steps; s++) {
+    ForwardOptions opt;
+    opt.capture = &cap;
+    auto logits = m.forward(ptrs, toks, be, /*all_logits=*/true, opt);
+    const size_t per = size_t(cap.moe_layers) * size_t(cap.K);
+    size_t t0 = 0;
+    for (size_t i = 0; i < n; i++) {
+      fed[i].insert(fed[i].end(), toks[i].begin(), toks[i].end());
+      out.ids[i].insert(out.ids[i].end(), cap.ids.begin() + long(t0 * per), cap.ids.begin() + long((t0 + toks[i].size()) * per));
+      out.weights[i].insert(out.weights[i].end(), cap.weights.begin() + long(t0 * per),
+                            cap.weights.begin() + long((t0 + toks[i].size()) * per));
+      t0 += toks[i].size();
+      logits_all[i].insert(logits_all[i].end(), logits[i].begin(), logits[i].end());
+      toks[i] = {argmax(logits[i].data() + logits[i].size() - size_t(V), V)};
+    }
+  }
+  // The re-score: every sequence's fed tokens in one step, the captured routing replayed.
+  std::vector<Sequence> again;
+  std::vector<Sequence*> again_ptrs;
+  StepRouting rep;
+  rep.moe_layers = cap.moe_layers, rep.K = cap.K;
+  for (size_t i = 0; i < n; i++) {
+    again.push_back(m.new_sequence(mine[i].first));
+    rep.ids.insert(rep.ids.end(), out.ids[i].begin(), out.ids[i].end());
+    rep.weights.insert(rep.weights.end(), out.weights[i].begin(), out.weights[i].end());
+  }
+  for (auto& q : again) again_ptrs.push_back(&q);
+  ForwardOptions opt;
+  opt.replay = &rep;
+  auto scored = m.forward(again_ptrs, fed, be, /*all_logits=*/true, opt);
+  for (size_t i = 0; i < n; i++)
+    out.rescore_bits &= scored[i].size() == logits_all[i].size() &&
+                        std::memcmp(scored[i].data(), logits_all[i].data(), scored[i].size() * sizeof(float)) == 0;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +182,8 @@ int main(int argc, char** argv) {
           if (i % R == me) mine.push_back({uint64_t(i), p});
         }
         auto want = run(ref, *local, comm, mine, 3);
+        // The single process's routing of the same rollout: what every backend's capture must equal.
+        const ReplayRun ref_routing = collapsed ? ReplayRun{} : replay_run(ref, *local, mine, 3);
 
         for (int redundant : {0, 2, 5}) {
           if (redundant > E) continue;
@@ -157,6 +219,23 @@ int main(int argc, char** argv) {
                             collapsed ? "collapsed" : "model", zero_rank ? "one-idle" : "all-busy", worst,
                             any_diff ? "" : "(bit-identical)");
               (bad ? failed : passed)++;
+              // Routing replay (deterministic combine, the model's routing, 2 redundant experts):
+              // each rank's captured routing is the single process's (ids and weight bits), and
+              // re-scoring with it replayed gives the rollout's logits bit for bit.
+              if (mode == CombineMode::Deterministic && !collapsed && redundant == std::min(2, E)) {
+                const ReplayRun rr = replay_run(m, *be, mine, 3);
+                bool same = rr.rescore_bits;
+                for (size_t i = 0; i < mine.size(); i++)
+                  same &= rr.ids[i] == ref_routing.ids[i] && rr.weights[i].size() == ref_routing.weights[i].size() &&
+                          std::memcmp(rr.weights[i].data(), ref_routing.weights[i].data(),
+                                      rr.weights[i].size() * sizeof(float)) == 0;
+                const int64_t rbad = comm.allreduce_sum(same ? 0 : 1);
+                if (me == 0)
+                  std::printf("%-4s %s R=%d %-10s routing replay: captured == single process, re-score == rollout "
+                              "(bits), ranks=%s\n",
+                              rbad ? "FAIL" : "ok", name.c_str(), R, backend.c_str(), zero_rank ? "one-idle" : "all-busy");
+                (rbad ? failed : passed)++;
+              }
             }
         }
       }

@@ -1052,6 +1052,12 @@ struct GpuModel final : LanguageModel {
     else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
   }
 
+  // Routing replay (ForwardOptions::capture / replay) is not on the GPU yet.
+  static void refuse_routing_io(const ForwardOptions& opt) {
+    if (opt.capture || opt.replay)
+      throw InputError("routing capture and replay (return_routed_experts) run on the CPU only for now, not --device cuda");
+  }
+
   const ModelConfig& config() const override { return cfg; }
   Device device() const override { return Device::Cuda; }
   KvPool& kv_pool() override { return *pool_; }
@@ -1059,6 +1065,7 @@ struct GpuModel final : LanguageModel {
   std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
                                           bool all_logits, const ForwardOptions& opt) override {
+    refuse_routing_io(opt);
     auto logits = run(seqs, tokens, backend, all_logits, nullptr);
     if (opt.check_numerics)
       for (const auto& l : logits) check_finite(l, "logits");
@@ -1070,6 +1077,7 @@ struct GpuModel final : LanguageModel {
                                       const ForwardOptions& opt) override {
     // --check-numerics: the logits come to the host to be checked, and the argmax is taken there
     // (the same choice: ties to the lower id on both).
+    refuse_routing_io(opt);
     if (opt.check_numerics) return LanguageModel::forward_greedy(seqs, tokens, backend, opt);
     std::vector<int32_t> next;
     run(seqs, tokens, backend, false, &next);  // argmax on the device
@@ -1082,6 +1090,7 @@ struct GpuModel final : LanguageModel {
                                   A2ABackend& backend, const std::vector<DrawRequest>& draws,
                                   const ForwardOptions& opt) override {
     EPMOE_ASSERT(!opt.check_numerics, "forward_draw: --check-numerics checks the logits on the host");
+    refuse_routing_io(opt);
     std::vector<Drawn> out;
     run(seqs, tokens, backend, false, nullptr, &draws, &out);
     return out;
