@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev
   libcpp-httplib-dev               # epmoe serve: HTTP (cpp-httplib)
+  libssl-dev                       # epmoe serve: base64 of routed_experts (OpenSSL's encoder)
   python3-httpx python3-aiohttp    # tests/serve: the Python clients of RL frameworks (slime, AReaL)
   nodejs                           # tests/serve: the OpenAI client (npm `openai` v6, below)
   libopenblas-dev

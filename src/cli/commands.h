@@ -84,6 +84,7 @@ struct ServeCliOptions {
   int http_threads = 0;
   int64_t max_body_mb = 64;
   double heartbeat = 1.0;
+  bool enable_routed_experts = false;  // --enable-return-routed-experts
 };
 
 int run_info(const RunOptions& o);  // reads only --model

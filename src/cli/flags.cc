@@ -295,6 +295,10 @@ Command register_serve(CLI::App& app) {
   cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body accepted, in MiB")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_flag("--enable-return-routed-experts", o->enable_routed_experts,
+                "Accept return_routed_experts on /generate (sglang's routing replay for RL: meta_info.routed_experts, "
+                "base64 of int32 [seq_len - 1, MoE layers, top_k]) and return_routed_expert_weights; such requests "
+                "compute their whole prompt (no prefix cache). CPU only for now");
   cmd->add_option("--heartbeat", o->heartbeat,
                   "Seconds between the idle server's collectives (so a dead rank is found while idle too)")
       ->capture_default_str();

@@ -37,6 +37,9 @@ int run_serve(const ServeCliOptions& o) {
   Runtime rt = start_runtime(run);
   const bool root = rt.group->rank() == 0;
 
+  if (o.enable_routed_experts && rt.model->device() != Device::Cpu)
+    throw InputError("--enable-return-routed-experts: the routed experts are recorded on CPU models only for now, "
+                     "not --device " + o.run.device);
   ServeEngineOptions eo;
   eo.scheduler.forward = rt.options.forward;
   eo.scheduler.max_batch_tokens = o.max_batch_tokens;
@@ -60,6 +63,9 @@ int run_serve(const ServeCliOptions& o) {
     m.max_positions = rt.cfg.max_position_embeddings;
     m.eos_ids = rt.cfg.eos_token_ids;
     m.tokenizer = tok.get();
+    m.routed_experts = o.enable_routed_experts;
+    m.moe_layers = rt.cfg.num_sparse_layers();
+    m.top_k = rt.cfg.routing.top_k;
     HttpOptions ho;
     ho.host = o.host;
     ho.port = o.port;

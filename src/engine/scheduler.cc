@@ -35,6 +35,8 @@ size_t Scheduler::submit(GenerateRequest r) {
   if (r.n < 1) throw InputError(what + ": n = " + std::to_string(r.n) + " (at least one sample)");
   if (r.params.max_new_tokens < 0) throw InputError(what + ": max_new_tokens < 0");
   validate(r.params.sampling);
+  if (r.params.routed_experts && model_.device() != Device::Cpu)
+    throw InputError(what + ": the routed experts (return_routed_experts) are recorded on CPU models only for now");
   // The blocks the request may need in an empty pool (admit's promise without a cached prefix).
   KvPool& pool = model_.kv_pool();
   const int64_t P = int64_t(r.prompt.size()), M = r.params.max_new_tokens, B = pool.block_tokens();
@@ -121,7 +123,7 @@ bool Scheduler::admit(size_t h) {
   const int64_t cow = e.req.n > 1 && P % B != 0 ? 1 : 0;
   // At least the prompt's last token is computed: its logits choose the first token; and every
   // position whose logits give a prompt log-prob asked for.
-  int64_t match = opt_.prefix_cache ? P - 1 : 0;
+  int64_t match = opt_.prefix_cache && !e.req.params.routed_experts ? P - 1 : 0;  // (routing: every token runs)
   if (e.req.params.input_logprobs_from >= 0)
     match = std::min<int64_t>(match, std::max(e.req.params.input_logprobs_from, 1) - 1);
   auto kv = pool.admit(e.req.prompt, match, worst, cow + int64_t(e.req.n - 1) * e.fork_blocks);
@@ -257,6 +259,11 @@ bool Scheduler::step() {
     device_draws &= sp.top_k <= 0 && sp.top_p >= 1.0f && sp.min_p <= 0.0f && p.top_logprobs == 0;
   }
   device_draws &= host_logits && !all_logits;
+  // Routing replay: the step's routing is captured when a request in it records its own.
+  StepRouting routing;
+  ForwardOptions fo = opt_.forward;
+  for (size_t a = 0; a < active.size() && !fo.capture; a++)
+    if (entries_[who[a].first].req.params.routed_experts) fo.capture = &routing;
   const auto f0 = std::chrono::steady_clock::now();
   std::vector<int32_t> picks;
   std::vector<std::vector<float>> logits;
@@ -266,18 +273,41 @@ bool Scheduler::step() {
       const Entry& e = entries_[pk.h];
       draws.push_back({int(pk.row), e.req.params.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position});
     }
-    const std::vector<Drawn> drawn = model_.forward_draw(active, tokens, backend_, draws, opt_.forward);
+    const std::vector<Drawn> drawn = model_.forward_draw(active, tokens, backend_, draws, fo);
     for (size_t i = 0; i < picks_todo.size(); i++) {
       picks_todo[i].token = drawn[i].token;
       picks_todo[i].logprob = drawn[i].logprob;
     }
   } else if (host_logits) {
-    logits = model_.forward(active, tokens, backend_, all_logits, opt_.forward);
+    logits = model_.forward(active, tokens, backend_, all_logits, fo);
   } else {
     // Greedy without log-probs needs no logits on the host: the model may pick on its device.
-    picks = model_.forward_greedy(active, tokens, backend_, opt_.forward);
+    picks = model_.forward_greedy(active, tokens, backend_, fo);
   }
   stats_.forward_seconds += seconds_since(f0);
+  if (fo.capture) {  // each recording request's tokens' routing: a prompt chunk's to every sample
+    const size_t per = size_t(routing.moe_layers) * size_t(routing.K);
+    size_t t0 = 0;
+    for (size_t a = 0; a < active.size(); a++) {
+      const auto [h, j] = who[a];
+      Entry& e = entries_[h];
+      const size_t n = tokens[a].size();
+      if (e.req.params.routed_experts) {
+        auto add = [&](Generation& g) {
+          g.routed_experts.insert(g.routed_experts.end(), routing.ids.begin() + long(t0 * per),
+                                  routing.ids.begin() + long((t0 + n) * per));
+          g.routed_weights.insert(g.routed_weights.end(), routing.weights.begin() + long(t0 * per),
+                                  routing.weights.begin() + long((t0 + n) * per));
+        };
+        if (chunk_start[a] < int64_t(e.req.prompt.size())) {
+          for (Generation& g : e.out) add(g);
+        } else {
+          add(e.out[size_t(j)]);
+        }
+      }
+      t0 += n;
+    }
+  }
   in_step_ = true;
 
   // Forks: the n samples of a prompt that is now in share its blocks (sample 0's cache, before

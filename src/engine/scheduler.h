@@ -41,6 +41,10 @@ struct RequestParams {
   // numbers `logprobs` reports for generated tokens, so a re-scored rollout gives its own bits).
   // The positions they need are computed even when their blocks are in the prefix cache.
   int input_logprobs_from = -1;
+  // Routing replay (R3, sglang's return_routed_experts): record the routing of every token the
+  // sample's sequence feeds (its whole prompt -- never from the prefix cache -- and every
+  // generated token but the last). CPU models only (submit refuses it elsewhere).
+  bool routed_experts = false;
 };
 
 struct GenerateRequest {
@@ -63,6 +67,10 @@ struct Generation {
   int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache instead of computed
   // With input_logprobs_from = k >= 0: the prompt tokens' log-probs from position max(k, 1) on.
   std::vector<float> input_logprobs;
+  // With routed_experts: per fed token (prompt + tokens - 1, in order) and MoE layer, the top-k
+  // logical experts and their fp32 weights: [fed][moe layers][top_k] (StepRouting's layout).
+  std::vector<int32_t> routed_experts;
+  std::vector<float> routed_weights;
 };
 
 struct SchedulerOptions {

@@ -42,6 +42,8 @@ struct SampleProgress {
   FinishReason finish = FinishReason::Length;
   std::string matched_stop;          // the stop string matched, when one ended it
   std::optional<int32_t> matched_id; // the stop id, when one ended it
+  std::vector<int32_t> routed_experts;  // when asked, once done: Generation::routed_experts
+  std::vector<float> routed_weights;
 };
 
 class Job {

@@ -1,5 +1,7 @@
 #include "serve/protocol.h"
 
+#include <openssl/evp.h>
+
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -108,7 +110,17 @@ struct SamplingSpec {
   bool logprobs = false;
   int top_logprobs = 0;
   int input_from = -1;
+  bool routed_experts = false;
 };
+
+// Standard base64 of raw bytes (OpenSSL's encoder; sglang sends routed_experts this way).
+std::string base64(const void* data, size_t n) {
+  std::string out(4 * ((n + 2) / 3), '\0');
+  const int w = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), static_cast<const unsigned char*>(data),
+                                int(n));
+  out.resize(size_t(w));
+  return out;
+}
 
 uint64_t fresh_seed() {
   std::random_device rd;
@@ -173,6 +185,7 @@ ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt
   r.params.logprobs = s.logprobs;
   r.params.top_logprobs = s.top_logprobs;
   r.params.input_logprobs_from = s.input_from;
+  r.params.routed_experts = s.routed_experts;
   const bool sampled = s.temperature > 0;
   r.seed = s.seed ? uint64_t(*s.seed) : sampled ? fresh_seed() : 0;
   r.seed_reported = sampled || s.seed.has_value();
@@ -224,6 +237,12 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
   call.return_logprob = f.boolean("return_logprob").value_or(false);
   call.logprob_start_len = int(f.integer("logprob_start_len", -1, INT32_MAX).value_or(-1));
   call.top_logprobs_num = int(f.integer("top_logprobs_num", 0, m.max_top_logprobs).value_or(0));
+  call.return_routed_experts = f.boolean("return_routed_experts").value_or(false);
+  call.return_routed_expert_weights = f.boolean("return_routed_expert_weights").value_or(false);
+  call.routed_experts_start_len = int(f.integer("routed_experts_start_len", 0, INT32_MAX).value_or(0));
+  if ((call.return_routed_experts || call.return_routed_expert_weights) && !m.routed_experts)
+    bad(call.return_routed_experts ? "return_routed_experts" : "return_routed_expert_weights",
+        "the server records routed experts only when started with --enable-return-routed-experts");
   const json* text = f.get("text");
   const json* ids = f.get("input_ids");
   if ((text != nullptr) == (ids != nullptr)) bad(text ? "input_ids" : "text", "give exactly one of text, input_ids");
@@ -292,6 +311,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
     s.logprobs = call.return_logprob;
     s.top_logprobs = call.return_logprob ? call.top_logprobs_num : 0;
     s.input_from = call.return_logprob ? call.logprob_start_len : -1;
+    s.routed_experts = call.return_routed_experts || call.return_routed_expert_weights;
     std::string rid;
     if (const json* r = per_prompt("rid", i)) {
       if (!r->is_string()) bad("rid", "must be a string (or a list of strings, one per prompt)");
@@ -359,6 +379,16 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
       }
       meta["output_top_logprobs"] = tops;
     }
+  }
+  // Routing replay: every fed token's routing from routed_experts_start_len on (sglang's shape
+  // [seq_len - 1 - start, moe_layers, top_k], int32 little-endian, base64), once the sample is done.
+  if ((call.return_routed_experts || call.return_routed_expert_weights) && s.done) {
+    const size_t per = size_t(m.moe_layers) * size_t(m.top_k);
+    const size_t from = std::min(s.routed_experts.size(), size_t(call.routed_experts_start_len) * per);
+    if (call.return_routed_experts)
+      meta["routed_experts"] = base64(s.routed_experts.data() + from, (s.routed_experts.size() - from) * 4);
+    if (call.return_routed_expert_weights)
+      meta["routed_expert_weights"] = base64(s.routed_weights.data() + from, (s.routed_weights.size() - from) * 4);
   }
   json out;
   out["text"] = s.text;

@@ -37,6 +37,10 @@ struct ServedModel {
   std::vector<int> eos_ids;
   const Tokenizer* tokenizer = nullptr;  // null: ids only
   int max_top_logprobs = 20;
+  // Routing replay (--enable-return-routed-experts): return_routed_experts is accepted, and the
+  // shape of what it returns ([tokens][moe_layers][top_k]).
+  bool routed_experts = false;
+  int moe_layers = 0, top_k = 0;
 };
 
 // ---- sglang's native /generate ----
@@ -47,6 +51,12 @@ struct NativeCall {
   bool return_logprob = false;
   int logprob_start_len = -1;
   int top_logprobs_num = 0;
+  // sglang's routing replay fields: meta_info.routed_experts (base64 of int32 [seq_len - 1 - start,
+  // moe_layers, top_k]), from token routed_experts_start_len on; epmoe's routed_expert_weights
+  // (base64 of the fp32 weights in the same layout) with return_routed_expert_weights.
+  bool return_routed_experts = false;
+  bool return_routed_expert_weights = false;
+  int routed_experts_start_len = 0;
 };
 NativeCall parse_generate(const nlohmann::json& body, const ServedModel& m);
 // {text, output_ids, meta_info} of sample j of a finished (or, streaming, running) job; `index`

@@ -240,6 +240,8 @@ void ServeEngine::finish_job(size_t h, const JobPtr& jp) {
       if (tok_ && it != live_.end() && sp.matched_stop.empty()) {
         sp.text = it->second.raw[j] + it->second.decoders[j]->flush();
       }
+      sp.routed_experts = res[j].routed_experts;
+      sp.routed_weights = res[j].routed_weights;
       sp.done = true;
     }
     if (!res.empty()) {

@@ -19,6 +19,9 @@ add_test(NAME serve.guarantee COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/guarant
 add_test(NAME serve.hostile COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/hostile_test.py)
 # Under mpirun: a rank that dies ends the server with a message naming it, never a hang.
 add_test(NAME serve.rank_failure COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rank_failure_test.py)
+# Routing replay (return_routed_experts, httpx): shape, re-score == rollout, batch and 3 ranks == alone.
+add_test(NAME serve.routing_replay COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/routing_replay_test.py)
 
 set_tests_properties(serve.openai_client serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
+  serve.routing_replay
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
