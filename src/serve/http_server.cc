@@ -70,7 +70,7 @@ void wait_all(const std::vector<JobPtr>& jobs) {
 struct StreamState {
   std::vector<JobPtr> jobs;
   std::vector<std::vector<size_t>> sent_tokens, sent_text;
-  std::vector<std::vector<bool>> sent_role, sent_final;
+  std::vector<std::vector<bool>> sent_role, sent_final, sent_ids;  // sent_ids: prompt_token_ids went out
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   bool finished = false;
 
@@ -81,6 +81,7 @@ struct StreamState {
       sent_text.emplace_back(n, 0);
       sent_role.emplace_back(n, false);
       sent_final.emplace_back(n, false);
+      sent_ids.emplace_back(n, false);
     }
   }
   bool all_done() const {
@@ -339,6 +340,22 @@ void HttpServer::routes() {
   });
   s.Get("/server_info", server_info);
   s.Get("/get_server_info", server_info);
+  // sglang's load report, one entry per data-parallel rank (one: rank 0 holds every sequence):
+  // requests running and waiting, KV positions in use and their share of the pool.
+  auto loads = [this](const httplib::Request&, httplib::Response& res) {
+    const ServeMetrics m = engine_.metrics();
+    const int64_t used = m.kv_blocks_used * m.kv_block_tokens, total = m.kv_blocks_total * m.kv_block_tokens;
+    send_json(res, 200,
+              {{"loads", json::array({{{"dp_rank", 0},
+                                       {"num_reqs", m.running + m.waiting},
+                                       {"num_running_reqs", m.running},
+                                       {"num_waiting_reqs", m.waiting},
+                                       {"num_tokens", used},
+                                       {"max_total_num_tokens", total},
+                                       {"token_usage", total > 0 ? double(used) / double(total) : 0.0}}})}});
+  };
+  s.Get("/v1/loads", loads);
+  s.Get("/get_loads", loads);
   s.Post("/abort_request", [this](const httplib::Request& req, httplib::Response& res) {
     const json b = parse_body(req);
     if (!b.is_object()) throw HttpError(400, "body", "body: must be a JSON object");
@@ -490,7 +507,9 @@ void HttpServer::routes() {
                 if (call->chat && !st.sent_role[p][k]) {
                   json c = {{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
                             {"logprobs", nullptr}, {"finish_reason", nullptr}};
-                  events.push_back(dump_json(chunk(json::array({c}))));
+                  json ev = chunk(json::array({c}));
+                  if (call->return_token_ids) ev["prompt_token_ids"] = job.req.prompt;
+                  events.push_back(dump_json(ev));
                   st.sent_role[p][k] = true;
                 }
                 const bool final_now = s.done && job.state == Job::State::Done;
@@ -509,6 +528,12 @@ void HttpServer::routes() {
                                                         call->logprobs, m)
                                       : json(nullptr);
                   c["finish_reason"] = final_now ? openai_finish(s) : json(nullptr);
+                  if (call->return_token_ids) {
+                    c["token_ids"] = std::vector<int32_t>(s.tokens.begin() + long(std::min(st.sent_tokens[p][k], nt)),
+                                                          s.tokens.end());
+                    if (!call->chat && !st.sent_ids[p][k]) c["prompt_token_ids"] = job.req.prompt;
+                    st.sent_ids[p][k] = true;
+                  }
                   events.push_back(dump_json(chunk(json::array({c}))));
                   st.sent_tokens[p][k] = nt;
                   st.sent_text[p][k] = tt;

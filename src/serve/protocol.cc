@@ -437,6 +437,7 @@ SamplingSpec openai_sampling(const Fields& f, const ServedModel& m, int64_t defa
 
 void stream_options(const Fields& f, OpenAICall& call) {
   call.stream = f.boolean("stream").value_or(false);
+  call.return_token_ids = f.boolean("return_token_ids").value_or(false);
   if (const json* so = f.get("stream_options")) {
     Fields o(*so, "stream_options.");
     call.include_usage = o.boolean("include_usage").value_or(false);
@@ -609,15 +610,21 @@ json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, co
       c["logprobs"] = call.logprobs >= 0 ? openai_logprobs(s, 0, s.tokens.size(), call.chat, call.logprobs, m)
                                          : json(nullptr);
       c["finish_reason"] = openai_finish(s);
+      if (call.return_token_ids) {
+        c["token_ids"] = s.tokens;
+        if (!call.chat) c["prompt_token_ids"] = job.req.prompt;
+      }
       choices.push_back(c);
     }
   }
-  return {{"id", call.id},
-          {"object", call.chat ? "chat.completion" : "text_completion"},
-          {"created", call.created},
-          {"model", call.model},
-          {"choices", choices},
-          {"usage", openai_usage(jobs)}};
+  json out = {{"id", call.id},
+              {"object", call.chat ? "chat.completion" : "text_completion"},
+              {"created", call.created},
+              {"model", call.model},
+              {"choices", choices},
+              {"usage", openai_usage(jobs)}};
+  if (call.return_token_ids && call.chat && !jobs.empty()) out["prompt_token_ids"] = jobs[0]->req.prompt;
+  return out;
 }
 
 }  // namespace epmoe

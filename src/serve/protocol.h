@@ -71,6 +71,9 @@ struct OpenAICall {
   bool stream = false;
   bool include_usage = false;
   int logprobs = -1;      // completions: `logprobs` N (-1: none); chat: top_logprobs when logprobs true
+  // vLLM's return_token_ids: each choice's `token_ids` (a stream chunk: its new ids) and the
+  // prompt's `prompt_token_ids` (completions: per choice; chat: on the response, the ChatML ids).
+  bool return_token_ids = false;
   std::string model;
   std::string id;         // cmpl-... / chatcmpl-...
   int64_t created = 0;

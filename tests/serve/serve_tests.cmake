@@ -21,7 +21,9 @@ add_test(NAME serve.hostile COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/hostile_t
 add_test(NAME serve.rank_failure COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rank_failure_test.py)
 # Routing replay (return_routed_experts, httpx): shape, re-score == rollout, batch and 3 ranks == alone.
 add_test(NAME serve.routing_replay COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/routing_replay_test.py)
+# return_token_ids on the OpenAI routes and /v1/loads (httpx).
+add_test(NAME serve.rl_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rl_fields_test.py)
 
 set_tests_properties(serve.openai_client serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
-  serve.routing_replay
+  serve.routing_replay serve.rl_fields
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
