@@ -58,6 +58,7 @@ const SafetensorsFile& Checkpoint::open(size_t i) const {
 }
 
 std::optional<TensorView> Checkpoint::find(const std::string& name) const {
+  if (auto o = overlay_.find(name); o != overlay_.end()) return o->second;
   auto it = where_.find(name);
   if (it == where_.end()) return std::nullopt;
   return open(it->second).get(name);
@@ -71,6 +72,19 @@ TensorView Checkpoint::get(const std::string& name) const {
     throw InputError("tensor '" + name + "' not found in checkpoint " + dir_ + " (searched " + searched + ")");
   }
   return *v;
+}
+
+void Checkpoint::overlay(std::map<std::string, TensorView> views, std::shared_ptr<const void> owner) {
+  for (auto& [name, v] : views) {
+    auto it = where_.find(name);
+    if (it == where_.end()) throw InputError("tensor '" + name + "' is not a tensor of the loaded model (" + dir_ + ")");
+    const TensorView have = open(it->second).get(name);
+    if (have.dtype != v.dtype || have.shape != v.shape)
+      throw InputError("tensor '" + name + "' is " + std::string(dtype_name(v.dtype)) + " " + v.shape_str() +
+                       ", the loaded model's is " + std::string(dtype_name(have.dtype)) + " " + have.shape_str());
+  }
+  overlay_ = std::move(views);
+  overlay_owner_ = std::move(owner);
 }
 
 std::vector<std::string> Checkpoint::names() const {

@@ -35,6 +35,15 @@ class Checkpoint {
   // The shard file that holds `name` ("" when no shard does).
   std::string file_of(const std::string& name) const;
 
+  // Weights from elsewhere than the files (a trainer's update: serve's
+  // /update_weights_from_safetensors): get() and find() return these views instead of the files'
+  // for their names, whose bytes `owner` keeps alive. Every name must be a tensor of the checkpoint
+  // with the same dtype and shape (InputError naming the first that is not); replaces an earlier
+  // overlay. The files stay open for the names not overlaid.
+  void overlay(std::map<std::string, TensorView> views, std::shared_ptr<const void> owner);
+  const std::map<std::string, TensorView>& overlaid() const { return overlay_; }
+  const std::shared_ptr<const void>& overlay_owner() const { return overlay_owner_; }
+
  private:
   struct Shard {
     std::string path;
@@ -48,6 +57,8 @@ class Checkpoint {
   mutable std::mutex open_mutex_;  // loaders may look tensors up from several threads
   mutable std::vector<Shard> shards_;
   std::map<std::string, size_t> where_;  // tensor name -> index in shards_
+  std::map<std::string, TensorView> overlay_;
+  std::shared_ptr<const void> overlay_owner_;
 };
 
 }  // namespace epmoe

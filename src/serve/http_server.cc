@@ -391,6 +391,17 @@ void HttpServer::routes() {
     const ControlReply r = engine_.resume();
     send_json(res, 200, {{"success", r.ok}, {"message", r.message}});
   });
+  // The trainer's weights without disk: the body is a safetensors file's bytes (a bucket of at
+  // most --max-body-mb); ?commit=false stages it, the default applies everything staged once the
+  // requests in flight are done; ?weight_version=V names the new weights.
+  s.Post("/update_weights_from_safetensors", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string commit = req.has_param("commit") ? req.get_param_value("commit") : "true";
+    if (commit != "true" && commit != "false") throw HttpError(400, "commit", "commit: must be true or false");
+    const std::string version = req.has_param("weight_version") ? req.get_param_value("weight_version") : "";
+    const ControlReply r = engine_.update_weights_from_bytes(req.body, commit == "true", version);
+    if (!r.ok) throw HttpError(400, "body", r.message);
+    send_json(res, 200, {{"success", true}, {"message", r.message}, {"weight_version", engine_.weight_version()}});
+  });
   s.Post("/update_weights_from_disk", [this](const httplib::Request& req, httplib::Response& res) {
     const json b = parse_body(req);
     if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string())

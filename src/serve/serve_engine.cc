@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <random>
 
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "io/json_util.h"
 #include "util/error.h"
 
@@ -95,6 +97,12 @@ ControlReply ServeEngine::pause(const std::string& mode) { return call({Control:
 ControlReply ServeEngine::resume() { return call({Control::Kind::Resume, "", "", nullptr, nullptr}); }
 ControlReply ServeEngine::update_weights(const std::string& path, const std::string& version) {
   return call({Control::Kind::Update, path, version, nullptr, nullptr});
+}
+
+ControlReply ServeEngine::update_weights_from_bytes(std::string bucket, bool commit, const std::string& version) {
+  Control c{Control::Kind::Tensors, std::move(bucket), version, nullptr, nullptr};
+  c.commit = commit;
+  return call(std::move(c));
 }
 
 ServeMetrics ServeEngine::metrics() {
@@ -300,6 +308,65 @@ void ServeEngine::abort_where(const std::function<bool(const Job&)>& which) {
   }
 }
 
+namespace {
+
+// A bucket of /update_weights_from_safetensors: its tensors' header entries and where its data starts.
+struct Bucket {
+  std::map<std::string, SafetensorsEntry> entries;
+  const char* data = nullptr;
+};
+Bucket parse_bucket(const std::string& bytes, const std::string& what) {
+  if (bytes.size() < 8) throw InputError(what + ": " + std::to_string(bytes.size()) + " bytes is not a safetensors file");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > kMaxSafetensorsHeader || n > bytes.size() - 8)
+    throw InputError(what + ": header of " + std::to_string(n) + " bytes in a body of " + std::to_string(bytes.size()));
+  Bucket b;
+  b.entries = parse_safetensors_header(what, bytes.data() + 8, size_t(n), bytes.size() - 8 - size_t(n));
+  b.data = bytes.data() + 8 + n;
+  return b;
+}
+
+// The staged buckets as one string for every rank: count, then each bucket's length and bytes.
+std::string stage_frames(const std::vector<std::string>& buckets) {
+  std::string out;
+  auto put = [&](uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); };
+  put(buckets.size());
+  for (auto& b : buckets) {
+    put(b.size());
+    out += b;
+  }
+  return out;
+}
+std::vector<std::string> read_frames(const std::string& f) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  auto get = [&]() {
+    EPMOE_ASSERT(at + 8 <= f.size(), "weight update frames: truncated");
+    uint64_t v = 0;
+    std::memcpy(&v, f.data() + at, 8);
+    at += 8;
+    return v;
+  };
+  const uint64_t n = get();
+  for (uint64_t i = 0; i < n; i++) {
+    const uint64_t len = get();
+    EPMOE_ASSERT(at + len <= f.size(), "weight update frames: truncated");
+    out.push_back(f.substr(at, len));
+    at += len;
+  }
+  return out;
+}
+
+// The tensors' bytes, each in its own aligned block (the bucket's offsets need not be aligned),
+// kept alive with the previous update's (the checkpoint's overlay owner).
+struct OverlayBytes {
+  std::vector<std::unique_ptr<double[]>> blocks;
+  std::shared_ptr<const void> previous;
+};
+
+}  // namespace
+
 void ServeEngine::apply(Control& c) {
   ControlReply r;
   switch (c.kind) {
@@ -331,8 +398,50 @@ void ServeEngine::apply(Control& c) {
         r = {false, "an update of the weights is already under way"};
         break;
       }
+      staged_.clear(), staged_names_.clear();  // (a whole checkpoint replaces staged tensors)
       pending_update_ = std::move(c);  // replied to once the group has loaded it (run())
       return;
+    case Control::Kind::Tensors: {
+      if (pending_update_) {
+        r = {false, "an update of the weights is already under way"};
+        break;
+      }
+      // Checked against the loaded model before it is staged: names, dtypes, shapes, no tensor
+      // twice. A refusal drops everything staged (the update is refused as a whole).
+      try {
+        if (c.a.empty() && (!c.commit || staged_.empty()))
+          throw InputError("an empty body stages nothing (a commit needs tensors staged or sent with it)");
+        const Bucket b = c.a.empty() ? Bucket{} : parse_bucket(c.a, "bucket " + std::to_string(staged_.size()));
+        for (auto& [name, e] : b.entries) {
+          const std::optional<TensorView> have = rt_.ckpt->find(name);
+          if (!have) throw InputError("tensor '" + name + "' is not a tensor of the loaded model");
+          if (have->dtype != e.dtype || have->shape != e.shape) {
+            TensorView got;
+            got.dtype = e.dtype, got.shape = e.shape;
+            throw InputError("tensor '" + name + "' is " + std::string(dtype_name(e.dtype)) + " " + got.shape_str() +
+                             ", the loaded model's is " + std::string(dtype_name(have->dtype)) + " " +
+                             have->shape_str());
+          }
+          if (!staged_names_.insert(name).second) throw InputError("tensor '" + name + "' was sent twice");
+        }
+        if (!c.a.empty()) staged_.push_back(std::move(c.a));
+      } catch (const std::exception& e) {
+        const size_t dropped = staged_.size();
+        staged_.clear(), staged_names_.clear();
+        r = {false, std::string(e.what()) + (dropped ? "; the " + std::to_string(dropped) +
+                                                          " bucket(s) staged before are dropped" : "")};
+        break;
+      }
+      if (!c.commit) {
+        r.message = "staged " + std::to_string(staged_names_.size()) + " tensors in " + std::to_string(staged_.size()) +
+                    " bucket(s)";
+        break;
+      }
+      c.a = stage_frames(staged_);  // (c.b, the version, is applied with the update)
+      staged_.clear(), staged_names_.clear();
+      pending_update_ = std::move(c);  // replied to once the group has loaded it (run())
+      return;
+    }
   }
   refresh_metrics();  // before the reply: a caller that reads /metrics next sees the change
   if (c.reply) c.reply->set_value(r);
@@ -380,12 +489,41 @@ ServeEngine::Op ServeEngine::exchange(Op op, std::string& arg) {
 
 // Checks the checkpoint at `path` against the one loaded (every rank checks what it would load),
 // then, when every rank agrees, swaps the model. Returns "" or the first rank's reason to refuse.
-std::string ServeEngine::do_update(const std::string& path) {
+std::string ServeEngine::do_update(const std::string& arg, bool tensors) {
   Group& g = *rt_.group;
   std::string err;
   std::unique_ptr<Checkpoint> next;
   ModelConfig cfg;
-  try {
+  const std::string& path = arg;
+  if (tensors) {
+    // The loaded checkpoint's files with every tensor sent so far overlaid (this update's over
+    // the earlier ones'), the bytes in aligned blocks this rank owns.
+    try {
+      auto owner = std::make_shared<OverlayBytes>();
+      owner->previous = rt_.ckpt->overlay_owner();
+      std::map<std::string, TensorView> views = rt_.ckpt->overlaid();
+      const std::vector<std::string> buckets = read_frames(arg);
+      for (size_t i = 0; i < buckets.size(); i++) {
+        const Bucket b = parse_bucket(buckets[i], "bucket " + std::to_string(i));
+        for (auto& [name, e] : b.entries) {
+          const size_t n = e.end - e.begin;
+          owner->blocks.emplace_back(new double[(n + 7) / 8 + 1]);
+          std::memcpy(owner->blocks.back().get(), b.data + e.begin, n);
+          TensorView v;
+          v.dtype = e.dtype;
+          v.shape = e.shape;
+          v.data = owner->blocks.back().get();
+          views[name] = v;
+        }
+      }
+      cfg = rt_.cfg;
+      next = std::make_unique<Checkpoint>(rt_.ckpt->dir());
+      next->overlay(std::move(views), owner);
+    } catch (const std::exception& e) {
+      err = e.what();
+      if (err.empty()) err = "unknown error";
+    }
+  } else try {
     const nlohmann::json have = architecture_of(rt_.ckpt->dir()), want = architecture_of(path);
     for (auto& [k, v] : have.items())
       if (!want.contains(k) || want[k] != v)
@@ -414,6 +552,22 @@ std::string ServeEngine::do_update(const std::string& path) {
     err = e.what();
     if (err.empty()) err = "unknown error";
   }
+  if (std::string verdict = agree(err); !verdict.empty()) return verdict;
+  // Every rank agrees: the old model goes first (its device memory with it), then the new one.
+  sched_.reset();
+  rt_.model.reset();
+  rt_.ckpt = std::move(next);
+  rt_.cfg = cfg;
+  if (!tensors) rt_.options.model_dir = path;
+  rt_.model = make_model(rt_.device, rt_.cfg, *rt_.ckpt, rt_.placement, g.rank(), rt_.options.compute, rt_.options.kv,
+                         rt_.options.fp8_compute, rt_.options.lm_head);
+  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, g, opt_.scheduler);
+  sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
+  return "";
+}
+
+std::string ServeEngine::agree(const std::string& err) {
+  Group& g = *rt_.group;
   // Every rank's verdict; the first refusal (rank order) is the answer everywhere.
   const std::vector<int64_t> lens = g.allgather_i64(int64_t(err.size()));
   size_t total = 0;
@@ -435,16 +589,6 @@ std::string ServeEngine::do_update(const std::string& path) {
       off += sizes[r];
     }
   }
-  // Every rank agrees: the old model goes first (its device memory with it), then the new one.
-  sched_.reset();
-  rt_.model.reset();
-  rt_.ckpt = std::move(next);
-  rt_.cfg = cfg;
-  rt_.options.model_dir = path;
-  rt_.model = make_model(rt_.device, rt_.cfg, *rt_.ckpt, rt_.placement, g.rank(), rt_.options.compute, rt_.options.kv,
-                         rt_.options.fp8_compute, rt_.options.lm_head);
-  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, g, opt_.scheduler);
-  sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
   return "";
 }
 
@@ -461,7 +605,7 @@ void ServeEngine::run() {
       if (shutdown_.load()) {
         op = Op::Shutdown;
       } else if (pending_update_ && !sched_->has_work()) {
-        op = Op::Update;
+        op = pending_update_->kind == Control::Kind::Tensors ? Op::UpdateTensors : Op::Update;
         arg = pending_update_->a;
       } else if (!paused_ && sched_->has_work()) {
         op = Op::Step;
@@ -504,14 +648,18 @@ void ServeEngine::run() {
         sched_->step();
         if (root) finish_done_jobs();
         break;
-      case Op::Update: {
-        const std::string err = do_update(arg);
+      case Op::Update:
+      case Op::UpdateTensors: {
+        const bool tensors = op == Op::UpdateTensors;
+        const std::string err = do_update(arg, tensors);
         if (root) {
           ControlReply r;
           if (err.empty()) {
             std::lock_guard<std::mutex> lock(mu_);
             weight_version_ = pending_update_->b.empty() ? weight_version_ : pending_update_->b;
-            r.message = "loaded " + arg + " (weight_version " + weight_version_ + ")";
+            r.message = (tensors ? "loaded " + std::to_string(rt_.ckpt->overlaid().size()) + " tensors sent so far"
+                                 : "loaded " + arg) +
+                        " (weight_version " + weight_version_ + ")";
           } else {
             r = {false, err};
           }

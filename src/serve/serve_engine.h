@@ -19,6 +19,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -77,6 +78,12 @@ class ServeEngine {
   // Loads `model_path` on every rank once the requests in flight are done (same architecture and
   // shapes, else refused with the first difference); the new weights answer every later request.
   ControlReply update_weights(const std::string& model_path, const std::string& weight_version);
+  // The trainer's weights over HTTP (no disk): `bucket` is a safetensors file's bytes holding some
+  // of the model's tensors (same names, dtypes and shapes, else refused naming the first that
+  // differs, and everything staged so far is dropped). Buckets are staged; the one with `commit`
+  // applies them all on every rank once the requests in flight are done, the tensors not sent
+  // keeping their values. A refused update leaves the old weights serving.
+  ControlReply update_weights_from_bytes(std::string bucket, bool commit, const std::string& weight_version);
   ServeMetrics metrics();
   std::string weight_version();
   const ModelConfig& config() const { return rt_.cfg; }
@@ -87,12 +94,13 @@ class ServeEngine {
   void run();
 
  private:
-  enum class Op : int32_t { Idle = 0, Step = 1, Update = 2, Shutdown = 3 };
+  enum class Op : int32_t { Idle = 0, Step = 1, Update = 2, Shutdown = 3, UpdateTensors = 4 };
   struct Control {
-    enum class Kind { Abort, AbortAll, AbortJob, Flush, Pause, Resume, Update } kind;
-    std::string a, b;  // rid | mode | path, version
+    enum class Kind { Abort, AbortAll, AbortJob, Flush, Pause, Resume, Update, Tensors } kind;
+    std::string a, b;  // rid | mode | path | safetensors bytes, version
     JobPtr job;
     std::shared_ptr<std::promise<ControlReply>> reply;
+    bool commit = true;  // Tensors: apply what is staged
   };
   ControlReply call(Control c);
   // rank 0
@@ -107,7 +115,10 @@ class ServeEngine {
   void refresh_metrics();
   // every rank
   Op exchange(Op op, std::string& arg);
-  std::string do_update(const std::string& path);
+  // path: a checkpoint folder; or, with tensors, the staged buckets (framed by stage_frames()).
+  std::string do_update(const std::string& arg, bool tensors);
+  // Every rank's verdict: "" when all agree, else the first refusal (rank order).
+  std::string agree(const std::string& err);
 
   Runtime& rt_;
   const Tokenizer* tok_;
@@ -133,6 +144,8 @@ class ServeEngine {
   std::deque<JobPtr> held_;         // arrived while paused or while an update drains
   bool paused_ = false;
   std::optional<Control> pending_update_;
+  std::vector<std::string> staged_;      // Tensors buckets not yet committed (rank 0)
+  std::set<std::string> staged_names_;
   int64_t next_request_id_ = 0;
 };
 
