@@ -394,11 +394,20 @@ void HttpServer::routes() {
   // The trainer's weights without disk: the body is a safetensors file's bytes (a bucket of at
   // most --max-body-mb); ?commit=false stages it, the default applies everything staged once the
   // requests in flight are done; ?weight_version=V names the new weights.
-  s.Post("/update_weights_from_safetensors", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/update_weights_from_safetensors", [this](const httplib::Request& req, httplib::Response& res,
+                                                     const httplib::ContentReader& read) {
     const std::string commit = req.has_param("commit") ? req.get_param_value("commit") : "true";
     if (commit != "true" && commit != "false") throw HttpError(400, "commit", "commit: must be true or false");
     const std::string version = req.has_param("weight_version") ? req.get_param_value("weight_version") : "";
-    const ControlReply r = engine_.update_weights_from_bytes(req.body, commit == "true", version);
+    // The body read into one buffer of its announced size (GBs of weights: no regrowth).
+    std::string body;
+    if (req.has_header("Content-Length"))
+      body.reserve(std::min<size_t>(size_t(std::stoull(req.get_header_value("Content-Length"))), opt_.max_body_bytes));
+    read([&](const char* data, size_t n) {
+      body.append(data, n);
+      return true;
+    });
+    const ControlReply r = engine_.update_weights_from_bytes(std::move(body), commit == "true", version);
     if (!r.ok) throw HttpError(400, "body", r.message);
     send_json(res, 200, {{"success", true}, {"message", r.message}, {"weight_version", engine_.weight_version()}});
   });

@@ -358,10 +358,12 @@ std::vector<std::string> read_frames(const std::string& f) {
   return out;
 }
 
-// The tensors' bytes, each in its own aligned block (the bucket's offsets need not be aligned),
-// kept alive with the previous update's (the checkpoint's overlay owner).
+// The tensors' bytes: the buckets as received (a tensor whose offset is not aligned to its dtype
+// copied once to a block of its own), kept alive with the previous update's (the checkpoint's
+// overlay owner).
 struct OverlayBytes {
-  std::vector<std::unique_ptr<double[]>> blocks;
+  std::vector<std::string> buckets;                 // the safetensors bytes as received
+  std::vector<std::unique_ptr<double[]>> blocks;    // copies of tensors misaligned in them
   std::shared_ptr<const void> previous;
 };
 
@@ -437,7 +439,8 @@ void ServeEngine::apply(Control& c) {
                     " bucket(s)";
         break;
       }
-      c.a = stage_frames(staged_);  // (c.b, the version, is applied with the update)
+      committing_ = std::move(staged_);  // (c.b, the version, is applied with the update)
+      c.a.clear();
       staged_.clear(), staged_names_.clear();
       pending_update_ = std::move(c);  // replied to once the group has loaded it (run())
       return;
@@ -476,11 +479,16 @@ ServeEngine::Op ServeEngine::exchange(Op op, std::string& arg) {
   const Op got = Op(all[0]);
   const size_t len = size_t(all[1]);
   if (len > 0) {
-    std::vector<size_t> sizes(size_t(g.size()), 0);
-    sizes[0] = len;
+    // In pieces of at most 1 GiB (a weight update's buckets may be GBs; MPI counts are ints).
     std::string recv(len, '\0');
-    g.allgatherv(root ? arg.data() : nullptr, root ? len : 0, recv.data(), sizes);
-    arg = recv;
+    constexpr size_t kPiece = size_t(1) << 30;
+    for (size_t off = 0; off < len; off += kPiece) {
+      const size_t n = std::min(kPiece, len - off);
+      std::vector<size_t> sizes(size_t(g.size()), 0);
+      sizes[0] = n;
+      g.allgatherv(root ? arg.data() + off : nullptr, root ? n : 0, recv.data() + off, sizes);
+    }
+    arg = std::move(recv);
   } else {
     arg.clear();
   }
@@ -501,18 +509,22 @@ std::string ServeEngine::do_update(const std::string& arg, bool tensors) {
     try {
       auto owner = std::make_shared<OverlayBytes>();
       owner->previous = rt_.ckpt->overlay_owner();
+      owner->buckets = g.rank() == 0 ? std::move(committing_) : read_frames(arg);
+      committing_.clear();
       std::map<std::string, TensorView> views = rt_.ckpt->overlaid();
-      const std::vector<std::string> buckets = read_frames(arg);
-      for (size_t i = 0; i < buckets.size(); i++) {
-        const Bucket b = parse_bucket(buckets[i], "bucket " + std::to_string(i));
+      for (size_t i = 0; i < owner->buckets.size(); i++) {
+        const Bucket b = parse_bucket(owner->buckets[i], "bucket " + std::to_string(i));
         for (auto& [name, e] : b.entries) {
-          const size_t n = e.end - e.begin;
-          owner->blocks.emplace_back(new double[(n + 7) / 8 + 1]);
-          std::memcpy(owner->blocks.back().get(), b.data + e.begin, n);
           TensorView v;
           v.dtype = e.dtype;
           v.shape = e.shape;
-          v.data = owner->blocks.back().get();
+          v.data = b.data + e.begin;  // used in place where aligned to its dtype, else copied once
+          if (reinterpret_cast<uintptr_t>(v.data) % dtype_size(e.dtype) != 0) {
+            const size_t n = e.end - e.begin;
+            owner->blocks.emplace_back(new double[(n + 7) / 8 + 1]);
+            std::memcpy(owner->blocks.back().get(), v.data, n);
+            v.data = owner->blocks.back().get();
+          }
           views[name] = v;
         }
       }
@@ -607,6 +619,8 @@ void ServeEngine::run() {
       } else if (pending_update_ && !sched_->has_work()) {
         op = pending_update_->kind == Control::Kind::Tensors ? Op::UpdateTensors : Op::Update;
         arg = pending_update_->a;
+        // The buckets travel to the other ranks (one string, framed); rank 0 keeps its own.
+        if (op == Op::UpdateTensors && g.distributed()) arg = stage_frames(committing_);
       } else if (!paused_ && sched_->has_work()) {
         op = Op::Step;
       } else {

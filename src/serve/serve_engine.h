@@ -146,6 +146,7 @@ class ServeEngine {
   std::optional<Control> pending_update_;
   std::vector<std::string> staged_;      // Tensors buckets not yet committed (rank 0)
   std::set<std::string> staged_names_;
+  std::vector<std::string> committing_;  // the buckets of the update under way (rank 0)
   int64_t next_request_id_ = 0;
 };
 

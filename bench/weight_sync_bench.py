@@ -1,0 +1,118 @@
+"""Weight sync over HTTP without disk: how fast a trainer's weights reach `epmoe serve`.
+
+Starts `epmoe serve` on MODEL (CPU), reads a second checkpoint NEW of the same shapes (the
+trainer's weights, in this process's memory), and sends all of its tensors as safetensors buckets
+of about --bucket-mb to POST /update_weights_from_safetensors, the last one committing. Prints the
+bytes, the staging time (buckets in), the commit time (every rank checks and swaps in the new
+weights) and GB/s of the whole; then one greedy request on the new weights. Printed, never asserted.
+
+  python3 bench/weight_sync_bench.py --epmoe build/epmoe --model OLD --new NEW [--bucket-mb 512] [--ranks 1]
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+
+def read_tensors(folder):
+    out = {}
+    for fname in sorted(os.listdir(folder)):
+        if fname.endswith(".safetensors"):
+            with open(os.path.join(folder, fname), "rb") as f:
+                raw = f.read()
+            n = struct.unpack("<Q", raw[:8])[0]
+            header = json.loads(raw[8:8 + n])
+            view = memoryview(raw)[8 + n:]
+            out.update({k: (v["dtype"], v["shape"], view[v["data_offsets"][0]:v["data_offsets"][1]])
+                        for k, v in header.items() if k != "__metadata__"})
+    return out
+
+
+def bucket(tensors):
+    header, off, blobs = {}, 0, []
+    for name, (dtype, shape, raw) in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    hj = json.dumps(header).encode()
+    hj += b" " * ((8 - len(hj) % 8) % 8)
+    return b"".join([struct.pack("<Q", len(hj)), hj] + [bytes(b) for b in blobs])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epmoe", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--new", required=True)
+    ap.add_argument("--bucket-mb", type=int, default=512)
+    ap.add_argument("--ranks", type=int, default=1)
+    a = ap.parse_args()
+    cmd = [a.epmoe, "serve", "--model", a.model, "--port", "0", "--max-body-mb", str(2 * a.bucket_mb + 64)]
+    if a.ranks > 1:
+        cmd = ["mpirun", "--oversubscribe", "-np", str(a.ranks)] + cmd + ["--threads", "1"]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    url = None
+    found = threading.Event()
+
+    def drain():
+        nonlocal url
+        for line in proc.stdout:
+            m = re.search(rb"listening on (http://[\d.]+:\d+)", line)
+            if m:
+                url = m.group(1).decode()
+                found.set()
+    threading.Thread(target=drain, daemon=True).start()
+    if not found.wait(600):
+        sys.exit("serve did not start")
+    try:
+        tensors = sorted(read_tensors(a.new).items(), key=lambda kv: kv[0])
+        buckets, cur, size = [], [], 0
+        for name, t in tensors:
+            if cur and size + len(t[2]) > a.bucket_mb << 20:
+                buckets.append(cur)
+                cur, size = [], 0
+            cur.append((name, t))
+            size += len(t[2])
+        buckets.append(cur)
+        total = sum(len(t[2]) for _, t in tensors)
+        # (http.client sends a body with one sendall; httpx's uploads ran at ~15 MB/s here.)
+        host, port = url.split("//")[1].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=3600)
+
+        def post(query, body):
+            conn.request("POST", "/update_weights_from_safetensors?" + query, body=body,
+                         headers={"Content-Type": "application/octet-stream"})
+            r = conn.getresponse()
+            text = r.read()
+            assert r.status == 200, text
+        blobs = [bucket(b) for b in buckets]  # (built first: the trainer's serialization is not timed)
+        t0 = time.time()
+        for b in blobs[:-1]:
+            post("commit=false", b)
+        t1 = time.time()
+        post("weight_version=bench", blobs[-1])
+        t2 = time.time()
+        print("weights: %.2f GB in %d tensors, %d buckets of <= %d MB, %d rank(s)" %
+              (total / 1e9, len(tensors), len(buckets), a.bucket_mb, a.ranks))
+        print("staged %d buckets in %.2f s; the last bucket + commit (check, swap in, every rank) %.2f s" %
+              (len(buckets) - 1, t1 - t0, t2 - t1))
+        print("whole update: %.2f s, %.2f GB/s" % (t2 - t0, total / 1e9 / (t2 - t0)))
+        d = httpx.post(url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0}}, timeout=600).json()
+        print("after: weight_version %s, output %s" % (d["meta_info"]["weight_version"], d["output_ids"]))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()
