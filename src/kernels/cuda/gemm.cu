@@ -346,6 +346,7 @@ int gemm_tile_m(int rows_hint) {
 template <class TA, class TC>
 void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   check_args(a, ep);
+  EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
   if (!a.offsets && a.M == 0) return;
   if constexpr (std::is_same_v<TA, bf16>) {
     EPMOE_ASSERT(!a.b_k_twice || a.K % 128 == 0, "bf16 gemm: b_k_twice needs K (of A) a multiple of 128");
@@ -355,10 +356,9 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     // accumulation order is the same for every shape).
     const int rows = a.offsets ? a.rows_hint : a.M;
     EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
+    EPMOE_ASSERT(a.path != GemmPath::Wgmma || !a.tiles, "gemm: a tile list is laid out for the mma.sync tile height");
     // Hopper's wgmma kernel where groups have enough rows (the same bits, gemm_wgmma.cu); not for
     // a dense GEMM of a few rows, where its wider tile would leave half the CTAs of Small/Tiny.
-    EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
-    EPMOE_ASSERT(a.path != GemmPath::Wgmma || !a.tiles, "gemm: a tile list is laid out for the mma.sync tile height");
     const bool dense_decode = !a.offsets && !a.tiles && rows <= 16;
     if (a.path == GemmPath::Wgmma || (a.path == GemmPath::Auto && dense_decode && dense_decode_wgmma()))
       gemm_wgmma<TC>(a, ep, std::max(rows, 16), stream);
@@ -369,7 +369,6 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   } else {
     EPMOE_ASSERT(!a.tiles, "gemm f32: no tile lists (the fp32 path loops over m-tiles)");
     EPMOE_ASSERT(!a.b_k_twice, "gemm f32: no b_k_twice");
-    EPMOE_ASSERT(!a.accumulate || (std::is_same_v<TC, float>), "gemm: accumulate needs fp32 C");
     const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
     dim3 grid(ceil_div(a.N, 64), a.G, std::max(1, std::min(ceil_div(per_group, 64), 65535)));
     if (ep == Epilogue::SwiGLU) simt_gemm_kernel<TA, TC, true><<<grid, 256, 0, stream>>>(a);
