@@ -379,7 +379,7 @@ void HttpServer::routes() {
     if (!req.body.empty()) {
       const json b = parse_body(req);
       if (b.is_object() && b.contains("mode")) {
-        if (!b["mode"].is_string()) throw HttpError(400, "mode", "mode: must be abort or in_place");
+        if (!b["mode"].is_string()) throw HttpError(400, "mode", "mode: must be abort, in_place or retract");
         mode = b["mode"].get<std::string>();
       }
     }

@@ -150,6 +150,8 @@ void ServeEngine::admit_job(const JobPtr& job) {
   g.n = job->req.n;
   g.params = job->req.params;
   size_t h = 0;
+  Live L;
+  L.req = g;
   try {
     h = sched_->submit(std::move(g));
   } catch (const InputError& e) {
@@ -158,12 +160,12 @@ void ServeEngine::admit_job(const JobPtr& job) {
     metrics_.requests_rejected++;
     return;
   }
-  Live L;
   L.job = job;
-  L.raw.resize(size_t(job->req.n));
+  L.text = std::make_shared<JobText>();
+  L.text->raw.resize(size_t(job->req.n));
   if (tok_)
     for (int j = 0; j < job->req.n; j++)
-      L.decoders.push_back(std::make_unique<StreamDecoder>(*tok_, job->req.skip_special_tokens));
+      L.text->decoders.push_back(std::make_unique<StreamDecoder>(*tok_, job->req.skip_special_tokens));
   {
     std::lock_guard<std::mutex> lock(job->mu);
     job->state = Job::State::Accepted;
@@ -187,17 +189,18 @@ void ServeEngine::on_token(size_t h, int j, int32_t t) {
   Job& job = *L.job;
   const Generation& g = sched_->results(h)[size_t(j)];
   const ServeRequest& r = job.req;
+  const int js = L.job_sample(j);  // the job's sample this handle's sample j is
   bool stop = false;
   {
     std::lock_guard<std::mutex> lock(job.mu);
-    SampleProgress& sp = job.samples[size_t(j)];
+    SampleProgress& sp = job.samples[size_t(js)];
     sp.tokens.push_back(t);
     if (r.params.logprobs && !g.logprobs.empty()) sp.logprobs.push_back(g.logprobs.back());
     if (r.params.top_logprobs > 0 && !g.top.empty()) sp.top.push_back(g.top.back());
     if (tok_) {
-      std::string& raw = L.raw[size_t(j)];
+      std::string& raw = L.text->raw[size_t(js)];
       sp.text_offset.push_back(utf8_chars(raw));
-      const std::string piece = L.decoders[size_t(j)]->push(t);
+      const std::string piece = L.text->decoders[size_t(js)]->push(t);
       const size_t before = raw.size();
       raw += piece;
       // A stop string ends the sample at its first occurrence; only the new text can start one.
@@ -236,26 +239,42 @@ void ServeEngine::finish_job(size_t h, const JobPtr& jp) {
   auto it = live_.find(h);
   Job& job = *jp;
   const std::vector<Generation>& res = sched_->results(h);
-  bool aborted = false;
+  const Live* L = it != live_.end() ? &it->second : nullptr;
   {
     std::lock_guard<std::mutex> lock(job.mu);
     for (size_t j = 0; j < res.size(); j++) {
-      SampleProgress& sp = job.samples[j];
+      const int js = L ? L->job_sample(int(j)) : int(j);
+      SampleProgress& sp = job.samples[size_t(js)];
       sp.finish = res[j].finish;
-      aborted |= sp.finish == FinishReason::Abort;
       if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty())
         sp.matched_id = sp.tokens.back();
-      if (tok_ && it != live_.end() && sp.matched_stop.empty()) {
-        sp.text = it->second.raw[j] + it->second.decoders[j]->flush();
-      }
+      if (tok_ && L && sp.matched_stop.empty())
+        sp.text = L->text->raw[size_t(js)] + L->text->decoders[size_t(js)]->flush();
       sp.routed_experts = res[j].routed_experts;
       sp.routed_weights = res[j].routed_weights;
       sp.done = true;
     }
-    if (!res.empty()) {
+    if (!res.empty() && (!L || L->sample_of < 0)) {  // (a continuation computed no prompt log-probs)
       job.input_logprobs = res[0].input_logprobs;
       job.cached_tokens = res[0].cached_tokens;
     }
+    job.version++;
+  }
+  job.cv.notify_all();
+  std::shared_ptr<JobText> text = L ? L->text : nullptr;
+  sched_->forget(h);
+  if (it != live_.end()) live_.erase(it);
+  finish_piece(text, jp, false);
+}
+
+// One handle (or retracted continuation) of a job has ended; with the last one the job is done.
+void ServeEngine::finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& jp, bool) {
+  if (text && --text->pieces > 0) return;
+  Job& job = *jp;
+  bool aborted = false;
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    for (auto& sp : job.samples) aborted |= sp.finish == FinishReason::Abort;
     job.e2e_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job.start).count();
     job.state = Job::State::Done;
     job.version++;
@@ -266,8 +285,87 @@ void ServeEngine::finish_job(size_t h, const JobPtr& jp) {
     (aborted ? metrics_.requests_aborted : metrics_.requests_finished)++;
     metrics_.cached_tokens += job.cached_tokens;
   }
-  sched_->forget(h);
-  if (it != live_.end()) live_.erase(it);
+}
+
+// Pause with mode retract: every request leaves the scheduler (its KV blocks back to the pool).
+// One that has not generated yet waits as a new arrival; each unfinished sample of the others
+// waits as a continuation -- its prompt followed by its tokens so far, the tokens it has left,
+// its own seed (seed + j) and sequence id (id + j) -- which recomputes that prefix and draws on at
+// the same positions: the same tokens and log-prob bits as a run never paused.
+void ServeEngine::retract_all() {
+  std::vector<size_t> handles;
+  for (auto& [h, L] : live_) handles.push_back(h);
+  for (size_t h : handles) {
+    Live L = std::move(live_.at(h));
+    live_.erase(h);
+    const std::vector<Generation> res = sched_->results(h);
+    sched_->abort(h);
+    sched_->forget(h);
+    bool started = false;
+    for (const Generation& g : res) started |= !g.tokens.empty();
+    if (L.sample_of < 0 && !started) {
+      held_.push_front(L.job);
+      continue;
+    }
+    int continued = 0;
+    for (size_t j = 0; j < res.size(); j++) {
+      const Generation& g = res[j];
+      const int js = L.job_sample(int(j));
+      const bool done = g.finish == FinishReason::Stop || g.finish == FinishReason::Abort ||
+                        int(g.tokens.size()) >= L.req.params.max_new_tokens;
+      if (done) {  // its result, as finish_job records it
+        std::lock_guard<std::mutex> lock(L.job->mu);
+        SampleProgress& sp = L.job->samples[size_t(js)];
+        sp.finish = g.finish;
+        if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty())
+          sp.matched_id = sp.tokens.back();
+        if (tok_ && sp.matched_stop.empty()) sp.text = L.text->raw[size_t(js)] + L.text->decoders[size_t(js)]->flush();
+        sp.routed_experts = g.routed_experts;
+        sp.routed_weights = g.routed_weights;
+        sp.done = true;
+        continue;
+      }
+      Retracted c;
+      c.live.job = L.job;
+      c.live.text = L.text;
+      c.live.sample_of = js;
+      GenerateRequest& q = c.live.req;
+      q.id = L.req.id + uint64_t(j);
+      q.prompt = L.req.prompt;
+      q.prompt.insert(q.prompt.end(), g.tokens.begin(), g.tokens.end());
+      q.seed = L.req.seed + uint64_t(j);
+      q.n = 1;
+      q.params = L.req.params;
+      q.params.max_new_tokens = L.req.params.max_new_tokens - int(g.tokens.size());
+      q.params.input_logprobs_from = -1;  // (computed before the pause)
+      retracted_.push_back(std::move(c));
+      continued++;
+    }
+    L.text->pieces += continued;
+    finish_piece(L.text, L.job, false);  // (this handle's piece: the job ends here if nothing continues)
+  }
+}
+
+void ServeEngine::resume_retracted() {
+  std::vector<Retracted> items;
+  items.swap(retracted_);
+  for (Retracted& c : items) {
+    size_t h = 0;
+    try {
+      h = sched_->submit(c.live.req);
+    } catch (const InputError&) {  // (it fitted before; a smaller pool after an update may not)
+      {
+        std::lock_guard<std::mutex> lock(c.live.job->mu);
+        SampleProgress& sp = c.live.job->samples[size_t(c.live.sample_of)];
+        sp.finish = FinishReason::Abort;
+        sp.done = true;
+      }
+      finish_piece(c.live.text, c.live.job, true);
+      continue;
+    }
+    live_.emplace(h, std::move(c.live));
+    if (sched_->finished(h)) finish_job(h, live_.at(h).job);
+  }
 }
 
 void ServeEngine::finish_done_jobs() {
@@ -296,6 +394,20 @@ void ServeEngine::abort_where(const std::function<bool(const Job&)>& which) {
   for (auto& [h, L] : live_)
     if (which(*L.job)) sched_->abort(h);
   finish_done_jobs();
+  for (auto it = retracted_.begin(); it != retracted_.end();) {
+    if (which(*it->live.job)) {
+      {
+        std::lock_guard<std::mutex> lock(it->live.job->mu);
+        SampleProgress& sp = it->live.job->samples[size_t(it->live.sample_of)];
+        sp.finish = FinishReason::Abort;
+        sp.done = true;
+      }
+      finish_piece(it->live.text, it->live.job, true);
+      it = retracted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (auto it = held_.begin(); it != held_.end();) {
     if (which(**it)) {
       abort_unstarted(*it);
@@ -383,16 +495,23 @@ void ServeEngine::apply(Control& c) {
       break;
     }
     case Control::Kind::Pause:
-      if (c.a != "abort" && c.a != "in_place") {
-        r = {false, "mode: '" + c.a + "' is not one of abort, in_place"};
+      if (c.a != "abort" && c.a != "in_place" && c.a != "retract") {
+        r = {false, "mode: '" + c.a + "' is not one of abort, in_place, retract"};
         break;
       }
       paused_ = true;
       if (c.a == "abort") abort_where([](const Job& j) { return !j.req.internal; });
       r.message = "paused (" + c.a + ")";
+      if (c.a == "retract") {
+        const size_t before = held_.size();
+        retract_all();
+        r.message += ": " + std::to_string(retracted_.size()) + " sample(s) retracted, " +
+                     std::to_string(held_.size() - before) + " request(s) not started put back in the queue";
+      }
       break;
     case Control::Kind::Resume:
       paused_ = false;
+      resume_retracted();
       r.message = "continued";
       break;
     case Control::Kind::Update:
@@ -454,7 +573,7 @@ void ServeEngine::refresh_metrics() {
   KvPool& pool = rt_.model->kv_pool();
   const SchedulerStats& st = sched_->stats();
   std::lock_guard<std::mutex> lock(mu_);
-  metrics_.waiting = int64_t(sched_->queued() + held_.size());
+  metrics_.waiting = int64_t(sched_->queued() + held_.size() + retracted_.size());
   metrics_.running = int64_t(sched_->running_sequences());
   metrics_.kv_blocks_total = pool.total_blocks();
   metrics_.kv_blocks_used = pool.used_blocks();

@@ -71,8 +71,10 @@ class ServeEngine {
   // Aborts one job (a client that went away).
   void abort_job(const JobPtr& job);
   ControlReply flush_cache();
-  // mode "abort": running and queued requests end with finish "abort"; "in_place": they wait.
-  // New requests wait until continue_generation() either way.
+  // mode "abort": running and queued requests end with finish "abort"; "in_place": they wait;
+  // "retract": their KV blocks go back and they wait outside the scheduler, each unfinished
+  // sample to continue from its tokens so far (prompt + output recomputed, the same draws: the
+  // same bits as a run never paused). New requests wait until continue_generation() either way.
   ControlReply pause(const std::string& mode);
   ControlReply resume();
   // Loads `model_path` on every rank once the requests in flight are done (same architecture and
@@ -135,12 +137,28 @@ class ServeEngine {
   bool stopped_ = false;  // the loop has ended (under mu_): calls are answered at once
 
   // rank 0's engine-thread state
-  struct Live {
-    JobPtr job;
+  // A job's text state, shared by its handles (a retracted job's samples continue as handles of
+  // their own).
+  struct JobText {
     std::vector<std::unique_ptr<StreamDecoder>> decoders;  // per sample, when there is a tokenizer
     std::vector<std::string> raw;                         // per sample: all decoded text so far
+    int pieces = 1;  // handles and retracted continuations of the job still to finish
+  };
+  struct Live {
+    JobPtr job;
+    std::shared_ptr<JobText> text;
+    int sample_of = -1;  // a continuation: its one sample is the job's sample sample_of
+    GenerateRequest req;  // as submitted (a retract continues from it)
+    int job_sample(int j) const { return sample_of >= 0 ? sample_of : j; }
+  };
+  struct Retracted {
+    Live live;  // req: the continuation to submit on continue_generation
   };
   std::map<size_t, Live> live_;     // scheduler handle -> job
+  std::vector<Retracted> retracted_;  // paused with mode retract: submitted again on continue
+  void retract_all();
+  void resume_retracted();
+  void finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& job, bool aborted);
   std::deque<JobPtr> held_;         // arrived while paused or while an update drains
   bool paused_ = false;
   std::optional<Control> pending_update_;

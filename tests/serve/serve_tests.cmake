@@ -25,7 +25,9 @@ add_test(NAME serve.routing_replay COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/ro
 add_test(NAME serve.rl_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rl_fields_test.py)
 # Weight sync from a trainer process without disk (/update_weights_from_safetensors), 1 and 3 ranks.
 add_test(NAME serve.weight_sync COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/weight_sync_test.py)
+# /pause_generation mode retract: continued requests == never paused (bits), 1 and 3 ranks.
+add_test(NAME serve.retract COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/retract_test.py)
 
 set_tests_properties(serve.openai_client serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
-  serve.routing_replay serve.rl_fields serve.weight_sync
+  serve.routing_replay serve.rl_fields serve.weight_sync serve.retract
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
