@@ -235,7 +235,8 @@ void ServeEngine::on_token(size_t h, int j, int32_t t) {
   }
 }
 
-void ServeEngine::finish_job(size_t h, const JobPtr& jp) {
+void ServeEngine::finish_job(size_t h, const JobPtr& job_ref) {
+  const JobPtr jp = job_ref;  // (job_ref may be the Live entry's, erased below)
   auto it = live_.find(h);
   Job& job = *jp;
   const std::vector<Generation>& res = sched_->results(h);
