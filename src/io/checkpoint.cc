@@ -74,15 +74,20 @@ TensorView Checkpoint::get(const std::string& name) const {
   return *v;
 }
 
-void Checkpoint::overlay(std::map<std::string, TensorView> views, std::shared_ptr<const void> owner) {
-  for (auto& [name, v] : views) {
-    auto it = where_.find(name);
-    if (it == where_.end()) throw InputError("tensor '" + name + "' is not a tensor of the loaded model (" + dir_ + ")");
-    const TensorView have = open(it->second).get(name);
-    if (have.dtype != v.dtype || have.shape != v.shape)
-      throw InputError("tensor '" + name + "' is " + std::string(dtype_name(v.dtype)) + " " + v.shape_str() +
-                       ", the loaded model's is " + std::string(dtype_name(have.dtype)) + " " + have.shape_str());
+void Checkpoint::check_like(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) throw InputError("tensor '" + name + "' is not a tensor of the loaded model (" + dir_ + ")");
+  const TensorView have = open(it->second).get(name);
+  if (have.dtype != dtype || have.shape != shape) {
+    TensorView got;
+    got.dtype = dtype, got.shape = shape;
+    throw InputError("tensor '" + name + "' is " + std::string(dtype_name(dtype)) + " " + got.shape_str() +
+                     ", the loaded model's is " + std::string(dtype_name(have.dtype)) + " " + have.shape_str());
   }
+}
+
+void Checkpoint::overlay(std::map<std::string, TensorView> views, std::shared_ptr<const void> owner) {
+  for (auto& [name, v] : views) check_like(name, v.dtype, v.shape);
   overlay_ = std::move(views);
   overlay_owner_ = std::move(owner);
 }

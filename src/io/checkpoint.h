@@ -41,6 +41,8 @@ class Checkpoint {
   // with the same dtype and shape (InputError naming the first that is not); replaces an earlier
   // overlay. The files stay open for the names not overlaid.
   void overlay(std::map<std::string, TensorView> views, std::shared_ptr<const void> owner);
+  // That check for one tensor: `name` is a tensor of the checkpoint with this dtype and shape.
+  void check_like(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
   const std::map<std::string, TensorView>& overlaid() const { return overlay_; }
   const std::shared_ptr<const void>& overlay_owner() const { return overlay_owner_; }
 

@@ -97,25 +97,33 @@ std::map<std::string, SafetensorsEntry> parse_safetensors_header(const std::stri
 
 SafetensorsFile::SafetensorsFile(const std::string& path)
     : map_(std::make_shared<MappedFile>(path)), aligned_(std::make_shared<AlignedCopies>()) {
-  const size_t size = map_->size();
+  SafetensorsLayout layout = parse_safetensors_bytes(path, map_->data(), map_->size());
+  data_ = map_->data() + layout.data_offset;
+  entries_ = std::move(layout.entries);
+  const char* text = reinterpret_cast<const char*>(map_->data() + 8);
+  json header = json::parse(text, text + (layout.data_offset - 8));  // valid: parsed above
+  if (header.contains("__metadata__"))
+    for (auto& [k, v] : header["__metadata__"].items())
+      if (v.is_string()) metadata_[k] = v.get<std::string>();
+}
+
+SafetensorsLayout parse_safetensors_bytes(const std::string& path, const unsigned char* bytes, size_t size) {
   if (size < 8) bad(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   uint64_t n;
-  std::memcpy(&n, map_->data(), 8);  // little-endian on every platform we build for
+  std::memcpy(&n, bytes, 8);  // little-endian on every platform we build for
   if (n > kMaxSafetensorsHeader)
     bad(path, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
   if (n > size - 8)
     bad(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
                   std::to_string(size) + " bytes; truncated download?)");
-  const char* text = reinterpret_cast<const char*>(map_->data() + 8);
+  const char* text = reinterpret_cast<const char*>(bytes + 8);
   // nlohmann keeps only the last of duplicate keys; a file naming one tensor twice is refused.
   std::string dup = find_duplicate_key(std::string(text, size_t(n)));
   if (!dup.empty()) bad(path, "tensor '" + dup + "' is listed twice in the header");
-  data_ = map_->data() + 8 + n;
-  entries_ = parse_safetensors_header(path, text, size_t(n), size - 8 - size_t(n));
-  json header = json::parse(text, text + n);  // valid: parsed above
-  if (header.contains("__metadata__"))
-    for (auto& [k, v] : header["__metadata__"].items())
-      if (v.is_string()) metadata_[k] = v.get<std::string>();
+  SafetensorsLayout out;
+  out.entries = parse_safetensors_header(path, text, size_t(n), size - 8 - size_t(n));
+  out.data_offset = 8 + size_t(n);
+  return out;
 }
 
 struct SafetensorsFile::AlignedCopies {

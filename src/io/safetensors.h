@@ -37,6 +37,15 @@ std::map<std::string, SafetensorsEntry> parse_safetensors_header(const std::stri
 
 inline constexpr size_t kMaxSafetensorsHeader = 100u << 20;  // 100 MB, as the reference reader
 
+// A whole safetensors file's bytes (mapped, or received: serve's weight updates): the length
+// prefix bounded, no tensor listed twice, the header validated as above. `data_offset`: where the
+// data section starts in `bytes`. `file` names the bytes in errors.
+struct SafetensorsLayout {
+  std::map<std::string, SafetensorsEntry> entries;
+  size_t data_offset = 0;
+};
+SafetensorsLayout parse_safetensors_bytes(const std::string& file, const unsigned char* bytes, size_t size);
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);

@@ -245,15 +245,7 @@ void ServeEngine::finish_job(size_t h, const JobPtr& job_ref) {
     std::lock_guard<std::mutex> lock(job.mu);
     for (size_t j = 0; j < res.size(); j++) {
       const int js = L ? L->job_sample(int(j)) : int(j);
-      SampleProgress& sp = job.samples[size_t(js)];
-      sp.finish = res[j].finish;
-      if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty())
-        sp.matched_id = sp.tokens.back();
-      if (tok_ && L && sp.matched_stop.empty())
-        sp.text = L->text->raw[size_t(js)] + L->text->decoders[size_t(js)]->flush();
-      sp.routed_experts = res[j].routed_experts;
-      sp.routed_weights = res[j].routed_weights;
-      sp.done = true;
+      record_sample(job.samples[size_t(js)], res[j], L ? L->text.get() : nullptr, js);
     }
     if (!res.empty() && (!L || L->sample_of < 0)) {  // (a continuation computed no prompt log-probs)
       job.input_logprobs = res[0].input_logprobs;
@@ -265,11 +257,34 @@ void ServeEngine::finish_job(size_t h, const JobPtr& job_ref) {
   std::shared_ptr<JobText> text = L ? L->text : nullptr;
   sched_->forget(h);
   if (it != live_.end()) live_.erase(it);
-  finish_piece(text, jp, false);
+  finish_piece(text, jp);
+}
+
+// A sample's end as the scheduler reports it (the caller holds the job's mutex): finish reason,
+// the stop id that matched, the text with what the decoder held back, the routed experts.
+void ServeEngine::record_sample(SampleProgress& sp, const Generation& g, JobText* text, int js) const {
+  sp.finish = g.finish;
+  if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty()) sp.matched_id = sp.tokens.back();
+  if (tok_ && text && sp.matched_stop.empty())
+    sp.text = text->raw[size_t(js)] + text->decoders[size_t(js)]->flush();
+  sp.routed_experts = g.routed_experts;
+  sp.routed_weights = g.routed_weights;
+  sp.done = true;
+}
+
+// A retracted continuation that will not run: its sample ends with abort.
+void ServeEngine::abort_retracted(const Retracted& c) {
+  {
+    std::lock_guard<std::mutex> lock(c.live.job->mu);
+    SampleProgress& sp = c.live.job->samples[size_t(c.live.sample_of)];
+    sp.finish = FinishReason::Abort;
+    sp.done = true;
+  }
+  finish_piece(c.live.text, c.live.job);
 }
 
 // One handle (or retracted continuation) of a job has ended; with the last one the job is done.
-void ServeEngine::finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& jp, bool) {
+void ServeEngine::finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& jp) {
   if (text && --text->pieces > 0) return;
   Job& job = *jp;
   bool aborted = false;
@@ -316,14 +331,7 @@ void ServeEngine::retract_all() {
                         int(g.tokens.size()) >= L.req.params.max_new_tokens;
       if (done) {  // its result, as finish_job records it
         std::lock_guard<std::mutex> lock(L.job->mu);
-        SampleProgress& sp = L.job->samples[size_t(js)];
-        sp.finish = g.finish;
-        if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty())
-          sp.matched_id = sp.tokens.back();
-        if (tok_ && sp.matched_stop.empty()) sp.text = L.text->raw[size_t(js)] + L.text->decoders[size_t(js)]->flush();
-        sp.routed_experts = g.routed_experts;
-        sp.routed_weights = g.routed_weights;
-        sp.done = true;
+        record_sample(L.job->samples[size_t(js)], g, L.text.get(), js);
         continue;
       }
       Retracted c;
@@ -343,7 +351,7 @@ void ServeEngine::retract_all() {
       continued++;
     }
     L.text->pieces += continued;
-    finish_piece(L.text, L.job, false);  // (this handle's piece: the job ends here if nothing continues)
+    finish_piece(L.text, L.job);  // (this handle's piece: the job ends here if nothing continues)
   }
 }
 
@@ -355,13 +363,7 @@ void ServeEngine::resume_retracted() {
     try {
       h = sched_->submit(c.live.req);
     } catch (const InputError&) {  // (it fitted before; a smaller pool after an update may not)
-      {
-        std::lock_guard<std::mutex> lock(c.live.job->mu);
-        SampleProgress& sp = c.live.job->samples[size_t(c.live.sample_of)];
-        sp.finish = FinishReason::Abort;
-        sp.done = true;
-      }
-      finish_piece(c.live.text, c.live.job, true);
+      abort_retracted(c);
       continue;
     }
     live_.emplace(h, std::move(c.live));
@@ -397,13 +399,7 @@ void ServeEngine::abort_where(const std::function<bool(const Job&)>& which) {
   finish_done_jobs();
   for (auto it = retracted_.begin(); it != retracted_.end();) {
     if (which(*it->live.job)) {
-      {
-        std::lock_guard<std::mutex> lock(it->live.job->mu);
-        SampleProgress& sp = it->live.job->samples[size_t(it->live.sample_of)];
-        sp.finish = FinishReason::Abort;
-        sp.done = true;
-      }
-      finish_piece(it->live.text, it->live.job, true);
+      abort_retracted(*it);
       it = retracted_.erase(it);
     } else {
       ++it;
@@ -429,15 +425,9 @@ struct Bucket {
   const char* data = nullptr;
 };
 Bucket parse_bucket(const std::string& bytes, const std::string& what) {
-  if (bytes.size() < 8) throw InputError(what + ": " + std::to_string(bytes.size()) + " bytes is not a safetensors file");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  if (n > kMaxSafetensorsHeader || n > bytes.size() - 8)
-    throw InputError(what + ": header of " + std::to_string(n) + " bytes in a body of " + std::to_string(bytes.size()));
-  Bucket b;
-  b.entries = parse_safetensors_header(what, bytes.data() + 8, size_t(n), bytes.size() - 8 - size_t(n));
-  b.data = bytes.data() + 8 + n;
-  return b;
+  SafetensorsLayout l =
+      parse_safetensors_bytes(what, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  return Bucket{std::move(l.entries), bytes.data() + l.data_offset};
 }
 
 // The staged buckets as one string for every rank: count, then each bucket's length and bytes.
@@ -535,15 +525,7 @@ void ServeEngine::apply(Control& c) {
           throw InputError("an empty body stages nothing (a commit needs tensors staged or sent with it)");
         const Bucket b = c.a.empty() ? Bucket{} : parse_bucket(c.a, "bucket " + std::to_string(staged_.size()));
         for (auto& [name, e] : b.entries) {
-          const std::optional<TensorView> have = rt_.ckpt->find(name);
-          if (!have) throw InputError("tensor '" + name + "' is not a tensor of the loaded model");
-          if (have->dtype != e.dtype || have->shape != e.shape) {
-            TensorView got;
-            got.dtype = e.dtype, got.shape = e.shape;
-            throw InputError("tensor '" + name + "' is " + std::string(dtype_name(e.dtype)) + " " + got.shape_str() +
-                             ", the loaded model's is " + std::string(dtype_name(have->dtype)) + " " +
-                             have->shape_str());
-          }
+          rt_.ckpt->check_like(name, e.dtype, e.shape);
           if (!staged_names_.insert(name).second) throw InputError("tensor '" + name + "' was sent twice");
         }
         if (!c.a.empty()) staged_.push_back(std::move(c.a));

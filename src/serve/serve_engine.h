@@ -158,7 +158,9 @@ class ServeEngine {
   std::vector<Retracted> retracted_;  // paused with mode retract: submitted again on continue
   void retract_all();
   void resume_retracted();
-  void finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& job, bool aborted);
+  void finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& job);
+  void record_sample(SampleProgress& sp, const Generation& g, JobText* text, int job_sample) const;
+  void abort_retracted(const Retracted& c);
   std::deque<JobPtr> held_;         // arrived while paused or while an update drains
   bool paused_ = false;
   std::optional<Control> pending_update_;
