@@ -11,13 +11,13 @@ import argparse
 import concurrent.futures
 import os
 import random
-import re
-import subprocess
 import sys
-import threading
 import time
 
 import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_process import start_serve  # noqa: E402
 
 
 def main():
@@ -29,20 +29,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    proc = subprocess.Popen([a.epmoe, "serve", "--model", a.model, "--port", "0", "--enable-return-routed-experts",
-                             "--no-prefix-cache"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url, found = None, threading.Event()
-
-    def drain():
-        nonlocal url
-        for line in proc.stdout:
-            m = re.search(rb"listening on (http://[\d.]+:\d+)", line)
-            if m:
-                url = m.group(1).decode()
-                found.set()
-    threading.Thread(target=drain, daemon=True).start()
-    if not found.wait(600):
-        sys.exit("serve did not start")
+    proc, url = start_serve([a.epmoe, "serve", "--model", a.model, "--port", "0",
+                             "--enable-return-routed-experts", "--no-prefix-cache"])
     try:
         vocab = httpx.get(url + "/model_info", timeout=60).json()["vocab_size"]
         for level in [int(x) for x in a.levels.split(",")]:

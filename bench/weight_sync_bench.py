@@ -12,14 +12,14 @@ import argparse
 import http.client
 import json
 import os
-import re
 import struct
-import subprocess
 import sys
-import threading
 import time
 
 import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_process import start_serve  # noqa: E402
 
 
 def read_tensors(folder):
@@ -58,21 +58,7 @@ def main():
     cmd = [a.epmoe, "serve", "--model", a.model, "--port", "0", "--max-body-mb", str(2 * a.bucket_mb + 64)]
     if a.ranks > 1:
         cmd = ["mpirun", "--oversubscribe", "-np", str(a.ranks)] + cmd + ["--threads", "1"]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    url = None
-    found = threading.Event()
-
-    def drain():
-        nonlocal url
-        for line in proc.stdout:
-            m = re.search(rb"listening on (http://[\d.]+:\d+)", line)
-            if m:
-                url = m.group(1).decode()
-                found.set()
-    threading.Thread(target=drain, daemon=True).start()
-    if not found.wait(600):
-        sys.exit("serve did not start")
+    proc, url = start_serve(cmd)
     try:
         tensors = sorted(read_tensors(a.new).items(), key=lambda kv: kv[0])
         buckets, cur, size = [], [], 0
