@@ -248,8 +248,22 @@ void HttpServer::routes() {
   s.set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(io));
   s.set_keep_alive_timeout(5);
 
+  // CORS, so that a web page of another origin (a browser playground, the AI SDK in a browser) can
+  // call the server: every response allows any origin, and a preflight (OPTIONS with the method
+  // and headers the real request will use) is answered 204 before the key check -- browsers send
+  // preflights without credentials, so asking the key there would make the key unusable from a page.
+  // The key still guards every real request.
+  s.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
   // The key, when one is set: every endpoint but /health.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type, X-API-Key" : asked);
+      res.set_header("Access-Control-Max-Age", "86400");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (opt_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string key = req.get_header_value("X-API-Key");
@@ -477,16 +491,33 @@ void HttpServer::routes() {
     });
   });
 
+  // ---- tokenizer (sglang's /tokenize and /detokenize, also under /v1) ----
+  auto tokenize_route = [this](const httplib::Request& req, httplib::Response& res) {
+    send_json(res, 200, tokenize(parse_body(req), model_));
+  };
+  auto detokenize_route = [this](const httplib::Request& req, httplib::Response& res) {
+    send_json(res, 200, detokenize(parse_body(req), model_));
+  };
+  s.Post("/tokenize", tokenize_route);
+  s.Post("/v1/tokenize", tokenize_route);
+  s.Post("/detokenize", detokenize_route);
+  s.Post("/v1/detokenize", detokenize_route);
+
   // ---- OpenAI ----
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200,
-              {{"object", "list"},
-               {"data", json::array({{{"id", model_.name},
-                                      {"object", "model"},
-                                      {"created", 0},
-                                      {"owned_by", "epmoe"},
-                                      {"root", model_.path},
-                                      {"max_model_len", model_.max_positions}}})}});
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card(model_)})}});
+  });
+  // One model by id (the served name, or its path as /v1/models' `root`); OpenAI's 404 otherwise.
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id == model_.name || id == model_.path) {
+      send_json(res, 200, model_card(model_));
+      return;
+    }
+    json e = error_body(404, "The model '" + id + "' does not exist (this server serves '" + model_.name + "')", "model");
+    e["error"]["type"] = "invalid_request_error";
+    e["error"]["code"] = "model_not_found";
+    send_json(res, 404, e);
   });
   auto openai = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
     const json body = parse_body(req);
@@ -533,8 +564,13 @@ void HttpServer::routes() {
                   st.sent_role[p][k] = true;
                 }
                 const bool final_now = s.done && job.state == Job::State::Done;
+                // A token that ends its sample waits for the end (within the engine's step), so that
+                // it goes out with the finish reason and the final text (what the decoder or a
+                // possible stop string held back): the last chunk then carries tokens, never a
+                // chunk of empty log-prob arrays after them.
+                const bool hold = !final_now && sample_ends_at_last_token(job.req, s);
                 const size_t nt = s.tokens.size(), tt = s.text.size();
-                if (nt > st.sent_tokens[p][k] || tt > st.sent_text[p][k] || final_now) {
+                if (!hold && (nt > st.sent_tokens[p][k] || tt > st.sent_text[p][k] || final_now)) {
                   const std::string delta = s.text.substr(std::min(st.sent_text[p][k], tt));
                   json c;
                   c["index"] = index;
@@ -543,11 +579,13 @@ void HttpServer::routes() {
                   } else {
                     c["text"] = delta;
                   }
-                  c["logprobs"] = call->logprobs >= 0
+                  // No new token (an abort, or max_tokens 0): logprobs null, not empty arrays.
+                  c["logprobs"] = call->logprobs >= 0 && nt > st.sent_tokens[p][k]
                                       ? openai_logprobs(s, st.sent_tokens[p][k], nt - st.sent_tokens[p][k], call->chat,
                                                         call->logprobs, m)
                                       : json(nullptr);
                   c["finish_reason"] = final_now ? openai_finish(s) : json(nullptr);
+                  c["matched_stop"] = final_now ? openai_matched_stop(s) : json(nullptr);
                   if (call->return_token_ids) {
                     c["token_ids"] = std::vector<int32_t>(s.tokens.begin() + long(std::min(st.sent_tokens[p][k], nt)),
                                                           s.tokens.end());

@@ -2,9 +2,11 @@
 
 #include <openssl/evp.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <span>
 
 #include "engine/sampling.h"
 #include "io/json_util.h"
@@ -53,6 +55,24 @@ class Fields {
     if (x < lo || x > hi) bad(name(k), range(lo, hi, v->dump()));
     return x;
   }
+  // A seed: an integer in [0, 2^64 - 1] (the range of the seeds the server reports, so any
+  // reported seed replays). A negative one is refused rather than wrapped.
+  std::optional<uint64_t> seed(const char* k) const {
+    const json* v = get(k);
+    if (!v) return std::nullopt;
+    const char* range = "must be an integer in [0, 18446744073709551615], got ";
+    if (v->is_number_unsigned()) return v->get<uint64_t>();
+    if (v->is_number_integer()) {
+      if (v->get<int64_t>() < 0) bad(name(k), range + v->dump());
+      return uint64_t(v->get<int64_t>());
+    }
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      // (2^64 is exactly representable; below it every integral double converts exactly)
+      if (d == std::floor(d) && d >= 0 && d < 18446744073709551616.0) return uint64_t(d);
+    }
+    bad(name(k), range + v->dump());
+  }
   std::optional<double> number(const char* k, double lo, double hi) const {
     const json* v = get(k);
     if (!v) return std::nullopt;
@@ -94,6 +114,230 @@ class Fields {
   std::string prefix_;
 };
 
+
+// ---- the fields of each request object, and what epmoe does with each ----
+//
+// Implemented: parsed below. NoOp: accepted whatever its value, because here it changes nothing
+// (the note says why). Refused: a 400 naming the field (the note is the message), unless the value
+// is its no-op one -- null, or `neutral` (a JSON text; a list means any of its items), or, without
+// `neutral`, false / 0 / "" / [] / {} -- so that clients sending defaults (AReaL's
+// frequency_penalty 0, a `tools: []`) keep working. A field in no table is refused as unknown: the
+// OpenAI API refuses unknown parameters, and an ignored typo (`max_token`) would silently change
+// what a client gets. The lists follow sglang's GenerateReqInput / SamplingParams /
+// CompletionRequest / ChatCompletionRequest and OpenAI's request schemas (docs/serve.md's tables).
+enum class Support { Implemented, NoOp, Refused };
+struct FieldRule {
+  const char* name;
+  Support support;
+  const char* note = "";
+  const char* neutral = nullptr;
+};
+using Rules = std::span<const FieldRule>;
+
+constexpr Support I = Support::Implemented, N = Support::NoOp, R = Support::Refused;
+constexpr const char* kNoMultimodal = "is not supported: epmoe serves text-only models";
+constexpr const char* kNoGrammar =
+    "is not supported: no constrained decoding (regex / JSON schema / EBNF) yet; the scheduler's sampling has no "
+    "grammar mask";
+constexpr const char* kNoPenalty =
+    "is not supported (only its neutral value): penalties need the token counts of each sequence in the sampler, "
+    "which the scheduler does not keep yet";
+constexpr const char* kNoLogitBias =
+    "is not supported: the bias would have to reach the scheduler's device draw and its log-probs, which do not take "
+    "it yet";
+constexpr const char* kNoLora = "is not supported: no LoRA adapters";
+constexpr const char* kNoDisagg = "is not supported: no prefill/decode disaggregation or data-parallel routing";
+constexpr const char* kNoCustomLogits = "is not supported: no custom logit processors or custom parameters";
+constexpr const char* kNoSession = "is not supported: no sessions (send the whole prompt)";
+constexpr const char* kNoCacheKey = "is not supported: the prefix cache has one namespace";
+constexpr const char* kNoPriority = "is not supported: requests are admitted in arrival order";
+constexpr const char* kNoHidden = "is not supported: hidden states are not returned";
+constexpr const char* kNoTools = "is not supported: no tool calls (the ChatML template renders no tools)";
+constexpr const char* kNoReasoning = "is not supported: no reasoning parser or thinking budget";
+constexpr const char* kNoMinTokens =
+    "is not supported (only 0): a minimum length needs the stop ids masked in the scheduler's draw";
+constexpr const char* kNoStopRegex = "is not supported: stop strings only (`stop`)";
+constexpr const char* kSpacesNoOp =
+    "no effect with tokenizer.json tokenizers (as in sglang and transformers' fast tokenizers)";
+
+constexpr FieldRule kGenerateFields[] = {
+    {"text", I}, {"input_ids", I}, {"sampling_params", I}, {"rid", I}, {"stream", I}, {"return_logprob", I},
+    {"logprob_start_len", I}, {"top_logprobs_num", I}, {"return_text_in_logprobs", I},
+    {"return_routed_experts", I}, {"routed_experts_start_len", I}, {"return_routed_expert_weights", I},
+    {"no_logs", N, "epmoe logs no request contents"},
+    {"token_ids_logprob", R,
+     "is not supported: the scheduler reports the sampled token's and the top-N log-probs only"},
+    {"return_sampling_mask", R, "is not supported"},
+    {"return_flat_raw_top_logprobs", R, "is not supported: log-probs come as [logprob, id, text] lists"},
+    {"return_flat_raw_top_logprobs_b64", R, "is not supported: log-probs come as [logprob, id, text] lists"},
+    {"return_hidden_states", R, kNoHidden},
+    {"return_indexer_topk", R, "is not supported"},
+    {"return_entropy", R, "is not supported"},
+    {"return_prompt_token_ids", R, "is not supported (the prompt is meta_info.prompt_tokens ids long)"},
+    {"return_bytes", R, "is not supported"},
+    {"input_embeds", R, "is not supported: give text or input_ids"},
+    {"image_data", R, kNoMultimodal}, {"video_data", R, kNoMultimodal}, {"audio_data", R, kNoMultimodal},
+    {"mm_hashes", R, kNoMultimodal}, {"mm_content_hashes", R, kNoMultimodal},
+    {"use_audio_in_video", R, kNoMultimodal}, {"video_config", R, kNoMultimodal}, {"modalities", R, kNoMultimodal},
+    {"max_dynamic_patch", R, kNoMultimodal}, {"min_dynamic_patch", R, kNoMultimodal},
+    {"image_max_dynamic_patch", R, kNoMultimodal}, {"video_max_dynamic_patch", R, kNoMultimodal},
+    {"images_config", R, kNoMultimodal}, {"need_wait_for_mm_inputs", R, kNoMultimodal},
+    {"num_items_assigned", R, kNoMultimodal}, {"encoder_urls", R, kNoMultimodal},
+    {"session_id", R, kNoSession}, {"session_params", R, kNoSession}, {"conversation_id", R, kNoSession},
+    {"lora_path", R, kNoLora}, {"lora_id", R, kNoLora},
+    {"custom_logit_processor", R, kNoCustomLogits}, {"positional_embed_overrides", R, "is not supported"},
+    {"bootstrap_host", R, kNoDisagg}, {"bootstrap_port", R, kNoDisagg}, {"bootstrap_room", R, kNoDisagg},
+    {"bootstrap_pair_key", R, kNoDisagg}, {"decode_tp_size", R, kNoDisagg}, {"routed_dp_rank", R, kNoDisagg},
+    {"data_parallel_rank", R, kNoDisagg}, {"disagg_prefill_dp_rank", R, kNoDisagg},
+    {"kv_router_hint", R, kNoDisagg}, {"routing_key", R, kNoDisagg}, {"http_worker_ipc", R, kNoDisagg},
+    {"background", R, "is not supported: requests run while their connection waits"},
+    {"require_reasoning", R, kNoReasoning}, {"max_thinking_tokens", R, kNoReasoning},
+    {"priority", R, kNoPriority}, {"extra_key", R, kNoCacheKey}, {"cache_salt", R, kNoCacheKey},
+    {"custom_labels", R, "is not supported: the metrics have no per-request labels"},
+    {"log_metrics", R, "is not supported: every request but /health_generate's is counted in /metrics", "true"},
+    {"external_trace_header", R, "is not supported: no tracing"},
+    {"received_time", R, "is not supported: the server times requests from their arrival"},
+    {"multi_item_delimiter_indices", R, "is not supported: no multi-item scoring"},
+};
+
+constexpr FieldRule kSamplingFields[] = {
+    {"max_new_tokens", I}, {"stop", I}, {"stop_token_ids", I}, {"temperature", I}, {"top_p", I}, {"top_k", I},
+    {"min_p", I}, {"n", I}, {"ignore_eos", I}, {"skip_special_tokens", I}, {"no_stop_trim", I},
+    {"sampling_seed", I},
+    {"spaces_between_special_tokens", N, kSpacesNoOp},
+    {"stop_regex", R, kNoStopRegex},
+    {"frequency_penalty", R, kNoPenalty}, {"presence_penalty", R, kNoPenalty},
+    {"repetition_penalty", R, kNoPenalty, "1"},
+    {"min_new_tokens", R, kNoMinTokens},
+    {"json_schema", R, kNoGrammar}, {"regex", R, kNoGrammar}, {"ebnf", R, kNoGrammar},
+    {"structural_tag", R, kNoGrammar},
+    {"custom_params", R, kNoCustomLogits},
+    {"stream_interval", R, "is not supported (only 1): a stream sends every token as it comes", "1"},
+    {"logit_bias", R, kNoLogitBias},
+};
+
+// Fields of both OpenAI routes (OpenAI's own, then sglang's extensions).
+#define EPMOE_OPENAI_COMMON_FIELDS                                                                               \
+  {"model", I}, {"n", I}, {"seed", I}, {"stop", I}, {"stream", I}, {"stream_options", I}, {"temperature", I},   \
+      {"top_p", I}, {"top_k", I}, {"min_p", I}, {"stop_token_ids", I}, {"no_stop_trim", I}, {"ignore_eos", I},  \
+      {"skip_special_tokens", I}, {"return_token_ids", I}, {"rid", I},                                          \
+      {"user", N, "an end-user id for the provider's monitoring: it changes no output"},                         \
+      {"frequency_penalty", R, kNoPenalty}, {"presence_penalty", R, kNoPenalty},                                \
+      {"repetition_penalty", R, kNoPenalty, "1"}, {"logit_bias", R, kNoLogitBias},                              \
+      {"min_tokens", R, kNoMinTokens}, {"regex", R, kNoGrammar}, {"ebnf", R, kNoGrammar},                       \
+      {"stop_regex", R, kNoStopRegex},                                                                          \
+      {"response_format", R, "is not supported: no constrained decoding (only {\"type\": \"text\"})",           \
+       R"({"type": "text"})"},                                                                                   \
+      {"return_hidden_states", R, kNoHidden},                                                                   \
+      {"return_routed_experts", R, "is not supported on the OpenAI routes yet: use /generate"},                 \
+      {"routed_experts_start_len", R, "is not supported on the OpenAI routes yet: use /generate"},              \
+      {"return_cached_tokens_details", R, "is not supported: usage.prompt_tokens_details.cached_tokens only"},  \
+      {"lora_path", R, kNoLora}, {"session_id", R, kNoSession}, {"session_params", R, kNoSession},              \
+      {"custom_params", R, kNoCustomLogits}, {"custom_logit_processor", R, kNoCustomLogits},                    \
+      {"images_config", R, kNoMultimodal}, {"bootstrap_host", R, kNoDisagg}, {"bootstrap_port", R, kNoDisagg}, \
+      {"bootstrap_room", R, kNoDisagg}, {"routed_dp_rank", R, kNoDisagg},                                       \
+      {"disagg_prefill_dp_rank", R, kNoDisagg}, {"data_parallel_rank", R, kNoDisagg},                           \
+      {"extra_key", R, kNoCacheKey}, {"cache_salt", R, kNoCacheKey}, {"ngram_corpus_id", R, "is not supported"}, \
+      {"priority", R, kNoPriority},                                                                             \
+      {"custom_labels", R, "is not supported: the metrics have no per-request labels"},                         \
+      {"metadata", R, "is not supported: completions are not stored"},                                          \
+      {"store", R, "is not supported: completions are not stored"},                                             \
+      {"service_tier", R, "is not supported (only auto / default)", R"(["auto", "default"])"},                  \
+      {"safety_identifier", N, "an end-user id for the provider's monitoring: it changes no output"},           \
+      {"prompt_cache_key", N, "a routing hint for the provider's cache: the prefix cache here matches any prompt"}
+
+constexpr FieldRule kCompletionFields[] = {
+    EPMOE_OPENAI_COMMON_FIELDS,
+    {"prompt", I}, {"max_tokens", I}, {"logprobs", I}, {"best_of", I},
+    {"echo", R, "is not supported"},
+    {"suffix", R, "is not supported"},
+    {"json_schema", R, kNoGrammar},
+};
+
+constexpr FieldRule kChatFields[] = {
+    EPMOE_OPENAI_COMMON_FIELDS,
+    {"messages", I}, {"max_tokens", I}, {"max_completion_tokens", I}, {"logprobs", I}, {"top_logprobs", I},
+    {"separate_reasoning", N, "no reasoning parser: the content is never split"},
+    {"stream_reasoning", N, "no reasoning parser: the content is never split"},
+    {"parallel_tool_calls", N, "no tools are accepted, so no tool calls to run in parallel"},
+    {"tools", R, kNoTools},
+    {"tool_choice", R, kNoTools, R"(["none", "auto"])"},
+    {"functions", R, kNoTools}, {"function_call", R, kNoTools, R"(["none", "auto"])"},
+    {"reasoning_effort", R, kNoReasoning}, {"reasoning", R, kNoReasoning}, {"verbosity", R, kNoReasoning},
+    {"task", R, "is not supported"},
+    {"continue_final_message", R, "is not supported: the template always opens a new assistant turn"},
+    {"chat_template_kwargs", R, "is not supported: the ChatML template takes no arguments"},
+    {"return_prompt_token_ids", R, "is not supported: use return_token_ids (prompt_token_ids on the response)"},
+    {"return_meta_info", R, "is not supported"},
+    {"max_dynamic_patch", R, kNoMultimodal}, {"min_dynamic_patch", R, kNoMultimodal},
+    {"use_audio_in_video", R, kNoMultimodal}, {"modalities", R, kNoMultimodal, R"([["text"]])"},
+    {"audio", R, kNoMultimodal},
+    {"prediction", R, "is not supported: no predicted outputs"},
+    {"web_search_options", R, "is not supported: no web search"},
+    {"input_ids", R, "is not supported on chat: use /v1/completions with token ids"},
+};
+#undef EPMOE_OPENAI_COMMON_FIELDS
+
+constexpr FieldRule kStreamOptionsFields[] = {
+    {"include_usage", I},
+    {"continuous_usage_stats", R, "is not supported: usage comes in the last chunk (include_usage)"},
+    {"include_obfuscation", R, "is not supported"},
+};
+
+constexpr FieldRule kMessageFields[] = {
+    {"role", I}, {"content", I},
+    {"name", R, "is not supported: the ChatML template has no participant names"},
+    {"tool_calls", R, kNoTools}, {"tool_call_id", R, kNoTools}, {"tools", R, kNoTools},
+    {"reasoning_content", R, kNoReasoning},
+    {"refusal", R, "is not supported"},
+    {"audio", R, kNoMultimodal},
+    {"function_call", R, kNoTools},
+};
+
+constexpr FieldRule kContentPartFields[] = {{"type", I}, {"text", I}};
+
+constexpr FieldRule kTokenizeFields[] = {
+    {"model", I}, {"prompt", I}, {"messages", I},
+    {"add_special_tokens", R, "is not supported (only true): prompts are encoded as tokenizer(text)", "true"},
+    {"tools", R, kNoTools}, {"tool_choice", R, kNoTools, R"(["none", "auto"])"},
+    {"reasoning_effort", R, kNoReasoning},
+    {"continue_final_message", R, "is not supported: the template always opens a new assistant turn"},
+    {"chat_template_kwargs", R, "is not supported: the ChatML template takes no arguments"},
+};
+
+constexpr FieldRule kDetokenizeFields[] = {{"model", I}, {"tokens", I}, {"skip_special_tokens", I}};
+
+bool is_neutral(const FieldRule& r, const json& v) {
+  if (v.is_null()) return true;
+  if (r.neutral) {
+    const json n = json::parse(r.neutral);
+    if (n.is_array()) {
+      for (const json& x : n)
+        if (x == v) return true;
+      return false;
+    }
+    return n == v;
+  }
+  if (v.is_boolean()) return !v.get<bool>();
+  if (v.is_number()) return v.get<double>() == 0.0;
+  if (v.is_string() || v.is_array() || v.is_object()) return v.empty();
+  return false;
+}
+
+// Refuses, naming it, the first field of `obj` that is unknown or refused with an effective value.
+void check_fields(const json& obj, const std::string& prefix, Rules rules, const char* where) {
+  if (!obj.is_object()) return;  // (the typed reads say what it should be)
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const FieldRule* rule = nullptr;
+    for (const FieldRule& r : rules)
+      if (it.key() == r.name) rule = &r;
+    if (!rule)
+      bad(prefix + it.key(), std::string("is not a field of ") + where +
+                                 " (unknown fields are refused rather than ignored; docs/serve.md lists the fields)");
+    if (rule->support == Support::Refused && !is_neutral(*rule, it.value())) bad(prefix + it.key(), rule->note);
+  }
+}
+
 // The sampling settings common to both APIs, before they become a RequestParams.
 struct SamplingSpec {
   int64_t max_new_tokens = 128;
@@ -105,7 +349,7 @@ struct SamplingSpec {
   std::vector<int> stop_ids;
   bool ignore_eos = false;
   int64_t n = 1;
-  std::optional<int64_t> seed;
+  std::optional<uint64_t> seed;
   bool skip_special = true, no_stop_trim = false;
   bool logprobs = false;
   int top_logprobs = 0;
@@ -187,7 +431,7 @@ ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt
   r.params.input_logprobs_from = s.input_from;
   r.params.routed_experts = s.routed_experts;
   const bool sampled = s.temperature > 0;
-  r.seed = s.seed ? uint64_t(*s.seed) : sampled ? fresh_seed() : 0;
+  r.seed = s.seed ? *s.seed : sampled ? fresh_seed() : 0;
   r.seed_reported = sampled || s.seed.has_value();
   r.n = int(s.n);
   r.stop_strings = s.stop;
@@ -204,9 +448,11 @@ std::string make_id(const char* prefix) {
   return s;
 }
 
+// [logprob, id, text]: the text is sglang's, the tokenizer's decode of the one id (a piece of a
+// UTF-8 character reads U+FFFD), when return_text_in_logprobs asked for it.
 json logprob_triple(float lp, int32_t id, bool with_text, const ServedModel& m) {
-  json t = json::array({json_float(lp), id, nullptr});
-  if (with_text && m.tokenizer) t[2] = std::string(m.tokenizer->token_bytes(id));
+  json t = json::array({json_fp32(lp), id, nullptr});
+  if (with_text && m.tokenizer) t[2] = m.tokenizer->decode({id});
   return t;
 }
 
@@ -226,12 +472,170 @@ json error_body(int status, const std::string& message, const std::string& field
   return {{"error", e}};
 }
 
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+json json_fp32(float v) { return std::isfinite(v) ? json(double(v)) : json(nullptr); }
+
+namespace {
+
+// Significant digits of a decimal (leading and trailing zeros of the digit string dropped).
+size_t significant_digits(const std::string& t) {
+  std::string d;
+  for (char c : t.substr(0, t.find('e')))
+    if (c >= '0' && c <= '9') d += c;
+  const size_t a = d.find_first_not_of('0');
+  return a == std::string::npos ? 1 : d.find_last_not_of('0') - a + 1;
+}
+
+// The shortest round-trip text of v: std::to_chars picks the fewest *characters*, which for a
+// large integral value is the fixed form with more digits ("3149415841792" for 3.1494158e+12);
+// the scientific form always has the fewest digits, so it is taken when it has fewer.
+template <typename T>
+std::string shortest_text(T v) {
+  char a[64], b[64];
+  const auto ra = std::to_chars(a, a + sizeof a, v);
+  const auto rb = std::to_chars(b, b + sizeof b, v, std::chars_format::scientific);
+  std::string t(a, ra.ptr);
+  std::string sci(b, rb.ptr);
+  if (significant_digits(sci) < significant_digits(t)) t = sci;
+  if (t.find_first_of(".e") == std::string::npos) t += ".0";
+  return t;
+}
+
+}  // namespace
+
+std::string fp32_text(float v) { return std::isfinite(v) ? shortest_text(v) : "null"; }
+
+namespace {
+
+std::string double_text(double d) {
+  if (!std::isfinite(d)) return "null";
+  const float f = float(d);
+  if (double(f) == d) return fp32_text(f);
+  return shortest_text(d);
+}
+
+void write_json(const json& j, std::string& out) {
+  switch (j.type()) {
+    case json::value_t::object: {
+      out += '{';
+      bool first = true;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!first) out += ',';
+        first = false;
+        out += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace);
+        out += ':';
+        write_json(it.value(), out);
+      }
+      out += '}';
+      break;
+    }
+    case json::value_t::array: {
+      out += '[';
+      for (size_t i = 0; i < j.size(); i++) {
+        if (i) out += ',';
+        write_json(j[i], out);
+      }
+      out += ']';
+      break;
+    }
+    case json::value_t::number_float:
+      out += double_text(j.get<double>());
+      break;
+    default:
+      out += j.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+}
+
+}  // namespace
+
+std::string dump_json(const json& j) {
+  std::string out;
+  write_json(j, out);
+  return out;
+}
+
+// ---------------------------------------------------------------- tokenizer endpoints
+
+namespace {
+
+const Tokenizer& need_tokenizer(const ServedModel& m, const char* field) {
+  if (!m.tokenizer) throw HttpError(400, field, std::string(field) + ": this model has no tokenizer files");
+  return *m.tokenizer;
+}
+
+void check_model_name(const Fields& f, const ServedModel& m) {
+  const std::string model = f.string("model").value_or(m.name);
+  if (model != m.name && model != m.path && model != "default")
+    throw HttpError(400, "model", "model: '" + model + "' is not served here (this server serves '" + m.name + "')");
+}
+
+}  // namespace
+
+json tokenize(const json& body, const ServedModel& m) {
+  Fields f(body, "");
+  check_fields(body, "", kTokenizeFields, "/tokenize");
+  check_model_name(f, m);
+  const json* prompt = f.get("prompt");
+  const json* messages = f.get("messages");
+  if ((prompt != nullptr) == (messages != nullptr))
+    bad(prompt ? "messages" : "prompt", "give exactly one of prompt, messages");
+  json tokens, count;
+  if (messages) {
+    const Tokenizer& tok = need_tokenizer(m, "messages");
+    // The ids /v1/chat/completions runs for these messages.
+    const std::vector<int32_t> ids = tok.encode(chatml_prompt(*messages, tok));
+    tokens = ids;
+    count = ids.size();
+  } else if (prompt->is_string()) {
+    const std::vector<int32_t> ids = need_tokenizer(m, "prompt").encode(prompt->get<std::string>());
+    tokens = ids;
+    count = ids.size();
+  } else if (prompt->is_array()) {
+    const Tokenizer& tok = need_tokenizer(m, "prompt");
+    tokens = json::array();
+    count = json::array();
+    for (size_t i = 0; i < prompt->size(); i++) {
+      if (!(*prompt)[i].is_string()) bad("prompt[" + std::to_string(i) + "]", "must be a string");
+      const std::vector<int32_t> ids = tok.encode((*prompt)[i].get<std::string>());
+      tokens.push_back(ids);
+      count.push_back(ids.size());
+    }
+  } else {
+    bad("prompt", "must be a string or a list of strings");
+  }
+  return {{"tokens", tokens}, {"count", count}, {"max_model_len", m.max_positions}};
+}
+
+json detokenize(const json& body, const ServedModel& m) {
+  Fields f(body, "");
+  check_fields(body, "", kDetokenizeFields, "/detokenize");
+  check_model_name(f, m);
+  const Tokenizer& tok = need_tokenizer(m, "tokens");
+  const bool skip = f.boolean("skip_special_tokens").value_or(true);
+  const json* t = f.get("tokens");
+  if (!t) bad("tokens", "is required");
+  if (!t->is_array()) bad("tokens", "must be a list of token ids or a list of such lists");
+  // Ids outside the model's vocabulary are refused (decode would skip them silently).
+  if (!t->empty() && (*t)[0].is_array()) {
+    json texts = json::array();
+    for (size_t i = 0; i < t->size(); i++) {
+      if (!(*t)[i].is_array()) bad("tokens", "mixes lists and ids");
+      texts.push_back(tok.decode(ids_of((*t)[i], "tokens[" + std::to_string(i) + "]", m), skip));
+    }
+    return {{"text", texts}};
+  }
+  return {{"text", tok.decode(ids_of(*t, "tokens", m), skip)}};
+}
+
+json model_card(const ServedModel& m) {
+  return {{"id", m.name},       {"object", "model"}, {"created", 0}, {"owned_by", "epmoe"},
+          {"root", m.path},     {"parent", nullptr}, {"max_model_len", m.max_positions}};
+}
 
 // ---------------------------------------------------------------- native
 
 NativeCall parse_generate(const json& body, const ServedModel& m) {
   Fields f(body, "");
+  check_fields(body, "", kGenerateFields, "/generate");
   NativeCall call;
   call.stream = f.boolean("stream").value_or(false);
   call.return_logprob = f.boolean("return_logprob").value_or(false);
@@ -240,6 +644,9 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
   call.return_routed_experts = f.boolean("return_routed_experts").value_or(false);
   call.return_routed_expert_weights = f.boolean("return_routed_expert_weights").value_or(false);
   call.routed_experts_start_len = int(f.integer("routed_experts_start_len", 0, INT32_MAX).value_or(0));
+  call.return_text_in_logprobs = f.boolean("return_text_in_logprobs").value_or(false);
+  if (call.return_text_in_logprobs && !m.tokenizer)
+    bad("return_text_in_logprobs", "this model has no tokenizer files: log-probs carry ids only");
   if ((call.return_routed_experts || call.return_routed_expert_weights) && !m.routed_experts)
     bad(call.return_routed_experts ? "return_routed_experts" : "return_routed_expert_weights",
         "the server records routed experts only when started with --enable-return-routed-experts");
@@ -288,6 +695,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
     const json* sp = per_prompt("sampling_params", i);
     if (sp) {
       Fields p(*sp, "sampling_params" + at + ".");
+      check_fields(*sp, "sampling_params" + at + ".", kSamplingFields, "sampling_params");
       s.max_given = p.get("max_new_tokens") != nullptr;
       s.max_new_tokens = p.integer("max_new_tokens", 0, INT32_MAX).value_or(128);
       s.max_field = p.name("max_new_tokens");
@@ -303,7 +711,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
       }
       s.ignore_eos = p.boolean("ignore_eos").value_or(false);
       s.n = p.integer("n", 1, 64).value_or(1);
-      s.seed = p.integer("sampling_seed", INT64_MIN, INT64_MAX);
+      s.seed = p.seed("sampling_seed");
       s.skip_special = p.boolean("skip_special_tokens").value_or(true);
       s.no_stop_trim = p.boolean("no_stop_trim").value_or(false);
     }
@@ -355,7 +763,7 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
   if (call.return_logprob) {
     json out = json::array();
     for (size_t i = 0; i < s.logprobs.size() && i < s.tokens.size(); i++)
-      out.push_back(logprob_triple(s.logprobs[i], s.tokens[i], false, m));
+      out.push_back(logprob_triple(s.logprobs[i], s.tokens[i], call.return_text_in_logprobs, m));
     meta["output_token_logprobs"] = out;
     json in = json::array();
     const int64_t P = int64_t(r.prompt.size()), from = call.logprob_start_len;
@@ -363,9 +771,11 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
       const int64_t first = std::max<int64_t>(from, 1);
       for (int64_t p = from; p < P; p++) {
         if (p == 0) {
-          in.push_back(json::array({nullptr, r.prompt[0], nullptr}));
+          in.push_back(logprob_triple(0, r.prompt[0], call.return_text_in_logprobs, m));
+          in.back()[0] = nullptr;
         } else if (size_t(p - first) < job.input_logprobs.size()) {
-          in.push_back(logprob_triple(job.input_logprobs[size_t(p - first)], r.prompt[size_t(p)], false, m));
+          in.push_back(
+              logprob_triple(job.input_logprobs[size_t(p - first)], r.prompt[size_t(p)], call.return_text_in_logprobs, m));
         }
       }
     }
@@ -374,7 +784,7 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
       json tops = json::array();
       for (auto& step : s.top) {
         json alts = json::array();
-        for (auto& [id, lp] : step) alts.push_back(logprob_triple(lp, id, false, m));
+        for (auto& [id, lp] : step) alts.push_back(logprob_triple(lp, id, call.return_text_in_logprobs, m));
         tops.push_back(alts);
       }
       meta["output_top_logprobs"] = tops;
@@ -427,12 +837,22 @@ SamplingSpec openai_sampling(const Fields& f, const ServedModel& m, int64_t defa
   }
   s.ignore_eos = f.boolean("ignore_eos").value_or(false);  // extension
   s.n = f.integer("n", 1, 64).value_or(1);
-  s.seed = f.integer("seed", INT64_MIN, INT64_MAX);
+  s.seed = f.seed("seed");
   s.skip_special = f.boolean("skip_special_tokens").value_or(true);
-  for (const char* k : {"frequency_penalty", "presence_penalty"})
-    if (f.number(k, -2, 2).value_or(0.0) != 0.0) bad(k, "is not supported (only 0)");
-  if (f.integer("best_of", 1, 64).value_or(s.n) != s.n) bad("best_of", "is not supported (only equal to n)");
+  s.no_stop_trim = f.boolean("no_stop_trim").value_or(false);  // extension (sglang)
   return s;
+}
+
+// sglang's `rid` on the OpenAI routes: the request id /abort_request takes -- a string, or a list
+// with one per prompt; without it, the response id (+ "-i" for prompt i of several).
+std::string openai_rid(const Fields& f, const OpenAICall& call, size_t i, size_t prompts) {
+  const json* r = f.get("rid");
+  if (!r) return prompts > 1 ? call.id + "-" + std::to_string(i) : call.id;
+  if (r->is_string()) return prompts > 1 ? r->get<std::string>() + "-" + std::to_string(i) : r->get<std::string>();
+  if (!r->is_array() || r->size() != prompts)
+    bad("rid", "must be a string or a list of " + std::to_string(prompts) + " strings (one per prompt)");
+  if (!(*r)[i].is_string()) bad("rid", "must be a string or a list of strings");
+  return (*r)[i].get<std::string>();
 }
 
 void stream_options(const Fields& f, OpenAICall& call) {
@@ -440,6 +860,7 @@ void stream_options(const Fields& f, OpenAICall& call) {
   call.return_token_ids = f.boolean("return_token_ids").value_or(false);
   if (const json* so = f.get("stream_options")) {
     Fields o(*so, "stream_options.");
+    check_fields(*so, "stream_options.", kStreamOptionsFields, "stream_options");
     call.include_usage = o.boolean("include_usage").value_or(false);
   }
 }
@@ -448,13 +869,13 @@ void stream_options(const Fields& f, OpenAICall& call) {
 
 OpenAICall parse_completion(const json& body, const ServedModel& m) {
   Fields f(body, "");
+  check_fields(body, "", kCompletionFields, "/v1/completions");
   OpenAICall call;
   check_model(f, m, call);
   stream_options(f, call);
   SamplingSpec s = openai_sampling(f, m, 16);
   call.logprobs = int(f.integer("logprobs", 0, m.max_top_logprobs).value_or(-1));
-  if (f.boolean("echo").value_or(false)) bad("echo", "is not supported");
-  if (f.string("suffix")) bad("suffix", "is not supported");
+  if (f.integer("best_of", 1, 64).value_or(s.n) != s.n) bad("best_of", "is not supported (only equal to n)");
   s.logprobs = call.logprobs >= 0;
   s.top_logprobs = std::max(call.logprobs, 0);
   const json* p = f.get("prompt");
@@ -480,7 +901,7 @@ OpenAICall parse_completion(const json& body, const ServedModel& m) {
   call.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (size_t i = 0; i < prompts.size(); i++)
     call.requests.push_back(make_request(std::move(prompts[i].first), prompts[i].second, s,
-                                         call.id + "-" + std::to_string(i), m));
+                                         openai_rid(f, call, i, prompts.size()), m));
   return call;
 }
 
@@ -492,6 +913,7 @@ std::string chatml_prompt(const json& messages, const Tokenizer& tok) {
   for (size_t i = 0; i < messages.size(); i++) {
     const std::string at = "messages[" + std::to_string(i) + "]";
     Fields f(messages[i], at + ".");
+    check_fields(messages[i], at + ".", kMessageFields, "a chat message");
     const std::string role = f.string("role").value_or("");
     if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
       bad(at + ".role", "must be one of system, developer, user, assistant, tool");
@@ -500,9 +922,13 @@ std::string chatml_prompt(const json& messages, const Tokenizer& tok) {
       if (c->is_string()) {
         content = c->get<std::string>();
       } else if (c->is_array()) {
-        for (auto& part : *c) {
-          Fields pf(part, at + ".content[].");
-          if (pf.string("type").value_or("") != "text") bad(at + ".content", "only text parts are supported");
+        for (size_t k = 0; k < c->size(); k++) {
+          const json& part = (*c)[k];
+          const std::string pat = at + ".content[" + std::to_string(k) + "].";
+          Fields pf(part, pat);
+          if (pf.string("type").value_or("") != "text")
+            bad(pat + "type", "only text parts are supported (epmoe serves text-only models)");
+          check_fields(part, pat, kContentPartFields, "a text content part");
           content += pf.string("text").value_or("");
         }
       } else {
@@ -516,6 +942,7 @@ std::string chatml_prompt(const json& messages, const Tokenizer& tok) {
 
 OpenAICall parse_chat(const json& body, const ServedModel& m) {
   Fields f(body, "");
+  check_fields(body, "", kChatFields, "/v1/chat/completions");
   OpenAICall call;
   call.chat = true;
   check_model(f, m, call);
@@ -536,7 +963,7 @@ OpenAICall parse_chat(const json& body, const ServedModel& m) {
   s.top_logprobs = int(top);
   call.id = make_id("chatcmpl-");
   call.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  call.requests.push_back(make_request(std::move(prompt), "messages", s, call.id, m));
+  call.requests.push_back(make_request(std::move(prompt), "messages", s, openai_rid(f, call, 0, 1), m));
   return call;
 }
 
@@ -549,14 +976,14 @@ json openai_logprobs(const SampleProgress& s, size_t from, size_t n, bool chat, 
       const std::string t = token_text(s.tokens[i], m);
       json bytes = json::array();
       for (unsigned char c : t) bytes.push_back(int(c));
-      json e = {{"token", t}, {"logprob", json_float(s.logprobs[i])}, {"bytes", bytes}};
+      json e = {{"token", t}, {"logprob", json_fp32(s.logprobs[i])}, {"bytes", bytes}};
       json alts = json::array();
       if (top > 0 && i < s.top.size())
         for (auto& [id, lp] : s.top[i]) {
           const std::string a = token_text(id, m);
           json bytes = json::array();
           for (unsigned char c : a) bytes.push_back(int(c));
-          alts.push_back({{"token", a}, {"logprob", json_float(lp)}, {"bytes", bytes}});
+          alts.push_back({{"token", a}, {"logprob", json_fp32(lp)}, {"bytes", bytes}});
         }
       e["top_logprobs"] = alts;
       content.push_back(e);
@@ -566,10 +993,10 @@ json openai_logprobs(const SampleProgress& s, size_t from, size_t n, bool chat, 
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (size_t i = from; i < end; i++) {
     tokens.push_back(token_text(s.tokens[i], m));
-    lps.push_back(json_float(s.logprobs[i]));
+    lps.push_back(json_fp32(s.logprobs[i]));
     json alts = json::object();
     if (top > 0 && i < s.top.size())
-      for (auto& [id, lp] : s.top[i]) alts[token_text(id, m)] = json_float(lp);
+      for (auto& [id, lp] : s.top[i]) alts[token_text(id, m)] = json_fp32(lp);
     tops.push_back(alts);
     offs.push_back(base + (i < s.text_offset.size() ? s.text_offset[i] : 0));
   }
@@ -584,6 +1011,21 @@ json openai_finish(const SampleProgress& s) {
     case FinishReason::Abort: return "abort";
   }
   return nullptr;
+}
+
+json openai_matched_stop(const SampleProgress& s) {
+  if (!s.done || s.finish != FinishReason::Stop) return nullptr;
+  if (!s.matched_stop.empty()) return s.matched_stop;
+  if (s.matched_id) return *s.matched_id;
+  return nullptr;
+}
+
+bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s) {
+  if (s.tokens.empty()) return false;
+  if (int64_t(s.tokens.size()) >= int64_t(r.params.max_new_tokens) || !s.matched_stop.empty()) return true;
+  for (int id : r.params.stop_ids)
+    if (id == s.tokens.back()) return true;
+  return false;
 }
 
 json openai_usage(const std::vector<JobPtr>& jobs) {
@@ -610,6 +1052,7 @@ json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, co
       c["logprobs"] = call.logprobs >= 0 ? openai_logprobs(s, 0, s.tokens.size(), call.chat, call.logprobs, m)
                                          : json(nullptr);
       c["finish_reason"] = openai_finish(s);
+      c["matched_stop"] = openai_matched_stop(s);
       if (call.return_token_ids) {
         c["token_ids"] = s.tokens;
         if (!call.chat) c["prompt_token_ids"] = job.req.prompt;

@@ -1,7 +1,11 @@
 // The wire formats of `epmoe serve`, apart from HTTP itself: requests of sglang's native
 // /generate and of the OpenAI API parsed into ServeRequests (validated field by field, every
 // refusal an HttpError naming the field), and the JSON of their responses and stream events.
-// Log-probs are written with json_float: the shortest decimal that reads back as the same fp32.
+// Log-probs are fp32 numbers (json_fp32) that dump_json writes as the shortest decimal reading back
+// as the same fp32. Every field a client sends is looked up in the route's table of fields
+// (protocol.cc): implemented, accepted because it has no effect here (with why), or refused with a
+// 400 naming it unless it holds its no-op value; a field in no table is refused too -- nothing a
+// client asks for is ignored.
 #pragma once
 
 #include <optional>
@@ -57,6 +61,9 @@ struct NativeCall {
   bool return_routed_experts = false;
   bool return_routed_expert_weights = false;
   int routed_experts_start_len = 0;
+  // sglang's return_text_in_logprobs: each [logprob, id, text] entry carries the token's text
+  // (the tokenizer's decode of that one id, as sglang's detokenizer gives it) instead of null.
+  bool return_text_in_logprobs = false;
 };
 NativeCall parse_generate(const nlohmann::json& body, const ServedModel& m);
 // {text, output_ids, meta_info} of sample j of a finished (or, streaming, running) job; `index`
@@ -86,6 +93,14 @@ nlohmann::json openai_logprobs(const SampleProgress& s, size_t from, size_t n, b
                                const ServedModel& m, int64_t text_offset_base = 0);
 // finish_reason of a finished sample ("stop", "length", "abort").
 nlohmann::json openai_finish(const SampleProgress& s);
+// sglang's matched_stop of an OpenAI choice: the stop string or stop token id that ended the
+// sample, null otherwise (and while it runs).
+nlohmann::json openai_matched_stop(const SampleProgress& s);
+// Whether a running sample's last token already ends it (it reached max_new_tokens, is a stop id,
+// or completed a stop string): the engine marks it done at the end of its step. A stream holds
+// such a token back until then, so that the token, its log-prob and the finish reason go out in
+// one chunk -- never a last chunk of empty log-prob arrays.
+bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s);
 // The whole (non-streamed) response of finished jobs, choice index = prompt * n + sample.
 nlohmann::json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, const ServedModel& m);
 nlohmann::json openai_usage(const std::vector<JobPtr>& jobs);
@@ -94,7 +109,24 @@ nlohmann::json openai_usage(const std::vector<JobPtr>& jobs);
 // assistant: the template of Qwen models. HttpError when the tokenizer has no <|im_start|>.
 std::string chatml_prompt(const nlohmann::json& messages, const Tokenizer& tok);
 
-// A JSON document as bytes: invalid UTF-8 (a token's raw bytes) becomes U+FFFD.
+// ---- tokenizer endpoints (sglang's /tokenize and /detokenize) and model cards ----
+// /tokenize {prompt: str | [str]} or {messages} (the chat template of /v1/chat/completions) ->
+// {tokens, count, max_model_len}; /detokenize {tokens: [id] | [[id]], skip_special_tokens} -> {text}.
+nlohmann::json tokenize(const nlohmann::json& body, const ServedModel& m);
+nlohmann::json detokenize(const nlohmann::json& body, const ServedModel& m);
+// The OpenAI model object of the served model (/v1/models, /v1/models/{id}).
+nlohmann::json model_card(const ServedModel& m);
+
+// A log-prob (any fp32) as a JSON number that dump_json writes as fp32_text(v): the double holds
+// the float's exact value.
+nlohmann::json json_fp32(float v);
+// The shortest decimal that reads back (as fp32, round to nearest) as v, with ".0" added when it
+// has neither a point nor an exponent (so that JSON readers see a float); "null" when not finite.
+std::string fp32_text(float v);
+
+// A JSON document as bytes: invalid UTF-8 (a token's raw bytes) becomes U+FFFD; a number that is
+// exactly an fp32 is written as fp32_text (std::to_chars: nlohmann's own printer, Grisu2, gives a
+// longer decimal for ~0.2% of values), any other double as the shortest decimal of that double.
 std::string dump_json(const nlohmann::json& j);
 
 }  // namespace epmoe

@@ -3,7 +3,11 @@
 // OpenAI's shapes with log-probs that read back as the same fp32.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "common/golden.h"
 #include "serve/protocol.h"
@@ -172,6 +176,200 @@ TEST_F(Fixture, ResponsesCarryLogprobsThatReadBackAsTheSameFloats) {
   ASSERT_EQ(chat["content"].size(), 2u);
   EXPECT_EQ(chat["content"][0]["token"], std::string(tok.token_bytes(8)));
   EXPECT_EQ(chat["content"][0]["bytes"].size(), tok.token_bytes(8).size());
+}
+
+
+// The fp32 printer: on 200000 random finite floats (random bits: every exponent) and a few
+// chosen ones, the text reads back (strtof) as the same bits, and no decimal with fewer
+// significant digits does (%.*e at every shorter precision fails to read back).
+TEST(Fp32Text, ShortestAndReadsBackAsTheSameBits) {
+  std::mt19937 rng(38);
+  std::vector<float> values = {-8.034802f, 0.0f, -0.0f, 1.0f, -1e-7f, 3.4028235e38f, 1.4e-45f, 16777216.0f,
+                               -0.1f, 0.3f, 100.0f};
+  while (values.size() < 200000) {
+    const uint32_t bits = rng();
+    float v;
+    std::memcpy(&v, &bits, 4);
+    if (std::isfinite(v)) values.push_back(v);
+  }
+  auto significant = [](const std::string& t) {
+    std::string mant = t.substr(0, t.find('e'));
+    std::string d;
+    for (char c : mant)
+      if (c >= '0' && c <= '9') d += c;
+    const size_t a = d.find_first_not_of('0');
+    if (a == std::string::npos) return size_t(1);
+    const size_t b = d.find_last_not_of('0');
+    return b - a + 1;
+  };
+  size_t checked = 0;
+  for (float v : values) {
+    const std::string t = fp32_text(v);
+    const float back = std::strtof(t.c_str(), nullptr);
+    ASSERT_EQ(std::memcmp(&back, &v, 4), 0) << t;
+    ASSERT_NE(t.find_first_of(".e"), std::string::npos) << t << ": a JSON float, not an integer";
+    const size_t digits = significant(t);
+    char buf[64];
+    for (size_t p = 1; p < digits; p++) {
+      std::snprintf(buf, sizeof buf, "%.*e", int(p - 1), double(v));
+      const float shorter = std::strtof(buf, nullptr);
+      ASSERT_NE(std::memcmp(&shorter, &v, 4), 0) << t << " is not the shortest: " << buf << " reads back too";
+    }
+    ASSERT_EQ(dump_json(json_fp32(v)), t);
+    checked++;
+  }
+  EXPECT_EQ(checked, values.size());
+  EXPECT_EQ(fp32_text(-8.034802f), "-8.034802") << "issue 38's example (nlohmann printed -8.034802000000001)";
+  // Inside documents too, next to doubles that are not fp32 values (printed as doubles).
+  const json doc = {{"lp", json::array({json_fp32(-8.034802f), json_fp32(0.0f)})}, {"t", 0.1}};
+  EXPECT_EQ(dump_json(doc), R"({"lp":[-8.034802,0.0],"t":0.1})");
+  EXPECT_EQ(dump_json(json_fp32(NAN)), "null");
+}
+
+TEST_F(Fixture, SeedsAreUnsigned64BitAndNegativeOnesAreRefused) {
+  EXPECT_EQ(refused({{"input_ids", {1}}, {"sampling_params", {{"sampling_seed", -3}}}}),
+            "sampling_params.sampling_seed");
+  EXPECT_EQ(refused({{"prompt", "x"}, {"seed", -1}}, false), "seed");
+  EXPECT_EQ(refused({{"input_ids", {1}}, {"sampling_params", {{"sampling_seed", 1.5}}}}),
+            "sampling_params.sampling_seed");
+  // A reported seed can be anything up to 2^64 - 1: it replays.
+  const json big = json::parse(R"({"input_ids": [1], "sampling_params": {"sampling_seed": 18446744073709551615}})");
+  EXPECT_EQ(parse_generate(big, m).requests[0].seed, UINT64_MAX);
+  EXPECT_EQ(parse_completion({{"prompt", "x"}, {"seed", 7}}, m).requests[0].seed, 7u);
+}
+
+TEST_F(Fixture, NoFieldIsIgnored) {
+  const json ids = {1, 2};
+  // Unknown fields, at every level, are refused by name.
+  EXPECT_EQ(refused({{"input_ids", ids}, {"max_token", 3}}), "max_token");
+  EXPECT_EQ(refused({{"input_ids", ids}, {"sampling_params", {{"max_token", 3}}}}), "sampling_params.max_token");
+  EXPECT_EQ(refused({{"prompt", "x"}, {"max_new_tokens", 3}}, false), "max_new_tokens");
+  EXPECT_EQ(refused({{"prompt", "x"}, {"stream_options", {{"include_usag", true}}}}, false),
+            "stream_options.include_usag");
+  // Known fields that are not implemented: refused with an effective value...
+  for (const char* k : {"regex", "json_schema", "ebnf", "stop_regex", "min_new_tokens", "frequency_penalty",
+                        "presence_penalty", "repetition_penalty", "logit_bias", "custom_params"}) {
+    json v = std::string(k) == "logit_bias" ? json{{"5", 2.0}}
+             : std::string(k) == "min_new_tokens" || std::string(k).find("penalty") != std::string::npos ? json(1.5)
+                                                                                                         : json("a+");
+    if (std::string(k) == "custom_params") v = json{{"a", 1}};
+    EXPECT_EQ(refused({{"input_ids", ids}, {"sampling_params", {{k, v}}}}), std::string("sampling_params.") + k);
+  }
+  for (const char* k : {"return_hidden_states", "lora_path", "custom_logit_processor", "token_ids_logprob",
+                        "image_data"}) {
+    const json v = std::string(k) == "return_hidden_states" ? json(true)
+                   : std::string(k) == "token_ids_logprob"  ? json({5})
+                                                            : json("x");
+    EXPECT_EQ(refused({{"input_ids", ids}, {k, v}}), k);
+  }
+  // ... accepted at their no-op value (what clients send as defaults).
+  EXPECT_EQ(refused({{"input_ids", ids},
+                     {"image_data", nullptr},
+                     {"return_hidden_states", false},
+                     {"sampling_params",
+                      {{"frequency_penalty", 0.0}, {"repetition_penalty", 1.0}, {"logit_bias", json::object()},
+                       {"min_new_tokens", 0}, {"spaces_between_special_tokens", false}}}}),
+            "(accepted)");
+  // OpenAI: response_format text is what no format means; json_object / json_schema are refused.
+  EXPECT_NO_THROW(parse_completion({{"prompt", "x"}, {"response_format", {{"type", "text"}}}}, m));
+  EXPECT_EQ(refused({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}, false), "response_format");
+  EXPECT_EQ(refused({{"prompt", "x"}, {"response_format", "bogus"}}, false), "response_format");
+  const json msgs = {{{"role", "user"}, {"content", "Hi"}}};
+  auto chat_refused = [&](json body) -> std::string {
+    body["messages"] = body.contains("messages") ? body["messages"] : msgs;
+    try {
+      parse_chat(body, m);
+    } catch (const HttpError& e) {
+      return e.field;
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(chat_refused({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}), "tools");
+  EXPECT_EQ(chat_refused({{"tool_choice", "required"}}), "tool_choice");
+  EXPECT_EQ(chat_refused({{"tools", json::array()}, {"tool_choice", "none"}, {"user", "u"}}), "(accepted)");
+  EXPECT_EQ(chat_refused({{"chat_template_kwargs", {{"enable_thinking", false}}}}), "chat_template_kwargs");
+  EXPECT_EQ(chat_refused({{"messages", {{{"role", "user"}, {"content", "Hi"}, {"name", "bob"}}}}}),
+            "messages[0].name");
+  EXPECT_EQ(chat_refused({{"messages", {{{"role", "user"},
+                                         {"content", {{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}}}}),
+            "messages[0].content[0].type");
+  // rid on the OpenAI routes names the request for /abort_request.
+  EXPECT_EQ(parse_completion({{"prompt", "x"}, {"rid", "mine"}}, m).requests[0].rid, "mine");
+  EXPECT_EQ(parse_completion({{"prompt", {"x", "y"}}, {"rid", {"a", "b"}}}, m).requests[1].rid, "b");
+  EXPECT_TRUE(parse_completion({{"prompt", "x"}, {"no_stop_trim", true}}, m).requests[0].no_stop_trim);
+}
+
+TEST_F(Fixture, TokenizeAndDetokenizeRoundTrip) {
+  const std::string text = "Hello, world: caf\xc3\xa9!";
+  const json t = tokenize({{"prompt", text}}, m);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), tok.encode(text));
+  EXPECT_EQ(t["count"], tok.encode(text).size());
+  EXPECT_EQ(t["max_model_len"], 64);
+  EXPECT_EQ(detokenize({{"tokens", t["tokens"]}}, m)["text"], text);
+  const json batch = tokenize({{"prompt", {"a b", "c"}}}, m);
+  ASSERT_EQ(batch["tokens"].size(), 2u);
+  EXPECT_EQ(detokenize({{"tokens", batch["tokens"]}}, m)["text"], json({"a b", "c"}));
+  const json msgs = {{{"role", "user"}, {"content", "Hi"}}};
+  EXPECT_EQ(tokenize({{"messages", msgs}}, m)["tokens"].get<std::vector<int32_t>>(),
+            parse_chat({{"messages", msgs}}, m).requests[0].prompt)
+      << "the ids /v1/chat/completions runs";
+  auto field = [&](auto fn, const json& body) -> std::string {
+    try {
+      fn(body, m);
+    } catch (const HttpError& e) {
+      return e.field;
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(field(tokenize, {{"text", "x"}}), "text");
+  EXPECT_EQ(field(tokenize, json::object()), "prompt");
+  EXPECT_EQ(field(detokenize, {{"tokens", {1, 3000}}}), "tokens");
+  EXPECT_EQ(field(detokenize, {{"tokens", {1}}, {"model", "other"}}), "model");
+  const int32_t im_end = *tok.token_id("<|im_end|>");
+  EXPECT_EQ(detokenize({{"tokens", {im_end}}, {"skip_special_tokens", false}}, m)["text"], "<|im_end|>");
+  EXPECT_EQ(detokenize({{"tokens", {im_end}}}, m)["text"], "") << "sglang's default skips special tokens";
+  EXPECT_EQ(model_card(m)["id"], "tiny");
+}
+
+TEST_F(Fixture, TextInLogprobsMatchedStopAndTheEndOfASample) {
+  ServeRequest r = parse_generate({{"input_ids", {4, 5}}, {"sampling_params", {{"max_new_tokens", 3}}}}, m).requests[0];
+  Job job(r);
+  job.samples.resize(1);
+  SampleProgress& s = job.samples[0];
+  s.tokens = {7, 8};
+  s.logprobs = {-0.5f, -1.5f};
+  EXPECT_FALSE(sample_ends_at_last_token(r, s));
+  s.tokens.push_back(2);  // eos
+  s.logprobs.push_back(-2.5f);
+  EXPECT_TRUE(sample_ends_at_last_token(r, s)) << "an eos id ends the sample";
+  s.tokens.back() = 9;
+  EXPECT_TRUE(sample_ends_at_last_token(r, s)) << "max_new_tokens reached";
+  s.tokens.pop_back();
+  s.matched_stop = "xy";
+  EXPECT_TRUE(sample_ends_at_last_token(r, s)) << "a stop string completed";
+  s.matched_stop.clear();
+  s.tokens.push_back(2);
+  s.done = true;
+  s.finish = FinishReason::Stop;
+  s.matched_id = 2;
+  job.state = Job::State::Done;
+  EXPECT_EQ(openai_matched_stop(s), 2);
+  s.matched_stop = "xy";
+  EXPECT_EQ(openai_matched_stop(s), "xy");
+  s.finish = FinishReason::Length;
+  EXPECT_TRUE(openai_matched_stop(s).is_null());
+
+  const NativeCall call = parse_generate({{"input_ids", {4, 5}}, {"return_logprob", true}, {"logprob_start_len", 0},
+                                          {"return_text_in_logprobs", true}},
+                                         m);
+  const json out = native_result(job, 0, call, m);
+  const json& lps = out["meta_info"]["output_token_logprobs"];
+  ASSERT_EQ(lps.size(), 3u);
+  for (size_t i = 0; i < 3; i++) EXPECT_EQ(lps[i][2], tok.decode({s.tokens[i]})) << i;
+  EXPECT_EQ(out["meta_info"]["input_token_logprobs"][0][2], tok.decode({4}));
+  ServedModel ids_only = m;
+  ids_only.tokenizer = nullptr;
+  EXPECT_THROW(parse_generate({{"input_ids", {1}}, {"return_text_in_logprobs", true}}, ids_only), HttpError);
 }
 
 }  // namespace

@@ -27,7 +27,10 @@ add_test(NAME serve.rl_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rl_fiel
 add_test(NAME serve.weight_sync COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/weight_sync_test.py)
 # /pause_generation mode retract: continued requests == never paused (bits), 1 and 3 ranks.
 add_test(NAME serve.retract COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/retract_test.py)
+# Issue 38: every field of sglang's and OpenAI's request schemas implemented or refused by name;
+# /tokenize, /detokenize, /v1/models/{id}, CORS, seeds, shortest log-probs, streams' last chunks (httpx).
+add_test(NAME serve.fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/fields_test.py)
 
 set_tests_properties(serve.openai_client serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
-  serve.routing_replay serve.rl_fields serve.weight_sync serve.retract
+  serve.routing_replay serve.rl_fields serve.weight_sync serve.retract serve.fields
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
