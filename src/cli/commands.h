@@ -85,6 +85,7 @@ struct ServeCliOptions {
   int64_t max_body_mb = 64;
   double heartbeat = 1.0;
   bool enable_routed_experts = false;  // --enable-return-routed-experts
+  std::string dp_attention = "on";     // --dp-attention on|off: requests spread over the ranks
 };
 
 int run_info(const RunOptions& o);  // reads only --model

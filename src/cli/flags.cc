@@ -299,6 +299,13 @@ Command register_serve(CLI::App& app) {
                 "Accept return_routed_experts on /generate (sglang's routing replay for RL: meta_info.routed_experts, "
                 "base64 of int32 [seq_len - 1, MoE layers, top_k]) and return_routed_expert_weights; such requests "
                 "compute their whole prompt (no prefix cache). CPU only for now");
+  cmd->add_option("--dp-attention", o->dp_attention,
+                  "on: every rank serves its own requests (attention, dense layers, sampling, its KV pool), rank 0 "
+                  "assigning each request to the least loaded rank, and the MoE layers run over all of them together "
+                  "(sglang's --enable-dp-attention); off: rank 0 holds every request, the other ranks serve experts "
+                  "only. The same bits either way")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--heartbeat", o->heartbeat,
                   "Seconds between the idle server's collectives (so a dead rank is found while idle too)")
       ->capture_default_str();

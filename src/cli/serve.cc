@@ -1,6 +1,7 @@
 // `epmoe serve`: the model behind HTTP -- sglang's native /generate and control endpoints and the
 // OpenAI API (serve/). Under mpirun (CPU) or scripts/gpu-launch.sh (GPU) every rank loads its
-// experts and steps with the others; rank 0 also runs HTTP, the tokenizer and the scheduler.
+// experts, serves the requests rank 0 gives it and steps with the others; rank 0 also runs HTTP
+// and the tokenizer (serve/serve_engine.h).
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -47,6 +48,7 @@ int run_serve(const ServeCliOptions& o) {
   eo.scheduler.prefix_cache = !o.no_prefix_cache;
   eo.heartbeat = o.heartbeat;
   eo.weight_version = o.weight_version;
+  eo.dp_attention = o.dp_attention == "on";
   ServeEngine engine(rt, tok.get(), eo);
   g_engine = &engine;
   std::signal(SIGINT, on_stop_signal);
@@ -76,11 +78,14 @@ int run_serve(const ServeCliOptions& o) {
     http->start();
     const KvPool& pool = rt.model->kv_pool();
     std::fprintf(stderr,
-                 "epmoe serve: %s on %s, %d rank(s), backend %s; KV cache %lld tokens (%lld blocks of %d); %s\n"
+                 "epmoe serve: %s on %s, %d rank(s)%s, backend %s; KV cache %lld tokens (%lld blocks of %d)%s; %s\n"
                  "epmoe serve: listening on http://%s:%d\n",
-                 m.name.c_str(), o.run.device.c_str(), rt.group->size(), o.run.backend.c_str(),
-                 (long long)(pool.total_blocks() * pool.block_tokens()), (long long)pool.total_blocks(),
-                 pool.block_tokens(), tok ? "text and token ids" : "token ids only (no tokenizer files)",
+                 m.name.c_str(), o.run.device.c_str(), rt.group->size(),
+                 rt.group->size() > 1 ? (eo.dp_attention ? " serving requests each (dp attention)"
+                                                        : " (requests on rank 0, experts on every rank)")
+                                      : "",
+                 o.run.backend.c_str(), (long long)(pool.total_blocks() * pool.block_tokens()),
+                 (long long)pool.total_blocks(), pool.block_tokens(), rt.group->size() > 1 ? " per rank" : "", tok ? "text and token ids" : "token ids only (no tokenizer files)",
                  o.host.c_str(), http->port());
   }
   engine.run();

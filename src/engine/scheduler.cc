@@ -76,10 +76,22 @@ void Scheduler::abort(size_t h) {
 }
 
 void Scheduler::stop_sample(size_t h, int j) {
-  EPMOE_ASSERT(in_step_ && h < entries_.size() && j >= 0 && size_t(j) < entries_[h].samples.size(),
-               "scheduler: stop_sample outside on_token, or no sample " + std::to_string(j) + " of request " +
-                   std::to_string(h));
-  entries_[h].samples[size_t(j)].stop_now = true;
+  EPMOE_ASSERT(h < entries_.size() && j >= 0 && size_t(j) < entries_[h].out.size(),
+               "scheduler: no sample " + std::to_string(j) + " of request " + std::to_string(h));
+  Entry& e = entries_[h];
+  if (e.state != State::Running || size_t(j) >= e.samples.size()) return;  // ended, or it has no token yet
+  Sample& s = e.samples[size_t(j)];
+  if (in_step_) {
+    s.stop_now = true;
+    return;
+  }
+  if (s.done || e.out[size_t(j)].tokens.empty()) return;
+  e.out[size_t(j)].finish = FinishReason::Stop;
+  s.done = true;
+  s.pending = -1;
+  s.seq = Sequence{};  // its own blocks go back at once
+  finish_if_done(e);
+  if (e.state == State::Done) running_.erase(std::remove(running_.begin(), running_.end(), h), running_.end());
 }
 
 void Scheduler::forget(size_t h) {

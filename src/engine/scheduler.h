@@ -98,8 +98,10 @@ class Scheduler {
   // Ends a request now (queued or running): its samples finish with Abort, its blocks go back
   // (from on_token: at the end of the step). Samples already finished keep their reason.
   void abort(size_t handle);
-  // From on_token only: sample `sample` of `handle` ends with Stop after the token just chosen
-  // (a stop string the caller matched in its text).
+  // Sample `sample` of `handle` ends with Stop after the token chosen last (a stop string the
+  // caller matched in its text). From on_token, or between steps (the token chosen at the last
+  // step is then never fed: the same tokens as a stop from on_token). No effect on a sample or
+  // request that has ended.
   void stop_sample(size_t handle, int sample);
   // Drops what a finished request holds (prompt, results); its handle must not be used again.
   // A long-running caller (serve) calls it once it has read the results.

@@ -12,6 +12,8 @@
 
 namespace epmoe {
 
+using nlohmann::json;
+
 namespace {
 
 // Characters (code points) of UTF-8 text: OpenAI's text_offset counts characters, as Python does.
@@ -42,14 +44,147 @@ std::string shape_text(const TensorView& t) {
 
 }  // namespace
 
+namespace {
+
+// Numbers travel between ranks as their bytes (msgpack binary): log-probs and routing weights
+// keep their bits, and a long prompt or a routing record is one copy, not one JSON number each.
+template <class T>
+json blob(const std::vector<T>& v) {
+  std::vector<std::uint8_t> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return json::binary(std::move(b));
+}
+template <class T>
+std::vector<T> unblob(const json& j) {
+  const auto& b = j.get_binary();
+  EPMOE_ASSERT(b.size() % sizeof(T) == 0, "serve: a vector of " + std::to_string(b.size()) + " bytes between ranks");
+  std::vector<T> v(b.size() / sizeof(T));
+  if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+// A request as an order to the rank that runs it: every field of GenerateRequest and of its
+// RequestParams (a field added there must be added here, or the serving rank would not see it).
+json request_json(const GenerateRequest& r) {
+  const RequestParams& p = r.params;
+  return {{"id", r.id},
+          {"prompt", blob(r.prompt)},
+          {"seed", r.seed},
+          {"n", r.n},
+          {"max_new_tokens", p.max_new_tokens},
+          {"stop_ids", p.stop_ids},
+          {"temperature", p.sampling.temperature},
+          {"top_k", p.sampling.top_k},
+          {"top_p", p.sampling.top_p},
+          {"min_p", p.sampling.min_p},
+          {"logprobs", p.logprobs},
+          {"top_logprobs", p.top_logprobs},
+          {"input_logprobs_from", p.input_logprobs_from},
+          {"routed_experts", p.routed_experts}};
+}
+GenerateRequest request_of(const json& j) {
+  GenerateRequest r;
+  r.id = j.at("id").get<uint64_t>();
+  r.prompt = unblob<int32_t>(j.at("prompt"));
+  r.seed = j.at("seed").get<uint64_t>();
+  r.n = j.at("n").get<int>();
+  RequestParams& p = r.params;
+  p.max_new_tokens = j.at("max_new_tokens").get<int>();
+  p.stop_ids = j.at("stop_ids").get<std::vector<int>>();
+  p.sampling.temperature = j.at("temperature").get<float>();
+  p.sampling.top_k = j.at("top_k").get<int>();
+  p.sampling.top_p = j.at("top_p").get<float>();
+  p.sampling.min_p = j.at("min_p").get<float>();
+  p.logprobs = j.at("logprobs").get<bool>();
+  p.top_logprobs = j.at("top_logprobs").get<int>();
+  p.input_logprobs_from = j.at("input_logprobs_from").get<int>();
+  p.routed_experts = j.at("routed_experts").get<bool>();
+  return r;
+}
+
+json generations_json(const std::vector<Generation>& gs) {
+  json a = json::array();
+  for (const Generation& g : gs) {
+    json top = json::array();
+    for (const auto& step : g.top) {
+      std::vector<int32_t> ids;
+      std::vector<float> lps;
+      for (const auto& [id, lp] : step) ids.push_back(id), lps.push_back(lp);
+      top.push_back({blob(ids), blob(lps)});
+    }
+    a.push_back({{"tokens", blob(g.tokens)},
+                 {"logprobs", blob(g.logprobs)},
+                 {"top", std::move(top)},
+                 {"finish", int(g.finish)},
+                 {"cached", g.cached_tokens},
+                 {"input_logprobs", blob(g.input_logprobs)},
+                 {"routed_experts", blob(g.routed_experts)},
+                 {"routed_weights", blob(g.routed_weights)}});
+  }
+  return a;
+}
+std::vector<Generation> generations_of(const json& a) {
+  std::vector<Generation> out;
+  for (const json& j : a) {
+    Generation g;
+    g.tokens = unblob<int32_t>(j.at("tokens"));
+    g.logprobs = unblob<float>(j.at("logprobs"));
+    for (const json& step : j.at("top")) {
+      const std::vector<int32_t> ids = unblob<int32_t>(step.at(0));
+      const std::vector<float> lps = unblob<float>(step.at(1));
+      std::vector<std::pair<int32_t, float>> s;
+      for (size_t i = 0; i < ids.size(); i++) s.push_back({ids[i], lps[i]});
+      g.top.push_back(std::move(s));
+    }
+    g.finish = FinishReason(j.at("finish").get<int>());
+    g.cached_tokens = j.at("cached").get<int64_t>();
+    g.input_logprobs = unblob<float>(j.at("input_logprobs"));
+    g.routed_experts = unblob<int32_t>(j.at("routed_experts"));
+    g.routed_weights = unblob<float>(j.at("routed_weights"));
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::string to_bytes(const json& j) {
+  const std::vector<std::uint8_t> b = json::to_msgpack(j);
+  return std::string(b.begin(), b.end());
+}
+
+}  // namespace
+
 ServeEngine::ServeEngine(Runtime& rt, const Tokenizer* tok, ServeEngineOptions opt)
     : rt_(rt), tok_(tok), opt_(std::move(opt)), weight_version_(opt_.weight_version) {
-  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, *rt_.group, opt_.scheduler);
-  sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
-  metrics_.weight_version = weight_version_;
+  make_scheduler();
+  const size_t R = size_t(rt_.group->size());
+  rank_sequences_.assign(R, 0);
+  // Until each rank's first report: its pool as this rank's (every rank sizes it alike), so that
+  // /get_server_info has the KV figures from the start.
+  const KvPool& pool = rt_.model->kv_pool();
+  RankLoad empty;
+  empty.kv_blocks_total = pool.total_blocks();
+  rank_load_.assign(R, empty);
+  report_ = json::object();
+  refresh_metrics();
 }
 
 ServeEngine::~ServeEngine() = default;
+
+void ServeEngine::make_scheduler() {
+  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, *rt_.group, opt_.scheduler);
+  // Each token chosen goes into this turn's report, with its log-prob and top-N when asked.
+  sched_->on_token = [this](size_t h, int j, int32_t t) {
+    const Generation& g = sched_->results(h)[size_t(j)];
+    json ev = {key_of_.at(h), j, t, nullptr, nullptr};
+    if (!g.logprobs.empty()) ev[3] = g.logprobs.back();
+    if (!g.top.empty()) {
+      json top = json::array();
+      for (const auto& [id, lp] : g.top.back()) top.push_back({id, lp});
+      ev[4] = std::move(top);
+    }
+    report_["tok"].push_back(std::move(ev));
+  };
+}
 
 // ---------------------------------------------------------------- HTTP threads
 
@@ -142,30 +277,93 @@ void ServeEngine::take_inbox() {
 }
 
 void ServeEngine::admit_job(const JobPtr& job) {
-  GenerateRequest g;
-  g.id = uint64_t(next_request_id_);
-  next_request_id_ += job->req.n;
-  g.prompt = job->req.prompt;
-  g.seed = job->req.seed;
-  g.n = job->req.n;
-  g.params = job->req.params;
-  size_t h = 0;
   Live L;
-  L.req = g;
-  try {
-    h = sched_->submit(std::move(g));
-  } catch (const InputError& e) {
-    reject(job, e.what(), 400);
-    std::lock_guard<std::mutex> lock(mu_);
-    metrics_.requests_rejected++;
-    return;
-  }
+  L.req.id = uint64_t(next_request_id_);  // global: the same sequence ids whichever rank runs it
+  next_request_id_ += job->req.n;
+  L.req.prompt = job->req.prompt;
+  L.req.seed = job->req.seed;
+  L.req.n = job->req.n;
+  L.req.params = job->req.params;
   L.job = job;
   L.text = std::make_shared<JobText>();
   L.text->raw.resize(size_t(job->req.n));
   if (tok_)
     for (int j = 0; j < job->req.n; j++)
       L.text->decoders.push_back(std::make_unique<StreamDecoder>(*tok_, job->req.skip_special_tokens));
+  place(std::move(L));
+}
+
+uint64_t ServeEngine::place(Live L) {
+  L.rank = least_loaded_rank();
+  L.accepted = false;
+  rank_sequences_[size_t(L.rank)] += L.req.n;
+  const uint64_t key = next_key_++;
+  live_.emplace(key, std::move(L));
+  orders_.submit.push_back(key);
+  return key;
+}
+
+// Fewest sequences in flight (rank 0 counts them as it places and retires pieces, so a burst of
+// arrivals spreads at once), then fewest KV blocks in use, then the lowest rank.
+int ServeEngine::least_loaded_rank() const {
+  if (!opt_.dp_attention) return 0;
+  int best = 0;
+  auto load = [&](int r) { return std::make_pair(rank_sequences_[size_t(r)], rank_load_[size_t(r)].kv_blocks_used); };
+  for (int r = 1; r < int(rank_sequences_.size()); r++)
+    if (load(r) < load(best)) best = r;
+  return best;
+}
+
+std::string ServeEngine::encode_orders() {
+  if (orders_.empty()) return "";
+  json sub = json::array(), abort = json::array(), stop = json::array();
+  for (uint64_t key : orders_.submit) {
+    const auto it = live_.find(key);
+    if (it != live_.end()) sub.push_back({it->second.rank, key, request_json(it->second.req)});
+  }
+  for (uint64_t key : orders_.abort) abort.push_back(key);
+  for (const auto& [key, j] : orders_.stop) stop.push_back({key, j});
+  const json o = {{"submit", std::move(sub)}, {"abort", std::move(abort)}, {"stop", std::move(stop)},
+                  {"retract", orders_.retract}, {"flush", orders_.flush}};
+  orders_ = Orders{};
+  return to_bytes(o);
+}
+
+void ServeEngine::take_reports(const std::vector<std::string>& reports) {
+  for (size_t r = 0; r < reports.size(); r++) {
+    const json rep = json::from_msgpack(reports[r]);
+    const json& ld = rep.at("load");
+    RankLoad& l = rank_load_[r];
+    l.waiting = ld.at(0), l.running = ld.at(1), l.kv_blocks_total = ld.at(2), l.kv_blocks_used = ld.at(3);
+    l.kv_blocks_cached = ld.at(4), l.steps = ld.at(5);
+    if (rep.contains("acc"))
+      for (const json& k : rep["acc"]) on_accepted(k.get<uint64_t>());
+    if (rep.contains("ref"))
+      for (const json& e : rep["ref"]) on_refused(e.at(0).get<uint64_t>(), e.at(1).get<std::string>());
+    if (rep.contains("tok"))
+      for (const json& ev : rep["tok"]) {
+        float lp = 0;
+        if (!ev.at(3).is_null()) lp = ev.at(3).get<float>();
+        std::vector<std::pair<int32_t, float>> top;
+        if (!ev.at(4).is_null())
+          for (const json& t : ev.at(4)) top.push_back({t.at(0).get<int32_t>(), t.at(1).get<float>()});
+        on_token(ev.at(0).get<uint64_t>(), ev.at(1).get<int>(), ev.at(2).get<int32_t>(),
+                 ev.at(3).is_null() ? nullptr : &lp, std::move(top));
+      }
+    if (rep.contains("fin"))
+      for (const json& e : rep["fin"]) finish_piece_of(e.at(0).get<uint64_t>(), generations_of(e.at(1)));
+    if (rep.contains("ret"))
+      for (const json& e : rep["ret"]) retracted_piece(e.at(0).get<uint64_t>(), generations_of(e.at(1)));
+    if (rep.contains("flushed")) flushed_ += rep["flushed"].get<int64_t>();
+  }
+  reply_deferred();
+}
+
+void ServeEngine::on_accepted(uint64_t key) {
+  Live& L = live_.at(key);
+  L.accepted = true;
+  if (L.sample_of >= 0) return;  // a continuation: its job was accepted long ago
+  const JobPtr& job = L.job;
   {
     std::lock_guard<std::mutex> lock(job->mu);
     job->state = Job::State::Accepted;
@@ -174,29 +372,42 @@ void ServeEngine::admit_job(const JobPtr& job) {
     job->version++;
   }
   job->cv.notify_all();
-  live_.emplace(h, std::move(L));
   if (!job->req.internal) {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.prompt_tokens += int64_t(job->req.prompt.size());
   }
-  if (sched_->finished(h)) finish_job(h, job);  // nothing to compute (max_new_tokens 0, no scoring)
 }
 
-void ServeEngine::on_token(size_t h, int j, int32_t t) {
-  auto it = live_.find(h);
+void ServeEngine::on_refused(uint64_t key, const std::string& why) {
+  auto it = live_.find(key);
+  if (it == live_.end()) return;
+  Live L = std::move(it->second);
+  live_.erase(it);
+  rank_sequences_[size_t(L.rank)] -= L.req.n;
+  if (L.sample_of >= 0) {  // a continuation that fitted before (a smaller pool after an update may not)
+    abort_retracted(L);
+    return;
+  }
+  reject(L.job, why, 400);
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.requests_rejected++;
+}
+
+void ServeEngine::on_token(uint64_t key, int j, int32_t t, const float* logprob,
+                           std::vector<std::pair<int32_t, float>> top) {
+  auto it = live_.find(key);
   if (it == live_.end()) return;
   Live& L = it->second;
   Job& job = *L.job;
-  const Generation& g = sched_->results(h)[size_t(j)];
   const ServeRequest& r = job.req;
-  const int js = L.job_sample(j);  // the job's sample this handle's sample j is
+  const int js = L.job_sample(j);  // the job's sample this piece's sample j is
   bool stop = false;
   {
     std::lock_guard<std::mutex> lock(job.mu);
     SampleProgress& sp = job.samples[size_t(js)];
     sp.tokens.push_back(t);
-    if (r.params.logprobs && !g.logprobs.empty()) sp.logprobs.push_back(g.logprobs.back());
-    if (r.params.top_logprobs > 0 && !g.top.empty()) sp.top.push_back(g.top.back());
+    if (r.params.logprobs && logprob) sp.logprobs.push_back(*logprob);
+    if (r.params.top_logprobs > 0) sp.top.push_back(std::move(top));
     if (tok_) {
       std::string& raw = L.text->raw[size_t(js)];
       sp.text_offset.push_back(utf8_chars(raw));
@@ -228,42 +439,43 @@ void ServeEngine::on_token(size_t h, int j, int32_t t) {
     job.version++;
   }
   job.cv.notify_all();
-  if (stop) sched_->stop_sample(h, j);
+  // Ordered before the next step runs: the sample gets no token after this one.
+  if (stop) orders_.stop.push_back({key, j});
   if (!r.internal) {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.generation_tokens++;
   }
 }
 
-void ServeEngine::finish_job(size_t h, const JobPtr& job_ref) {
-  const JobPtr jp = job_ref;  // (job_ref may be the Live entry's, erased below)
-  auto it = live_.find(h);
-  Job& job = *jp;
-  const std::vector<Generation>& res = sched_->results(h);
-  const Live* L = it != live_.end() ? &it->second : nullptr;
+void ServeEngine::finish_piece_of(uint64_t key, const std::vector<Generation>& res) {
+  auto it = live_.find(key);
+  if (it == live_.end()) return;
+  Live L = std::move(it->second);
+  live_.erase(it);
+  rank_sequences_[size_t(L.rank)] -= L.req.n;
+  Job& job = *L.job;
   {
     std::lock_guard<std::mutex> lock(job.mu);
+    if (job.samples.size() < size_t(job.req.n)) job.samples.resize(size_t(job.req.n));
     for (size_t j = 0; j < res.size(); j++) {
-      const int js = L ? L->job_sample(int(j)) : int(j);
-      record_sample(job.samples[size_t(js)], res[j], L ? L->text.get() : nullptr, js);
+      const int js = L.job_sample(int(j));
+      record_sample(job.samples[size_t(js)], res[j], L.text.get(), js);
     }
-    if (!res.empty() && (!L || L->sample_of < 0)) {  // (a continuation computed no prompt log-probs)
+    if (!res.empty() && L.sample_of < 0) {  // (a continuation computed no prompt log-probs)
       job.input_logprobs = res[0].input_logprobs;
       job.cached_tokens = res[0].cached_tokens;
     }
     job.version++;
   }
   job.cv.notify_all();
-  std::shared_ptr<JobText> text = L ? L->text : nullptr;
-  sched_->forget(h);
-  if (it != live_.end()) live_.erase(it);
-  finish_piece(text, jp);
+  finish_piece(L.text, L.job);
 }
 
-// A sample's end as the scheduler reports it (the caller holds the job's mutex): finish reason,
-// the stop id that matched, the text with what the decoder held back, the routed experts.
+// A sample's end as its rank reports it (the caller holds the job's mutex): finish reason (Stop
+// where rank 0 matched a stop string, even on the sample's last allowed token), the stop id that
+// matched, the text with what the decoder held back, the routed experts.
 void ServeEngine::record_sample(SampleProgress& sp, const Generation& g, JobText* text, int js) const {
-  sp.finish = g.finish;
+  sp.finish = sp.matched_stop.empty() ? g.finish : FinishReason::Stop;
   if (sp.finish == FinishReason::Stop && sp.matched_stop.empty() && !sp.tokens.empty()) sp.matched_id = sp.tokens.back();
   if (tok_ && text && sp.matched_stop.empty())
     sp.text = text->raw[size_t(js)] + text->decoders[size_t(js)]->flush();
@@ -273,17 +485,17 @@ void ServeEngine::record_sample(SampleProgress& sp, const Generation& g, JobText
 }
 
 // A retracted continuation that will not run: its sample ends with abort.
-void ServeEngine::abort_retracted(const Retracted& c) {
+void ServeEngine::abort_retracted(const Live& c) {
   {
-    std::lock_guard<std::mutex> lock(c.live.job->mu);
-    SampleProgress& sp = c.live.job->samples[size_t(c.live.sample_of)];
+    std::lock_guard<std::mutex> lock(c.job->mu);
+    SampleProgress& sp = c.job->samples[size_t(c.sample_of)];
     sp.finish = FinishReason::Abort;
     sp.done = true;
   }
-  finish_piece(c.live.text, c.live.job);
+  finish_piece(c.text, c.job);
 }
 
-// One handle (or retracted continuation) of a job has ended; with the last one the job is done.
+// One piece (or retracted continuation) of a job has ended; with the last one the job is done.
 void ServeEngine::finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& jp) {
   if (text && --text->pieces > 0) return;
   Job& job = *jp;
@@ -303,82 +515,69 @@ void ServeEngine::finish_piece(const std::shared_ptr<JobText>& text, const JobPt
   }
 }
 
-// Pause with mode retract: every request leaves the scheduler (its KV blocks back to the pool).
-// One that has not generated yet waits as a new arrival; each unfinished sample of the others
-// waits as a continuation -- its prompt followed by its tokens so far, the tokens it has left,
-// its own seed (seed + j) and sequence id (id + j) -- which recomputes that prefix and draws on at
-// the same positions: the same tokens and log-prob bits as a run never paused.
-void ServeEngine::retract_all() {
-  std::vector<size_t> handles;
-  for (auto& [h, L] : live_) handles.push_back(h);
-  for (size_t h : handles) {
-    Live L = std::move(live_.at(h));
-    live_.erase(h);
-    const std::vector<Generation> res = sched_->results(h);
-    sched_->abort(h);
-    sched_->forget(h);
-    bool started = false;
-    for (const Generation& g : res) started |= !g.tokens.empty();
-    if (L.sample_of < 0 && !started) {
-      held_.push_front(L.job);
+// Pause with mode retract: every request leaves its rank's scheduler (its KV blocks back to the
+// pool); here is what one had generated. One that has not generated yet waits as a new arrival;
+// each unfinished sample of the others waits as a continuation -- its prompt followed by its
+// tokens so far, the tokens it has left, its own seed (seed + j) and sequence id (id + j) -- which
+// recomputes that prefix and draws on at the same positions: the same tokens and log-prob bits as
+// a run never paused.
+void ServeEngine::retracted_piece(uint64_t key, const std::vector<Generation>& res) {
+  auto it = live_.find(key);
+  if (it == live_.end()) return;
+  Live L = std::move(it->second);
+  live_.erase(it);
+  rank_sequences_[size_t(L.rank)] -= L.req.n;
+  bool started = false;
+  for (const Generation& g : res) started |= !g.tokens.empty();
+  if (L.sample_of < 0 && !started) {
+    held_.push_front(L.job);
+    requeued_++;
+    return;
+  }
+  int continued = 0;
+  for (size_t j = 0; j < res.size(); j++) {
+    const Generation& g = res[j];
+    const int js = L.job_sample(int(j));
+    bool stopped = false;
+    {
+      std::lock_guard<std::mutex> lock(L.job->mu);
+      stopped = !L.job->samples[size_t(js)].matched_stop.empty();
+    }
+    const bool done = stopped || g.finish == FinishReason::Stop || g.finish == FinishReason::Abort ||
+                      int(g.tokens.size()) >= L.req.params.max_new_tokens;
+    if (done) {  // its result, as finish_piece_of records it
+      std::lock_guard<std::mutex> lock(L.job->mu);
+      record_sample(L.job->samples[size_t(js)], g, L.text.get(), js);
       continue;
     }
-    int continued = 0;
-    for (size_t j = 0; j < res.size(); j++) {
-      const Generation& g = res[j];
-      const int js = L.job_sample(int(j));
-      const bool done = g.finish == FinishReason::Stop || g.finish == FinishReason::Abort ||
-                        int(g.tokens.size()) >= L.req.params.max_new_tokens;
-      if (done) {  // its result, as finish_job records it
-        std::lock_guard<std::mutex> lock(L.job->mu);
-        record_sample(L.job->samples[size_t(js)], g, L.text.get(), js);
-        continue;
-      }
-      Retracted c;
-      c.live.job = L.job;
-      c.live.text = L.text;
-      c.live.sample_of = js;
-      GenerateRequest& q = c.live.req;
-      q.id = L.req.id + uint64_t(j);
-      q.prompt = L.req.prompt;
-      q.prompt.insert(q.prompt.end(), g.tokens.begin(), g.tokens.end());
-      q.seed = L.req.seed + uint64_t(j);
-      q.n = 1;
-      q.params = L.req.params;
-      q.params.max_new_tokens = L.req.params.max_new_tokens - int(g.tokens.size());
-      q.params.input_logprobs_from = -1;  // (computed before the pause)
-      retracted_.push_back(std::move(c));
-      continued++;
-    }
-    L.text->pieces += continued;
-    finish_piece(L.text, L.job);  // (this handle's piece: the job ends here if nothing continues)
+    Live c;
+    c.job = L.job;
+    c.text = L.text;
+    c.sample_of = js;
+    GenerateRequest& q = c.req;
+    q.id = L.req.id + uint64_t(j);
+    q.prompt = L.req.prompt;
+    q.prompt.insert(q.prompt.end(), g.tokens.begin(), g.tokens.end());
+    q.seed = L.req.seed + uint64_t(j);
+    q.n = 1;
+    q.params = L.req.params;
+    q.params.max_new_tokens = L.req.params.max_new_tokens - int(g.tokens.size());
+    q.params.input_logprobs_from = -1;  // (computed before the pause)
+    retracted_.push_back(std::move(c));
+    continued++;
   }
+  retracted_samples_ += continued;
+  L.text->pieces += continued;
+  finish_piece(L.text, L.job);  // (this piece: the job ends here if nothing continues)
 }
 
 void ServeEngine::resume_retracted() {
-  std::vector<Retracted> items;
+  std::vector<Live> items;
   items.swap(retracted_);
-  for (Retracted& c : items) {
-    size_t h = 0;
-    try {
-      h = sched_->submit(c.live.req);
-    } catch (const InputError&) {  // (it fitted before; a smaller pool after an update may not)
-      abort_retracted(c);
-      continue;
-    }
-    live_.emplace(h, std::move(c.live));
-    if (sched_->finished(h)) finish_job(h, live_.at(h).job);
-  }
+  for (Live& c : items) place(std::move(c));
 }
 
-void ServeEngine::finish_done_jobs() {
-  std::vector<size_t> done;
-  for (auto& [h, L] : live_)
-    if (sched_->finished(h)) done.push_back(h);
-  for (size_t h : done) finish_job(h, live_.at(h).job);
-}
-
-// Jobs that never reached the scheduler end as aborted with nothing generated.
+// Jobs that never reached a scheduler end as aborted with nothing generated.
 static void abort_unstarted(const JobPtr& job) {
   {
     std::lock_guard<std::mutex> lock(job->mu);
@@ -393,12 +592,13 @@ static void abort_unstarted(const JobPtr& job) {
   job->cv.notify_all();
 }
 
+// Pieces on the ranks are ordered aborted (their ends come back in the reports, with what they
+// generated); retracted and held ones end here.
 void ServeEngine::abort_where(const std::function<bool(const Job&)>& which) {
-  for (auto& [h, L] : live_)
-    if (which(*L.job)) sched_->abort(h);
-  finish_done_jobs();
+  for (auto& [key, L] : live_)
+    if (which(*L.job)) orders_.abort.push_back(key);
   for (auto it = retracted_.begin(); it != retracted_.end();) {
-    if (which(*it->live.job)) {
+    if (which(*it->job)) {
       abort_retracted(*it);
       it = retracted_.erase(it);
     } else {
@@ -415,6 +615,44 @@ void ServeEngine::abort_where(const std::function<bool(const Job&)>& which) {
       ++it;
     }
   }
+}
+
+// Shutting down: every job ends now with what rank 0 has received, without asking the ranks.
+void ServeEngine::abort_everything_here() {
+  std::map<uint64_t, Live> live;
+  live.swap(live_);
+  for (auto& [key, L] : live) {
+    {
+      std::lock_guard<std::mutex> lock(L.job->mu);
+      if (L.job->samples.size() < size_t(L.job->req.n)) L.job->samples.resize(size_t(L.job->req.n));
+      for (int j = 0; j < L.req.n; j++) {
+        SampleProgress& sp = L.job->samples[size_t(L.job_sample(j))];
+        if (sp.done) continue;
+        sp.finish = FinishReason::Abort;
+        sp.done = true;
+      }
+    }
+    finish_piece(L.text, L.job);
+  }
+  std::fill(rank_sequences_.begin(), rank_sequences_.end(), 0);
+  abort_where([](const Job&) { return true; });
+  orders_ = Orders{};
+}
+
+void ServeEngine::reply_deferred() {
+  for (Control& c : deferred_) {
+    ControlReply r;
+    if (c.kind == Control::Kind::Flush) {
+      r.message = "flushed " + std::to_string(flushed_) + " cached KV blocks";
+    } else {
+      r.message = "paused (retract): " + std::to_string(retracted_samples_) + " sample(s) retracted, " +
+                  std::to_string(requeued_) + " request(s) not started put back in the queue";
+    }
+    refresh_metrics();
+    if (c.reply) c.reply->set_value(r);
+  }
+  deferred_.clear();
+  flushed_ = retracted_samples_ = requeued_ = 0;
 }
 
 namespace {
@@ -478,13 +716,10 @@ void ServeEngine::apply(Control& c) {
     case Control::Kind::Abort: abort_where([&](const Job& j) { return j.req.rid == c.a; }); break;
     case Control::Kind::AbortAll: abort_where([](const Job& j) { return !j.req.internal; }); break;
     case Control::Kind::AbortJob: abort_where([&](const Job& j) { return &j == c.job.get(); }); break;
-    case Control::Kind::Flush: {
-      KvPool& pool = rt_.model->kv_pool();
-      const int64_t n = pool.cached_blocks();
-      pool.flush_prefix_cache();
-      r.message = "flushed " + std::to_string(n) + " cached KV blocks";
-      break;
-    }
+    case Control::Kind::Flush:  // on every rank; answered once they reported
+      orders_.flush = true;
+      deferred_.push_back(std::move(c));
+      return;
     case Control::Kind::Pause:
       if (c.a != "abort" && c.a != "in_place" && c.a != "retract") {
         r = {false, "mode: '" + c.a + "' is not one of abort, in_place, retract"};
@@ -493,11 +728,10 @@ void ServeEngine::apply(Control& c) {
       paused_ = true;
       if (c.a == "abort") abort_where([](const Job& j) { return !j.req.internal; });
       r.message = "paused (" + c.a + ")";
-      if (c.a == "retract") {
-        const size_t before = held_.size();
-        retract_all();
-        r.message += ": " + std::to_string(retracted_.size()) + " sample(s) retracted, " +
-                     std::to_string(held_.size() - before) + " request(s) not started put back in the queue";
+      if (c.a == "retract") {  // answered once the ranks reported what they retracted
+        orders_.retract = true;
+        deferred_.push_back(std::move(c));
+        return;
       }
       break;
     case Control::Kind::Resume:
@@ -553,16 +787,20 @@ void ServeEngine::apply(Control& c) {
 }
 
 void ServeEngine::refresh_metrics() {
-  KvPool& pool = rt_.model->kv_pool();
   const SchedulerStats& st = sched_->stats();
   std::lock_guard<std::mutex> lock(mu_);
-  metrics_.waiting = int64_t(sched_->queued() + held_.size() + retracted_.size());
-  metrics_.running = int64_t(sched_->running_sequences());
-  metrics_.kv_blocks_total = pool.total_blocks();
-  metrics_.kv_blocks_used = pool.used_blocks();
-  metrics_.kv_blocks_cached = pool.cached_blocks();
-  metrics_.kv_block_tokens = pool.block_tokens();
-  metrics_.steps = st.steps;
+  metrics_.waiting = int64_t(held_.size() + retracted_.size());
+  metrics_.running = metrics_.kv_blocks_total = metrics_.kv_blocks_used = metrics_.kv_blocks_cached = 0;
+  for (const RankLoad& l : rank_load_) {
+    metrics_.waiting += l.waiting;
+    metrics_.running += l.running;
+    metrics_.kv_blocks_total += l.kv_blocks_total;
+    metrics_.kv_blocks_used += l.kv_blocks_used;
+    metrics_.kv_blocks_cached += l.kv_blocks_cached;
+  }
+  metrics_.ranks = rank_load_;
+  metrics_.kv_block_tokens = rt_.model->kv_pool().block_tokens();
+  metrics_.steps = st.steps;  // (rank 0's: every rank runs every step)
   metrics_.step_seconds = st.step_seconds;
   metrics_.forward_seconds = st.forward_seconds;
   metrics_.paused = paused_;
@@ -570,6 +808,85 @@ void ServeEngine::refresh_metrics() {
 }
 
 // ---------------------------------------------------------------- every rank
+
+// Rank 0's orders of this turn, the ones for this rank: new requests (a refusal is reported, not
+// thrown: the request could never fit this rank's pool), then aborts, stops, retract, flush.
+void ServeEngine::apply_orders(const std::string& bytes) {
+  if (bytes.empty()) return;
+  const json o = json::from_msgpack(bytes);
+  const int me = rt_.group->rank();
+  for (const json& s : o.at("submit")) {
+    if (s.at(0).get<int>() != me) continue;
+    const uint64_t key = s.at(1).get<uint64_t>();
+    try {
+      const size_t h = sched_->submit(request_of(s.at(2)));
+      handle_of_[key] = h;
+      key_of_[h] = key;
+      report_["acc"].push_back(key);
+    } catch (const InputError& e) {
+      report_["ref"].push_back({key, std::string(e.what())});
+    }
+  }
+  for (const json& k : o.at("abort"))
+    if (auto it = handle_of_.find(k.get<uint64_t>()); it != handle_of_.end()) sched_->abort(it->second);
+  for (const json& st : o.at("stop"))
+    if (auto it = handle_of_.find(st.at(0).get<uint64_t>()); it != handle_of_.end())
+      sched_->stop_sample(it->second, st.at(1).get<int>());
+  if (o.at("retract").get<bool>()) {
+    for (const auto& [key, h] : handle_of_) {
+      const std::vector<Generation> res = sched_->results(h);  // (before the abort marks them)
+      sched_->abort(h);
+      sched_->forget(h);
+      report_["ret"].push_back({key, generations_json(res)});
+    }
+    handle_of_.clear(), key_of_.clear();
+  }
+  if (o.at("flush").get<bool>()) {
+    KvPool& pool = rt_.model->kv_pool();
+    report_["flushed"] = pool.cached_blocks();
+    pool.flush_prefix_cache();
+  }
+}
+
+// Requests this rank's scheduler has finished go into the report, whole, and are forgotten here.
+void ServeEngine::report_finished() {
+  for (auto it = handle_of_.begin(); it != handle_of_.end();) {
+    if (!sched_->finished(it->second)) {
+      ++it;
+      continue;
+    }
+    report_["fin"].push_back({it->first, generations_json(sched_->results(it->second))});
+    sched_->forget(it->second);
+    key_of_.erase(it->second);
+    it = handle_of_.erase(it);
+  }
+}
+
+std::string ServeEngine::take_report() {
+  const KvPool& pool = rt_.model->kv_pool();
+  report_["load"] = {int64_t(sched_->queued()), int64_t(sched_->running_sequences()), pool.total_blocks(),
+                     pool.used_blocks(), pool.cached_blocks(), sched_->stats().steps};
+  std::string out = to_bytes(report_);
+  report_ = json::object();
+  return out;
+}
+
+// Every rank's report on every rank (only rank 0 reads them; one allgather keeps the group's one
+// kind of collective, each under its deadline).
+std::vector<std::string> ServeEngine::gather_reports(const std::string& mine) {
+  Group& g = *rt_.group;
+  if (!g.distributed()) return {mine};
+  const std::vector<int64_t> lens = g.allgather_i64(int64_t(mine.size()));
+  std::vector<size_t> sizes;
+  size_t total = 0;
+  for (int64_t n : lens) sizes.push_back(size_t(n)), total += size_t(n);
+  std::string all(total, '\0');
+  g.allgatherv(mine.data(), mine.size(), all.data(), sizes);
+  std::vector<std::string> out;
+  size_t off = 0;
+  for (size_t n : sizes) out.push_back(all.substr(off, n)), off += n;
+  return out;
+}
 
 ServeEngine::Op ServeEngine::exchange(Op op, std::string& arg) {
   Group& g = *rt_.group;
@@ -669,14 +986,14 @@ std::string ServeEngine::do_update(const std::string& arg, bool tensors) {
   if (std::string verdict = agree(err); !verdict.empty()) return verdict;
   // Every rank agrees: the old model goes first (its device memory with it), then the new one.
   sched_.reset();
+  handle_of_.clear(), key_of_.clear();  // (empty: no rank had a request)
   rt_.model.reset();
   rt_.ckpt = std::move(next);
   rt_.cfg = cfg;
   if (!tensors) rt_.options.model_dir = path;
   rt_.model = make_model(rt_.device, rt_.cfg, *rt_.ckpt, rt_.placement, g.rank(), rt_.options.compute, rt_.options.kv,
                          rt_.options.fp8_compute, rt_.options.lm_head);
-  sched_ = std::make_unique<Scheduler>(*rt_.model, *rt_.backend, g, opt_.scheduler);
-  sched_->on_token = [this](size_t h, int j, int32_t t) { on_token(h, j, t); };
+  make_scheduler();
   return "";
 }
 
@@ -716,15 +1033,21 @@ void ServeEngine::run() {
     std::string arg;
     if (root) {
       take_inbox();
+      // An update waits for the requests in flight -- unless they are paused in place, where it
+      // would wait for ever: they are retracted instead (continued on the new weights).
+      if (pending_update_ && paused_ && !live_.empty()) orders_.retract = true;
       if (shutdown_.load()) {
         op = Op::Shutdown;
-      } else if (pending_update_ && !sched_->has_work()) {
+      } else if (pending_update_ && live_.empty() && orders_.empty()) {
         op = pending_update_->kind == Control::Kind::Tensors ? Op::UpdateTensors : Op::Update;
         arg = pending_update_->a;
         // The buckets travel to the other ranks (one string, framed); rank 0 keeps its own.
         if (op == Op::UpdateTensors && g.distributed()) arg = stage_frames(committing_);
-      } else if (!paused_ && sched_->has_work()) {
+      } else if (!paused_ && !live_.empty()) {
         op = Op::Step;
+        arg = encode_orders();
+      } else if (!orders_.empty()) {
+        arg = encode_orders();  // an idle turn that carries orders (aborts, retract, flush)
       } else {
         // Nothing to run: sleep until something arrives or the heartbeat is due.
         std::unique_lock<std::mutex> lock(mu_);
@@ -739,10 +1062,18 @@ void ServeEngine::run() {
     op = exchange(op, arg);
     last = std::chrono::steady_clock::now();
     switch (op) {
-      case Op::Idle: break;
+      case Op::Idle:
+      case Op::Step: {
+        apply_orders(arg);
+        if (op == Op::Step) sched_->step();
+        report_finished();
+        const std::vector<std::string> reports = gather_reports(take_report());
+        if (root) take_reports(reports);
+        break;
+      }
       case Op::Shutdown:
         if (root) {
-          abort_where([](const Job&) { return true; });
+          abort_everything_here();
           // Whatever still arrives is answered at once: no HTTP thread may wait on a loop that ended.
           std::deque<JobPtr> jobs;
           std::deque<Control> controls;
@@ -755,15 +1086,14 @@ void ServeEngine::run() {
           for (auto& j : jobs) reject(j, "the server is shutting down", 503);
           for (auto& c : controls)
             if (c.reply) c.reply->set_value({false, "the server is shutting down"});
+          for (auto& c : deferred_)
+            if (c.reply) c.reply->set_value({false, "the server is shutting down"});
+          deferred_.clear();
           if (pending_update_ && pending_update_->reply)
             pending_update_->reply->set_value({false, "the server is shutting down"});
           pending_update_.reset();
         }
         return;
-      case Op::Step:
-        sched_->step();
-        if (root) finish_done_jobs();
-        break;
       case Op::Update:
       case Op::UpdateTensors: {
         const bool tensors = op == Op::UpdateTensors;
@@ -781,17 +1111,12 @@ void ServeEngine::run() {
           }
           pending_update_->reply->set_value(r);
           pending_update_.reset();
-          // What waited for the update runs now (unless paused).
-          if (!paused_) {
-            std::deque<JobPtr> held;
-            held.swap(held_);
-            for (auto& j : held) admit_job(j);
-          }
         }
         break;
       }
     }
     if (root) {
+      // What waited for an update (or arrived during one) runs now, unless paused.
       if (!paused_ && !pending_update_ && !held_.empty()) {
         std::deque<JobPtr> held;
         held.swap(held_);

@@ -1,29 +1,45 @@
 // The serving loop of every rank, and rank 0's door to it for the HTTP threads.
 //
-// Rank 0 owns the scheduler and every request (the other ranks hold experts and take part in each
-// MoE layer with no tokens of their own). Each turn of rank 0's loop it takes what the HTTP
-// threads queued (requests, aborts, control), chooses one command for the group -- step, idle,
-// update the weights, shut down -- and tells every rank with one collective, so all ranks step
-// together and a rank that dies or hangs is named by the group's timeout (never a silent hang).
-// While idle it still sends a heartbeat every `heartbeat` seconds, well inside --comm-timeout.
+// Data-parallel attention (the default): every rank runs its own scheduler over its own KV pool
+// and serves the requests rank 0 gives it -- attention, dense layers, sampling -- while the MoE
+// layers of each step run over all ranks together through the backend (a rank with no tokens
+// still takes part). Rank 0 runs HTTP and the tokenizer and owns every request's text: it assigns
+// each request (its n samples together) to the rank with the fewest sequences in flight, then
+// the fewest KV blocks in use. With --dp-attention off every request goes to rank 0.
 //
-// Tokens reach the jobs as the scheduler chooses them (on_token): the text is decoded there, stop
-// strings are matched there (the sample then stops at once), and the waiting HTTP thread is
-// notified. Requests in flight when new weights are asked for finish on the old weights: the
-// update waits until the scheduler is empty, and requests that arrive meanwhile wait for it.
+// Each turn of the group: rank 0 takes what the HTTP threads queued, chooses one command -- step,
+// idle, update the weights, shut down -- and sends it with the turn's orders (new requests per
+// rank, aborts, stops, retract, flush) in one collective; every rank applies the orders that are
+// its own and steps; then every rank's report (tokens chosen with their log-probs, requests
+// accepted, refused, finished or retracted, its load) reaches rank 0 in a second collective,
+// and rank 0 decodes text, matches stop strings and wakes the HTTP threads. A stop string found
+// in step k's token is ordered before step k+1 runs, so no token follows it. Every wait is a
+// collective under the group's deadline: a rank that dies or hangs is named (never a silent
+// hang); while idle rank 0 still sends a heartbeat every `heartbeat` seconds.
+//
+// The kernels are batch-invariant and sequence ids are global, so a request's tokens and
+// log-probs are the same bits whichever rank serves it and whatever runs beside it. Requests in
+// flight when new weights are asked for finish on the old weights: the update waits until no rank
+// has a request, and requests that arrive meanwhile wait for it -- except while paused in place,
+// when the requests in flight are retracted (their tokens so far kept, recomputed on the new
+// weights when generation continues) and the update applies at once.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
@@ -36,6 +52,14 @@ struct ServeEngineOptions {
   SchedulerOptions scheduler;
   double heartbeat = 1.0;               // seconds between idle collectives (below --comm-timeout)
   std::string weight_version = "default";
+  bool dp_attention = true;             // requests spread over the ranks (false: all on rank 0)
+};
+
+// One rank's share of the load, as its last report gave it.
+struct RankLoad {
+  int64_t waiting = 0, running = 0;  // requests queued in its scheduler, sequences running
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
+  int64_t steps = 0;
 };
 
 // The figures /metrics and /server_info print (a snapshot, taken under the engine's lock).
@@ -48,6 +72,7 @@ struct ServeMetrics {
   double step_seconds = 0, forward_seconds = 0;
   bool paused = false;
   std::string weight_version;
+  std::vector<RankLoad> ranks;  // per rank (the figures above are their sums, plus rank 0's queues)
 };
 
 // The reply to a control call.
@@ -105,22 +130,68 @@ class ServeEngine {
     bool commit = true;  // Tensors: apply what is staged
   };
   ControlReply call(Control c);
-  // rank 0
+
+  // ---- rank 0: requests, text, orders ----
+  // A job's text state, shared by its pieces (a retracted job's samples continue as pieces of
+  // their own).
+  struct JobText {
+    std::vector<std::unique_ptr<StreamDecoder>> decoders;  // per sample, when there is a tokenizer
+    std::vector<std::string> raw;                         // per sample: all decoded text so far
+    int pieces = 1;  // pieces and retracted continuations of the job still to finish
+  };
+  // One request as a rank's scheduler runs it: a job, or one retracted sample of a job.
+  struct Live {
+    JobPtr job;
+    std::shared_ptr<JobText> text;
+    int sample_of = -1;   // a continuation: its one sample is the job's sample sample_of
+    GenerateRequest req;  // as submitted (a retract continues from it)
+    int rank = 0;         // whose scheduler runs it
+    bool accepted = false;  // that rank's scheduler took it
+    int job_sample(int j) const { return sample_of >= 0 ? sample_of : j; }
+  };
+  // The orders of the next turn (rank 0 writes them, every rank applies its own).
+  struct Orders {
+    std::vector<uint64_t> submit;                 // keys of live_ to submit on their rank
+    std::vector<uint64_t> abort;                  // keys
+    std::vector<std::pair<uint64_t, int>> stop;   // (key, sample): a stop string matched
+    bool retract = false, flush = false;
+    bool empty() const { return submit.empty() && abort.empty() && stop.empty() && !retract && !flush; }
+  };
   void take_inbox();
   void apply(Control& c);
   void admit_job(const JobPtr& job);
+  uint64_t place(Live L);  // a new piece on the least loaded rank; ordered submitted
+  int least_loaded_rank() const;
   static void reject(const JobPtr& job, const std::string& why, int status);
-  void on_token(size_t handle, int sample, int32_t token);
-  void finish_done_jobs();
-  void finish_job(size_t handle, const JobPtr& job);
   void abort_where(const std::function<bool(const Job&)>& which);
   void refresh_metrics();
-  // every rank
+  std::string encode_orders();
+  // The reports of every rank (rank order): what their schedulers did this turn.
+  void take_reports(const std::vector<std::string>& reports);
+  void on_accepted(uint64_t key);
+  void on_refused(uint64_t key, const std::string& why);
+  void on_token(uint64_t key, int sample, int32_t token, const float* logprob,
+                std::vector<std::pair<int32_t, float>> top);
+  void finish_piece_of(uint64_t key, const std::vector<Generation>& res);
+  void retracted_piece(uint64_t key, const std::vector<Generation>& res);
+  void resume_retracted();
+  void finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& job);
+  void record_sample(SampleProgress& sp, const Generation& g, JobText* text, int job_sample) const;
+  void abort_retracted(const Live& c);
+  void abort_everything_here();  // shutdown: every job ends now, without the other ranks
+  void reply_deferred();
+
+  // ---- every rank: its scheduler, the orders, its report ----
+  void apply_orders(const std::string& orders);
+  void report_finished();
+  std::string take_report();
+  std::vector<std::string> gather_reports(const std::string& mine);
   Op exchange(Op op, std::string& arg);
   // path: a checkpoint folder; or, with tensors, the staged buckets (framed by stage_frames()).
   std::string do_update(const std::string& arg, bool tensors);
   // Every rank's verdict: "" when all agree, else the first refusal (rank order).
   std::string agree(const std::string& err);
+  void make_scheduler();
 
   Runtime& rt_;
   const Tokenizer* tok_;
@@ -137,37 +208,26 @@ class ServeEngine {
   bool stopped_ = false;  // the loop has ended (under mu_): calls are answered at once
 
   // rank 0's engine-thread state
-  // A job's text state, shared by its handles (a retracted job's samples continue as handles of
-  // their own).
-  struct JobText {
-    std::vector<std::unique_ptr<StreamDecoder>> decoders;  // per sample, when there is a tokenizer
-    std::vector<std::string> raw;                         // per sample: all decoded text so far
-    int pieces = 1;  // handles and retracted continuations of the job still to finish
-  };
-  struct Live {
-    JobPtr job;
-    std::shared_ptr<JobText> text;
-    int sample_of = -1;  // a continuation: its one sample is the job's sample sample_of
-    GenerateRequest req;  // as submitted (a retract continues from it)
-    int job_sample(int j) const { return sample_of >= 0 ? sample_of : j; }
-  };
-  struct Retracted {
-    Live live;  // req: the continuation to submit on continue_generation
-  };
-  std::map<size_t, Live> live_;     // scheduler handle -> job
-  std::vector<Retracted> retracted_;  // paused with mode retract: submitted again on continue
-  void retract_all();
-  void resume_retracted();
-  void finish_piece(const std::shared_ptr<JobText>& text, const JobPtr& job);
-  void record_sample(SampleProgress& sp, const Generation& g, JobText* text, int job_sample) const;
-  void abort_retracted(const Retracted& c);
+  std::map<uint64_t, Live> live_;   // key -> piece in some rank's scheduler
+  std::vector<Live> retracted_;     // paused with mode retract: submitted again on continue
   std::deque<JobPtr> held_;         // arrived while paused or while an update drains
   bool paused_ = false;
   std::optional<Control> pending_update_;
+  std::vector<Control> deferred_;   // flush and retract: answered once the ranks reported
+  int64_t flushed_ = 0, retracted_samples_ = 0, requeued_ = 0;  // this turn's, for deferred_
+  Orders orders_;
+  uint64_t next_key_ = 0;
+  std::vector<int64_t> rank_sequences_;  // sequences of the live pieces on each rank
+  std::vector<RankLoad> rank_load_;      // each rank's last report
   std::vector<std::string> staged_;      // Tensors buckets not yet committed (rank 0)
   std::set<std::string> staged_names_;
   std::vector<std::string> committing_;  // the buckets of the update under way (rank 0)
   int64_t next_request_id_ = 0;
+
+  // every rank: its scheduler's requests by key, and this turn's report
+  std::map<uint64_t, size_t> handle_of_;
+  std::map<size_t, uint64_t> key_of_;
+  nlohmann::json report_;
 };
 
 }  // namespace epmoe
