@@ -36,7 +36,10 @@
 #   CHECK_ALONE  K: after each level replay K of its requests alone and compare tokens and fp32
 #                log-prob bits with their results under load [0: off; the load requests then ask
 #                for no logprobs, which would cost llama-server a whole-vocabulary sort per token]
-#   THREADS      compute threads of each server [2]
+#   THREADS      compute threads of each server [2] (of each rank, with RANKS)
+#   RANKS        epmoe's ranks [1]: more run it as `mpirun -np RANKS --oversubscribe --bind-to none
+#                $EPMOE serve ...` (data-parallel attention unless EPMOE_ARGS says --dp-attention
+#                off; add --moe-a2a-backend NAME to EPMOE_ARGS, the default being none)
 #   NP           llama-server slots [8]; CTX its total context [NP x (PMAX + MAX_TOKENS + 16)
 #                rounded up to 256 per slot, as llama.cpp pads each slot's share anyway]
 #   PORT         epmoe's loopback port [18480]; LLAMA_PORT llama-server's [PORT + 1]: one port
@@ -82,7 +85,8 @@ LEVELS=${LEVELS:-"1 8 32 128"}
 REQS=${REQS:-}
 MAX_TOKENS=${MAX_TOKENS:-32} PMIN=${PMIN:-64} PMAX=${PMAX:-256} VOCAB_MAX=${VOCAB_MAX:-151000}
 TEMP=${TEMP:-0} CHECK_ALONE=${CHECK_ALONE:-0}
-THREADS=${THREADS:-2} NP=${NP:-8}
+THREADS=${THREADS:-2} NP=${NP:-8} RANKS=${RANKS:-1}
+if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 slot=$(( (PMAX + MAX_TOKENS + 16 + 255) / 256 * 256 ))
 CTX=${CTX:-$((NP * slot))}
 PORT=${PORT:-18480} LLAMA_PORT=${LLAMA_PORT:-$((PORT + 1))} START_TIMEOUT=${START_TIMEOUT:-600}
@@ -117,6 +121,7 @@ server_cmd() {  # the command line of server $1, into the array `cmd`
   if [[ $1 == epmoe ]]; then
     # shellcheck disable=SC2206
     cmd=("$EPMOE" serve --model "$model_dir" --port "$port" --threads "$THREADS" $EPMOE_ARGS)
+    if ((RANKS > 1)); then cmd=(mpirun -np "$RANKS" --oversubscribe --bind-to none "${cmd[@]}"); fi
   else
     # llama-server as a CPU user would run it: -np slots share -c; continuous batching, flash
     # attention auto, f16 KV, n_batch 2048 / n_ubatch 512 are its defaults.

@@ -193,6 +193,22 @@ std::string prometheus(const ServeMetrics& m, const std::string& model) {
   metric("epmoe_step_seconds_total", "counter", "Seconds in engine steps", "", m.step_seconds);
   metric("epmoe_forward_seconds_total", "counter", "Seconds in the model's forward", "", m.forward_seconds);
   metric("epmoe_paused", "gauge", "1 while generation is paused", "", m.paused ? 1.0 : 0.0);
+  // Per rank (data-parallel attention: each rank serves its own requests).
+  const struct {
+    const char *name, *type, *help;
+    int64_t RankLoad::*field;
+  } per_rank[] = {
+      {"epmoe_rank_requests_total", "counter", "Requests given to each rank", &RankLoad::requests},
+      {"epmoe_rank_queue_requests", "gauge", "Requests queued in each rank's scheduler", &RankLoad::waiting},
+      {"epmoe_rank_running_sequences", "gauge", "Sequences each rank is generating", &RankLoad::running},
+      {"epmoe_rank_kv_blocks_used", "gauge", "KV cache blocks in use on each rank", &RankLoad::kv_blocks_used},
+  };
+  for (const auto& f : per_rank)
+    for (size_t r = 0; r < m.ranks.size(); r++) {
+      const std::string labels = ",rank=\"" + std::to_string(r) + "\"";
+      if (r == 0) metric(f.name, f.type, f.help, labels, double(m.ranks[r].*f.field));
+      else more(f.name, labels, double(m.ranks[r].*f.field));
+    }
   return out;
 }
 
@@ -356,17 +372,23 @@ void HttpServer::routes() {
   s.Get("/get_server_info", server_info);
   // sglang's load report, one entry per data-parallel rank (one: rank 0 holds every sequence):
   // requests running and waiting, KV positions in use and their share of the pool.
+  // One entry per rank, as sglang's data-parallel ranks (each rank serves its own requests).
   auto loads = [this](const httplib::Request&, httplib::Response& res) {
     const ServeMetrics m = engine_.metrics();
-    const int64_t used = m.kv_blocks_used * m.kv_block_tokens, total = m.kv_blocks_total * m.kv_block_tokens;
-    send_json(res, 200,
-              {{"loads", json::array({{{"dp_rank", 0},
-                                       {"num_reqs", m.running + m.waiting},
-                                       {"num_running_reqs", m.running},
-                                       {"num_waiting_reqs", m.waiting},
-                                       {"num_tokens", used},
-                                       {"max_total_num_tokens", total},
-                                       {"token_usage", total > 0 ? double(used) / double(total) : 0.0}}})}});
+    json all = json::array();
+    for (size_t r = 0; r < m.ranks.size(); r++) {
+      const RankLoad& l = m.ranks[r];
+      const int64_t used = l.kv_blocks_used * m.kv_block_tokens, total = l.kv_blocks_total * m.kv_block_tokens;
+      all.push_back({{"dp_rank", r},
+                     {"num_reqs", l.running + l.waiting},
+                     {"num_running_reqs", l.running},
+                     {"num_waiting_reqs", l.waiting},
+                     {"num_tokens", used},
+                     {"max_total_num_tokens", total},
+                     {"token_usage", total > 0 ? double(used) / double(total) : 0.0},
+                     {"num_requests_total", l.requests}});
+    }
+    send_json(res, 200, {{"loads", std::move(all)}});
   };
   s.Get("/v1/loads", loads);
   s.Get("/get_loads", loads);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -244,6 +245,7 @@ ServeMetrics ServeEngine::metrics() {
   std::lock_guard<std::mutex> lock(mu_);
   ServeMetrics m = metrics_;
   m.waiting += int64_t(inbox_.size());
+  if (!m.ranks.empty()) m.ranks[0].waiting += int64_t(inbox_.size());
   return m;
 }
 
@@ -297,6 +299,7 @@ uint64_t ServeEngine::place(Live L) {
   L.rank = least_loaded_rank();
   L.accepted = false;
   rank_sequences_[size_t(L.rank)] += L.req.n;
+  rank_load_[size_t(L.rank)].requests++;
   const uint64_t key = next_key_++;
   live_.emplace(key, std::move(L));
   orders_.submit.push_back(key);
@@ -304,11 +307,15 @@ uint64_t ServeEngine::place(Live L) {
 }
 
 // Fewest sequences in flight (rank 0 counts them as it places and retires pieces, so a burst of
-// arrivals spreads at once), then fewest KV blocks in use, then the lowest rank.
+// arrivals spreads at once), then fewest KV blocks in use, then fewest requests given so far (a
+// lightly loaded server still spreads its requests), then the lowest rank.
 int ServeEngine::least_loaded_rank() const {
   if (!opt_.dp_attention) return 0;
   int best = 0;
-  auto load = [&](int r) { return std::make_pair(rank_sequences_[size_t(r)], rank_load_[size_t(r)].kv_blocks_used); };
+  auto load = [&](int r) {
+    const RankLoad& l = rank_load_[size_t(r)];
+    return std::make_tuple(rank_sequences_[size_t(r)], l.kv_blocks_used, l.requests);
+  };
   for (int r = 1; r < int(rank_sequences_.size()); r++)
     if (load(r) < load(best)) best = r;
   return best;
@@ -799,6 +806,8 @@ void ServeEngine::refresh_metrics() {
     metrics_.kv_blocks_cached += l.kv_blocks_cached;
   }
   metrics_.ranks = rank_load_;
+  // Requests not on any rank yet (held during a pause or an update, retracted) wait at rank 0.
+  metrics_.ranks[0].waiting += int64_t(held_.size() + retracted_.size());
   metrics_.kv_block_tokens = rt_.model->kv_pool().block_tokens();
   metrics_.steps = st.steps;  // (rank 0's: every rank runs every step)
   metrics_.step_seconds = st.step_seconds;

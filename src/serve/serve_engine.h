@@ -60,6 +60,7 @@ struct RankLoad {
   int64_t waiting = 0, running = 0;  // requests queued in its scheduler, sequences running
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int64_t steps = 0;
+  int64_t requests = 0;  // requests (and retracted continuations) rank 0 has given it so far
 };
 
 // The figures /metrics and /server_info print (a snapshot, taken under the engine's lock).

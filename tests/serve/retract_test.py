@@ -51,6 +51,12 @@ def result(d):
              x["meta_info"]["finish_reason"]["type"]) for x in items]
 
 
+def loads(url):
+    """/v1/loads summed over the ranks (one entry per rank: each serves its own requests)."""
+    entries = httpx.get(url + "/v1/loads", timeout=10).json()["loads"]
+    return {k: sum(e[k] for e in entries) for k in ("num_running_reqs", "num_waiting_reqs", "num_tokens")}
+
+
 def run(url, reqs, during=None):
     """Every request at once; `during(url)` runs once they are all generating."""
     with concurrent.futures.ThreadPoolExecutor(len(reqs)) as ex:
@@ -58,7 +64,7 @@ def run(url, reqs, during=None):
         if during:
             deadline = time.time() + 30
             while time.time() < deadline:
-                ld = httpx.get(url + "/v1/loads", timeout=10).json()["loads"][0]
+                ld = loads(url)
                 if ld["num_running_reqs"] >= 4:
                     break
                 time.sleep(0.01)
@@ -83,7 +89,7 @@ def main():
 
                 def pause_continue(url):
                     r = httpx.post(url + "/pause_generation", json={"mode": "retract"}, timeout=60)
-                    seen["loads"] = httpx.get(url + "/v1/loads", timeout=10).json()["loads"][0]
+                    seen["loads"] = loads(url)
                     seen["pause"] = (r.status_code, r.json().get("message", ""))
                     httpx.post(url + "/continue_generation", timeout=60)
 

@@ -31,6 +31,10 @@ add_test(NAME serve.retract COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/retract_t
 # /tokenize, /detokenize, /v1/models/{id}, CORS, seeds, shortest log-probs, streams' last chunks (httpx).
 add_test(NAME serve.fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/fields_test.py)
 
-set_tests_properties(serve.openai_client serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
+# Data-parallel attention: 2 and 3 ranks x every backend == 1 rank; orders reach the rank holding
+# a request; an update while paused in place (httpx).
+add_test(NAME serve.dp_attention COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/dp_attention_test.py)
+
+set_tests_properties(serve.openai_client serve.dp_attention serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
   serve.routing_replay serve.rl_fields serve.weight_sync serve.retract serve.fields
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)

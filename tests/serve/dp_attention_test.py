@@ -1,0 +1,141 @@
+"""Data-parallel attention in `epmoe serve` (tests/serve, ctest serve.dp_attention; httpx).
+
+Every rank serves the requests rank 0 gives it and the MoE layers run over all of them. Checked:
+  * on 2 and 3 ranks with every all-to-all backend, 24 concurrent text requests (n = 2 sampled,
+    stop strings, greedy, log-probs) give the same text, ids, log-prob bits and finish reasons as
+    each alone on 1 rank, and every rank was given requests (/v1/loads, /metrics per rank);
+  * --dp-attention off: the same bits, every request on rank 0;
+  * orders reach the rank that holds a request: abort by rid while paused in place; and
+    /update_weights_from_disk while paused in place answers (it used to wait for ever for the
+    paused requests): they continue on the new weights after /continue_generation, and end.
+"""
+import concurrent.futures
+import os
+import random
+import struct
+import sys
+import threading
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_harness as h  # noqa: E402
+
+BACKENDS = os.environ.get("EPMOE_SERVE_BACKENDS", "none,alltoall,lowlatency,onesided,fused").split(",")
+check = h.Checks()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "far", "away", "quickly", "home"]
+
+
+def requests():
+    rng = random.Random(77)
+    out = []
+    for i in range(24):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12)))
+        sp = {"max_new_tokens": rng.randint(6, 20), "temperature": 0.0 if i % 4 == 0 else 0.9, "sampling_seed": 500 + i}
+        if i % 4 != 0:
+            sp["n"] = 2
+        if i % 3 == 1:
+            sp["stop"] = ["e", "a "]  # common in this vocabulary's text: most such samples stop on them
+        if i % 5 == 2:
+            sp["ignore_eos"] = True
+        out.append({"text": text, "sampling_params": sp, "return_logprob": True, "rid": "dp%d" % i})
+    return out
+
+
+def results(answer):
+    """Per sample: (text, output ids, fp32 bits of the log-probs, finish reason)."""
+    items = answer if isinstance(answer, list) else [answer]
+    return [(x["text"], x["output_ids"], [struct.pack("<f", t[0]) for t in x["meta_info"]["output_token_logprobs"]],
+             x["meta_info"]["finish_reason"]) for x in items]
+
+
+def post(url, body, timeout=300):
+    r = httpx.post(url + "/generate", json=body, timeout=timeout)
+    r.raise_for_status()
+    return r.json()
+
+
+def concurrently(url, reqs):
+    with concurrent.futures.ThreadPoolExecutor(len(reqs)) as ex:
+        return [results(f.result()) for f in [ex.submit(post, url, b) for b in reqs]]
+
+
+def given_per_rank(url):
+    return [e["num_requests_total"] for e in httpx.get(url + "/v1/loads", timeout=10).json()["loads"]]
+
+
+def main():
+    model = h.text_model()
+    reqs = requests()
+    with h.Server(model) as s:
+        alone = [results(post(s.url, b)) for b in reqs]
+    stopped = sum(f["type"] == "stop" and isinstance(f.get("matched"), str) for r in alone for (_, _, _, f) in r)
+    check(stopped >= 4, "the requests exercise stop strings (%d samples stopped on one)" % stopped)
+
+    for ranks in (2, 3):
+        for backend in BACKENDS:
+            tag = "%d ranks, %s" % (ranks, backend)
+            with h.Server(model, ranks=ranks, args=["--moe-a2a-backend", backend, "--max-batch-tokens", "32"]) as s:
+                got = concurrently(s.url, reqs)
+                same = sum(a == b for a, b in zip(alone, got))
+                check(same == len(reqs), "%s: %d/%d requests == alone on 1 rank (text, ids, log-prob bits, finish)"
+                      % (tag, same, len(reqs)))
+                given = given_per_rank(s.url)
+                check(len(given) == ranks and all(n > 0 for n in given) and sum(given) == len(reqs),
+                      "%s: every rank served requests (%s)" % (tag, given))
+                m = s.wait_idle()
+                check(all(m.get('epmoe_rank_requests_total{rank="%d"}' % r) == given[r] for r in range(ranks)),
+                      "%s: /metrics per rank agrees with /v1/loads" % tag)
+
+    with h.Server(model, ranks=3, args=["--moe-a2a-backend", "alltoall", "--dp-attention", "off"]) as s:
+        got = concurrently(s.url, reqs)
+        check(got == alone, "--dp-attention off, 3 ranks: every request == alone on 1 rank")
+        given = given_per_rank(s.url)
+        check(given == [len(reqs), 0, 0], "--dp-attention off: every request on rank 0 (%s)" % given)
+
+    # Orders to the rank that holds the request, while paused in place.
+    v2 = h.second_weights(model)
+    with h.Server(model, ranks=3, args=["--moe-a2a-backend", "alltoall"]) as s:
+        long = {"text": "the cat", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
+        answers = {}
+
+        def run(rid):
+            answers[rid] = post(s.url, dict(long, rid=rid), timeout=120)
+
+        threads = [threading.Thread(target=run, args=("long%d" % i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            loads = httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]
+            if sum(e["num_running_reqs"] for e in loads) == 3:
+                break
+            time.sleep(0.01)
+        r = httpx.post(s.url + "/pause_generation", json={"mode": "in_place"}, timeout=30)
+        check(r.status_code == 200, "pause in place: %s" % r.text)
+        on = [e["num_running_reqs"] for e in httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]]
+        check(on == [1, 1, 1], "the three requests run on three ranks (%s)" % on)
+        httpx.post(s.url + "/abort_request", json={"rid": "long1"}, timeout=30)
+        t0 = time.time()
+        r = httpx.post(s.url + "/update_weights_from_disk", json={"model_path": v2, "weight_version": "v2"},
+                       timeout=60)
+        check(r.status_code == 200 and r.json().get("success") is True,
+              "an update while paused in place answers (%.1f s): %s" % (time.time() - t0, r.text[:200]))
+        r = httpx.post(s.url + "/continue_generation", timeout=30)
+        check(r.status_code == 200, "continue: %s" % r.text)
+        for t in threads:
+            t.join(120)
+        fins = {rid: a["meta_info"]["finish_reason"]["type"] for rid, a in answers.items()}
+        check(fins == {"long0": "length", "long1": "abort", "long2": "length"},
+              "abort by rid reached its rank; the others continued to their length (%s)" % fins)
+        check(all(len(answers[rid]["output_ids"]) == 400 for rid in ("long0", "long2")),
+              "the paused requests generated all their tokens across the update")
+        info = httpx.get(s.url + "/get_server_info", timeout=10).json()
+        check(info.get("weight_version") == "v2", "weight_version after the update: %s" % info.get("weight_version"))
+        s.wait_idle()
+    return check.status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
