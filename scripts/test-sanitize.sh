@@ -30,12 +30,15 @@ cd build-asan
 # The rollout sweep of 2, 3 and 4 ranks x every backend (15 runs) is the exception among the CLI
 # tests: its code paths are leak-checked by the others at 2 ranks, and with the slow unwinder it
 # alone would take two minutes; its ranks run with ASan and UBSan, without the leak check.
-# Four HTTP tests are left to the plain run, for CI's time: serve.guarantee and serve.rl_clients
+# Six HTTP tests are left to the plain run, for CI's time: serve.guarantee and serve.rl_clients
 # (many servers of 1-3 ranks; their request paths are those of serve.openai_client and
 # serve.hostile, which run here, and their multi-rank loop is the rollout sweep's lockstep) and
 # serve.rank_failure (it waits out timeouts; its path, the group's abort, is the CLI tests'); and
 # serve.routing_replay (servers of 1 and 3 ranks; the capture it reports runs here in
-# model.*RoutingReplay* and in ep.matrix's replay checks at R = 2 and 3).
+# model.*RoutingReplay* and in ep.matrix's replay checks at R = 2 and 3); serve.dp_attention (11
+# servers of 2 and 3 ranks; the orders and reports of data-parallel serving run here in
+# serve.retract and serve.weight_sync, on 3 ranks) and serve.sampling_fields (its processing runs
+# here in engine.Sampling and serve.fields).
 leak_checked='^(ep\.matrix\.qwen3moe-tiny\.R[23]|cli\..*)$'
 sweep='^cli\.Rollout\.SameRequestAloneAmongOthersOnEveryLayoutAndBackend$'
 # For CI's 30-minute budget, the expert-parallel matrix runs here at R = 2 for every fixture (the
@@ -48,7 +51,7 @@ sweep='^cli\.Rollout\.SameRequestAloneAmongOthersOnEveryLayoutAndBackend$'
 # (gtest_discover_tests appends "  # GetParam() = ..." to a parameterised test's name: those
 # alternatives end at a space or the end, not at $.)
 new_fixtures='(deepseek|glm4moe.lite|qwen3moe.fp8)'
-plain_only="^(serve\\.(guarantee|rl_clients|rank_failure|routing_replay)$|ep\\.matrix\\..*\\.R[34]$|ep\\.matrix\\.$new_fixtures.*\\.R1$"
+plain_only="^(serve\\.(guarantee|rl_clients|rank_failure|routing_replay|dp_attention|sampling_fields)$|ep\\.matrix\\..*\\.R[34]$|ep\\.matrix\\.$new_fixtures.*\\.R1$"
 plain_only+="|ep\\.matrix\\.(deepseek-v2-tiny|deepseek-v3-tiny|glm4moe-lite-tiny|qwen3moe-fp8-tiny)\\.R2$"
 plain_only+="|check\\.FixturesAndRanks/CheckPasses\\.EveryBackendBitIdentical/$new_fixtures.*_R[34]( |$)"
 plain_only+="|check\\.Faults/CheckCatches\\.InjectedFaultFailsWithItsVerdict/.*_(deepseek_v2_tiny|deepseek_v3_fp8_tiny)( |$))"

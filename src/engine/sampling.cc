@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -51,6 +53,55 @@ void validate(const SamplingParams& p) {
     throw InputError("--top-p " + std::to_string(p.top_p) + ": must be in (0, 1] (1: off)");
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
     throw InputError("--min-p " + std::to_string(p.min_p) + ": must be in [0, 1] (0: off)");
+}
+
+void validate(const LogitProcessing& p, int64_t V) {
+  auto in = [](float v, float lo, float hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  if (!in(p.frequency_penalty, -2.0f, 2.0f))
+    throw InputError("frequency_penalty " + std::to_string(p.frequency_penalty) + ": must be in [-2, 2] (0: off)");
+  if (!in(p.presence_penalty, -2.0f, 2.0f))
+    throw InputError("presence_penalty " + std::to_string(p.presence_penalty) + ": must be in [-2, 2] (0: off)");
+  if (!(in(p.repetition_penalty, 0.0f, 2.0f) && p.repetition_penalty > 0.0f))
+    throw InputError("repetition_penalty " + std::to_string(p.repetition_penalty) + ": must be in (0, 2] (1: off)");
+  if (p.min_new_tokens < 0) throw InputError("min_new_tokens " + std::to_string(p.min_new_tokens) + ": must be >= 0");
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= V)
+      throw InputError("logit_bias: token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                       std::to_string(V) + ")");
+    if (!in(bias, -100.0f, 100.0f))
+      throw InputError("logit_bias: the bias of token " + std::to_string(id) + " is " + std::to_string(bias) +
+                       ", outside [-100, 100]");
+  }
+}
+
+void process_logits(float* row, int64_t V, const LogitProcessing& p, const std::vector<int32_t>& prompt,
+                    int prior_output, const std::vector<int32_t>& output, const std::vector<int>& stop_ids) {
+  const size_t head = prompt.size() - std::min(prompt.size(), size_t(std::max(prior_output, 0)));
+  // The output's ids with their counts, in ascending id order (a fixed order: each id's update is
+  // one expression of its own count, so the order does not change a bit either way).
+  std::map<int32_t, int> counts;
+  for (size_t i = head; i < prompt.size(); i++) counts[prompt[i]]++;
+  for (int32_t t : output) counts[t]++;
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<int32_t> seen(prompt.begin(), prompt.end());
+    seen.insert(seen.end(), output.begin(), output.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t id : seen) {
+      if (id < 0 || id >= V) continue;
+      float& x = row[id];
+      x = x > 0.0f ? x / p.repetition_penalty : x * p.repetition_penalty;
+    }
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
+    for (const auto& [id, c] : counts)
+      if (id >= 0 && id < V) row[id] -= p.frequency_penalty * float(c) + p.presence_penalty;
+  for (const auto& [id, bias] : p.logit_bias)
+    if (id >= 0 && id < V) row[id] += bias;
+  const int generated = int((prompt.size() - head) + output.size());
+  if (generated < p.min_new_tokens)
+    for (int id : stop_ids)
+      if (id >= 0 && id < V) row[id] = -std::numeric_limits<float>::infinity();
 }
 
 double sampling_uniform(uint64_t seed, int64_t position, int32_t id) {

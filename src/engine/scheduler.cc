@@ -35,6 +35,12 @@ size_t Scheduler::submit(GenerateRequest r) {
   if (r.n < 1) throw InputError(what + ": n = " + std::to_string(r.n) + " (at least one sample)");
   if (r.params.max_new_tokens < 0) throw InputError(what + ": max_new_tokens < 0");
   validate(r.params.sampling);
+  validate(r.params.processing, model_.config().vocab_size);
+  for (int32_t id : r.params.logprob_ids)
+    if (id < 0 || id >= model_.config().vocab_size)
+      throw InputError(what + ": token_ids_logprob: token " + std::to_string(id) + " is outside the vocabulary");
+  if (r.params.prior_output < 0 || size_t(r.params.prior_output) > r.prompt.size())
+    throw InputError(what + ": prior_output " + std::to_string(r.params.prior_output) + " outside the prompt");
   if (r.params.routed_experts && model_.device() != Device::Cpu)
     throw InputError(what + ": the routed experts (return_routed_experts) are recorded on CPU models only for now");
   // The blocks the request may need in an empty pool (admit's promise without a cached prefix).
@@ -239,6 +245,7 @@ bool Scheduler::step() {
     int32_t token = -1;
     float logprob = 0;
     std::vector<std::pair<int32_t, float>> top;
+    std::vector<float> ids;  // logprob_ids' log-probs
   };
   std::vector<Pick> picks_todo;
   std::vector<size_t> scored_only;  // requests with max_new_tokens 0 whose prompt is in now
@@ -265,10 +272,12 @@ bool Scheduler::step() {
       picks_todo.emplace_back(h, j, a, pos);
     }
     const RequestParams& p = e.req.params;
-    host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0;
-    // The device draws what needs no sorted order: no masks, no top-N.
+    host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0 || p.processing.active() ||
+                   !p.logprob_ids.empty();
+    // The device draws what needs no sorted order and no history: no masks, no top-N, no penalties.
     const SamplingParams& sp = p.sampling;
-    device_draws &= sp.top_k <= 0 && sp.top_p >= 1.0f && sp.min_p <= 0.0f && p.top_logprobs == 0;
+    device_draws &= sp.top_k <= 0 && sp.top_p >= 1.0f && sp.min_p <= 0.0f && p.top_logprobs == 0 &&
+                    !p.processing.active() && p.logprob_ids.empty();
   }
   device_draws &= host_logits && !all_logits;
   // Routing replay: the step's routing is captured when a request in it records its own.
@@ -352,16 +361,28 @@ bool Scheduler::step() {
       }
     }
     std::vector<float> lp(jobs.size());
+    std::vector<std::vector<std::pair<int32_t, float>>> top(jobs.size());
+    std::vector<std::vector<float>> ids(jobs.size());
     parallel_for(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e_) {
       for (int64_t k = b; k < e_; k++) {
         const auto [a, i] = jobs[size_t(k)];
         const Entry& e = entries_[who[a].first];
+        const RequestParams& p = e.req.params;
         const int32_t next = e.req.prompt[size_t(chunk_start[a] + int64_t(i) + 1)];
-        lp[size_t(k)] = token_logprob(logits[a].data() + int64_t(i) * V, V, e.req.params.sampling.temperature, next);
+        const RowLogprobs row(logits[a].data() + int64_t(i) * V, V, p.sampling.temperature);
+        lp[size_t(k)] = row.at(next);
+        if (p.top_logprobs > 0) top[size_t(k)] = row.top(p.top_logprobs);
+        for (int32_t id : p.logprob_ids) ids[size_t(k)].push_back(row.at(id));
       }
     });
-    for (size_t k = 0; k < jobs.size(); k++)  // in chunk order, and chunks come in prompt order
-      for (Generation& g : entries_[who[jobs[k].first].first].out) g.input_logprobs.push_back(lp[k]);
+    for (size_t k = 0; k < jobs.size(); k++) {  // in chunk order, and chunks come in prompt order
+      Entry& e = entries_[who[jobs[k].first].first];
+      for (Generation& g : e.out) {
+        g.input_logprobs.push_back(lp[k]);
+        if (e.req.params.top_logprobs > 0) g.input_top.push_back(top[k]);
+        if (!e.req.params.logprob_ids.empty()) g.input_ids_logprobs.push_back(ids[k]);
+      }
+    }
   }
   parallel_for(int64_t(picks_todo.size()), 1, [&](int64_t b, int64_t e_) {
     for (int64_t i = b; i < e_; i++) {
@@ -374,15 +395,25 @@ bool Scheduler::step() {
         continue;
       }
       const float* row = last_row(pk.row);
-      pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
-      if (p.logprobs || p.top_logprobs > 0) {
+      if (p.processing.active()) {  // the draw sees the processed row; the log-probs the model's
+        std::vector<float> seen(row, row + V);
+        process_logits(seen.data(), V, p.processing, e.req.prompt, p.prior_output, e.out[size_t(pk.j)].tokens,
+                       p.stop_ids);
+        pk.token = sample_token(seen.data(), V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
+      } else {
+        pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
+      }
+      if (p.logprobs || p.top_logprobs > 0 || !p.logprob_ids.empty()) {
         const RowLogprobs lp(row, V, p.sampling.temperature);
         pk.logprob = lp.at(pk.token);
         if (p.top_logprobs > 0) pk.top = lp.top(p.top_logprobs);
+        for (int32_t id : p.logprob_ids) pk.ids.push_back(lp.at(id));
       }
     }
   });
   for (Pick& pk : picks_todo) {
+    if (!entries_[pk.h].req.params.logprob_ids.empty())
+      entries_[pk.h].out[size_t(pk.j)].ids_logprobs.push_back(std::move(pk.ids));
     choose(pk.h, pk.j, pk.token, pk.logprob, std::move(pk.top));
     finish_if_done(entries_[pk.h]);
   }

@@ -41,11 +41,23 @@ struct RequestParams {
   // numbers `logprobs` reports for generated tokens, so a re-scored rollout gives its own bits).
   // The positions they need are computed even when their blocks are in the prefix cache.
   int input_logprobs_from = -1;
+  // sglang's token_ids_logprob: these ids' log-probs at every generated position (and, with
+  // input_logprobs_from, at every prompt position reported), whatever was drawn.
+  std::vector<int32_t> logprob_ids;
   // Routing replay (R3, sglang's return_routed_experts): record the routing of every token the
   // sample's sequence feeds (its whole prompt -- never from the prefix cache -- and every
   // generated token but the last). CPU models only (submit refuses it elsewhere).
   bool routed_experts = false;
+  // Penalties, logit bias, a minimum length (engine/sampling.h): what the draws see, never the
+  // log-probs reported.
+  LogitProcessing processing;
+  // Of the prompt's last tokens, how many this sample generated before a retract (serve): they
+  // count as output for the penalties and min_new_tokens, so a continued sample draws what it
+  // would have drawn never paused.
+  int prior_output = 0;
 };
+// (serve sends every field of RequestParams to the rank that runs the request: a field added here
+// is added to serve_engine.cc's request_json / request_of.)
 
 struct GenerateRequest {
   uint64_t id = 0;  // sample j's sequence id is id + j (feeds the token global ids)
@@ -67,6 +79,11 @@ struct Generation {
   int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache instead of computed
   // With input_logprobs_from = k >= 0: the prompt tokens' log-probs from position max(k, 1) on.
   std::vector<float> input_logprobs;
+  // With top_logprobs N > 0 as well: the N most likely ids at each of those prompt positions.
+  std::vector<std::vector<std::pair<int32_t, float>>> input_top;
+  // With logprob_ids: their log-probs at each generated token [tokens][ids] and at each prompt
+  // position of input_logprobs [positions][ids].
+  std::vector<std::vector<float>> ids_logprobs, input_ids_logprobs;
   // With routed_experts: per fed token (prompt + tokens - 1, in order) and MoE layer, the top-k
   // logical experts and their fp32 weights: [fed][moe layers][top_k] (StepRouting's layout).
   std::vector<int32_t> routed_experts;

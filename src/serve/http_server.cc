@@ -119,12 +119,12 @@ bool write_event(httplib::DataSink& sink, StreamState& st, const std::string& da
 using Emit = std::function<bool(StreamState&, httplib::DataSink&, bool& wrote)>;
 
 void stream_response(httplib::Response& res, ServeEngine& engine, std::shared_ptr<StreamState> st, Emit emit,
-                     std::function<bool(StreamState&, httplib::DataSink&)> tail = {}) {
+                     std::function<bool(StreamState&, httplib::DataSink&)> tail = {}, bool done_marker = true) {
   auto seen = std::make_shared<std::vector<uint64_t>>(st->jobs.size(), ~uint64_t(0));
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [st, seen, emit, tail](size_t, httplib::DataSink& sink) {
+      [st, seen, emit, tail, done_marker](size_t, httplib::DataSink& sink) {
         if (st->finished) return false;
         st->wait_change(*seen);
         for (size_t p = 0; p < st->jobs.size(); p++) {
@@ -136,7 +136,7 @@ void stream_response(httplib::Response& res, ServeEngine& engine, std::shared_pt
         if (st->all_done()) {
           if (tail && !tail(*st, sink)) return false;
           const std::string done = "data: [DONE]\n\n";
-          if (!sink.write(done.data(), done.size())) return false;
+          if (done_marker && !sink.write(done.data(), done.size())) return false;
           st->finished = true;
           sink.done();
           return true;
@@ -339,7 +339,7 @@ void HttpServer::routes() {
   auto model_info = [this](const httplib::Request&, httplib::Response& res) {
     const ModelConfig& c = engine_.config();
     send_json(res, 200,
-              {{"model_path", model_.path},
+              {{"model_path", engine_.model_path()},
                {"tokenizer_path", model_.tokenizer ? json(model_.path) : json(nullptr)},
                {"served_model_name", model_.name},
                {"is_generation", true},
@@ -355,7 +355,7 @@ void HttpServer::routes() {
     const ServeMetrics m = engine_.metrics();
     send_json(res, 200,
               {{"version", "epmoe"},
-               {"model_path", model_.path},
+               {"model_path", engine_.model_path()},
                {"served_model_name", model_.name},
                {"weight_version", m.weight_version},
                {"paused", m.paused},
@@ -451,6 +451,29 @@ void HttpServer::routes() {
     const json b = parse_body(req);
     if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string())
       throw HttpError(400, "model_path", "model_path: a checkpoint folder (string) is required");
+    // sglang's UpdateWeightFromDiskReqInput: every field acts or is refused (none ignored).
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      const std::string& k = it.key();
+      const json& v = it.value();
+      if (k == "model_path" || k == "weight_version" || v.is_null()) continue;
+      if (k == "abort_all_requests" || k == "flush_cache") {
+        if (!v.is_boolean()) throw HttpError(400, k, k + ": must be true or false");
+        continue;  // flush_cache: the new weights start with an empty prefix cache either way
+      }
+      if (k == "load_format") {
+        if (!v.is_string() || (v != "auto" && v != "safetensors"))
+          throw HttpError(400, k, k + ": only auto / safetensors (the checkpoint's safetensors files)");
+        continue;
+      }
+      if (k == "is_async" || k == "torch_empty_cache" || k == "keep_pause" || k == "recapture_cuda_graph") {
+        if (v.is_boolean() && !v.get<bool>()) continue;
+        throw HttpError(400, k, k + ": is not supported (only false)");
+      }
+      throw HttpError(400, k, k + ": is not a field of /update_weights_from_disk (unknown fields are refused)");
+    }
+    // abort_all_requests: the requests in flight end now (finish reason abort) instead of
+    // finishing on the old weights first.
+    if (b.value("abort_all_requests", false)) engine_.abort_all();
     std::string version;
     if (b.contains("weight_version") && !b["weight_version"].is_null()) {
       if (!b["weight_version"].is_string()) throw HttpError(400, "weight_version", "weight_version: must be a string");
@@ -639,6 +662,84 @@ void HttpServer::routes() {
           return write_event(sink, st, dump_json(u));
         });
   };
+  // OpenAI's Responses API: one assistant message; streamed as its named events (response.created,
+  // ...output_text.delta..., response.completed), with no [DONE] line (OpenAI sends none there).
+  s.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    const json body = parse_body(req);
+    auto call = std::make_shared<ResponsesCall>(parse_responses(body, model_));
+    std::vector<JobPtr> jobs = submit_all(engine_, {call->request});
+    if (!call->stream) {
+      wait_all(jobs);
+      json out;
+      {
+        std::lock_guard<std::mutex> lock(jobs[0]->mu);
+        out = responses_object(*call, *jobs[0], true);
+      }
+      send_json(res, 200, out);
+      return;
+    }
+    auto st = std::make_shared<StreamState>(jobs);
+    auto seq = std::make_shared<int64_t>(0);
+    stream_response(
+        res, engine_, st,
+        [call, seq](StreamState& st, httplib::DataSink& sink, bool& wrote) {
+          std::vector<std::string> events;
+          auto event = [&](const char* type, json data) {
+            data["type"] = type;
+            data["sequence_number"] = (*seq)++;
+            events.push_back(std::string("event: ") + type + "\ndata: " + dump_json(data) + "\n\n");
+          };
+          const json part0 = {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}};
+          {
+            Job& job = *st.jobs[0];
+            std::lock_guard<std::mutex> lock(job.mu);
+            if (!st.sent_role[0][0]) {
+              const json r = responses_object(*call, job, false);
+              event("response.created", {{"response", r}});
+              event("response.in_progress", {{"response", r}});
+              event("response.output_item.added",
+                    {{"output_index", 0},
+                     {"item", {{"type", "message"}, {"id", call->message_id}, {"status", "in_progress"},
+                               {"role", "assistant"}, {"content", json::array()}}}});
+              event("response.content_part.added",
+                    {{"item_id", call->message_id}, {"output_index", 0}, {"content_index", 0}, {"part", part0}});
+              st.sent_role[0][0] = true;
+            }
+            if (!job.samples.empty() && !st.sent_final[0][0]) {
+              const SampleProgress& s = job.samples[0];
+              const bool final_now = s.done && job.state == Job::State::Done;
+              const bool hold = !final_now && sample_ends_at_last_token(job.req, s);
+              if (!hold && s.text.size() > st.sent_text[0][0]) {
+                event("response.output_text.delta", {{"item_id", call->message_id}, {"output_index", 0},
+                                                     {"content_index", 0}, {"delta", s.text.substr(st.sent_text[0][0])},
+                                                     {"logprobs", json::array()}});
+                st.sent_text[0][0] = s.text.size();
+              }
+              if (final_now) {
+                const json r = responses_object(*call, job, true);
+                const json part = r["output"][0]["content"][0];
+                event("response.output_text.done", {{"item_id", call->message_id}, {"output_index", 0},
+                                                    {"content_index", 0}, {"text", s.text}, {"logprobs", json::array()}});
+                event("response.content_part.done",
+                      {{"item_id", call->message_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
+                event("response.output_item.done", {{"output_index", 0}, {"item", r["output"][0]}});
+                const std::string status = r["status"];
+                event(status == "completed" ? "response.completed"
+                                            : status == "incomplete" ? "response.incomplete" : "response.failed",
+                      {{"response", r}});
+                st.sent_final[0][0] = true;
+              }
+            }
+          }
+          for (auto& ev : events) {
+            wrote = true;
+            st.last_write = std::chrono::steady_clock::now();
+            if (!sink.write(ev.data(), ev.size())) return false;
+          }
+          return true;
+        },
+        {}, /*done_marker=*/false);
+  });
   s.Post("/v1/completions", [openai](const httplib::Request& req, httplib::Response& res) { openai(req, res, false); });
   s.Post("/v1/chat/completions",
          [openai](const httplib::Request& req, httplib::Response& res) { openai(req, res, true); });

@@ -36,6 +36,7 @@ struct SampleProgress {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;                              // when asked
   std::vector<std::vector<std::pair<int32_t, float>>> top;  // when asked
+  std::vector<std::vector<float>> ids_logprobs;             // token_ids_logprob: [tokens][ids]
   std::string text;               // text safe to send: never a prefix of a stop string still growing
   std::vector<int64_t> text_offset;  // per token: characters of `text` before the token's own text
   bool done = false;
@@ -62,6 +63,8 @@ class Job {
   int error_status = 400;             // and the HTTP status (503 while shutting down)
   std::vector<SampleProgress> samples;
   std::vector<float> input_logprobs;  // prompt log-probs asked for (RequestParams::input_logprobs_from)
+  std::vector<std::vector<std::pair<int32_t, float>>> input_top;  // and their top-N, when asked
+  std::vector<std::vector<float>> input_ids_logprobs;              // and token_ids_logprob's
   int64_t cached_tokens = 0;
   std::string weight_version;         // of the weights that ran it
   double e2e_seconds = 0;

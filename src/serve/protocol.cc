@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -139,12 +140,6 @@ constexpr const char* kNoMultimodal = "is not supported: epmoe serves text-only 
 constexpr const char* kNoGrammar =
     "is not supported: no constrained decoding (regex / JSON schema / EBNF) yet; the scheduler's sampling has no "
     "grammar mask";
-constexpr const char* kNoPenalty =
-    "is not supported (only its neutral value): penalties need the token counts of each sequence in the sampler, "
-    "which the scheduler does not keep yet";
-constexpr const char* kNoLogitBias =
-    "is not supported: the bias would have to reach the scheduler's device draw and its log-probs, which do not take "
-    "it yet";
 constexpr const char* kNoLora = "is not supported: no LoRA adapters";
 constexpr const char* kNoDisagg = "is not supported: no prefill/decode disaggregation or data-parallel routing";
 constexpr const char* kNoCustomLogits = "is not supported: no custom logit processors or custom parameters";
@@ -154,8 +149,6 @@ constexpr const char* kNoPriority = "is not supported: requests are admitted in 
 constexpr const char* kNoHidden = "is not supported: hidden states are not returned";
 constexpr const char* kNoTools = "is not supported: no tool calls (the ChatML template renders no tools)";
 constexpr const char* kNoReasoning = "is not supported: no reasoning parser or thinking budget";
-constexpr const char* kNoMinTokens =
-    "is not supported (only 0): a minimum length needs the stop ids masked in the scheduler's draw";
 constexpr const char* kNoStopRegex = "is not supported: stop strings only (`stop`)";
 constexpr const char* kSpacesNoOp =
     "no effect with tokenizer.json tokenizers (as in sglang and transformers' fast tokenizers)";
@@ -165,8 +158,7 @@ constexpr FieldRule kGenerateFields[] = {
     {"logprob_start_len", I}, {"top_logprobs_num", I}, {"return_text_in_logprobs", I},
     {"return_routed_experts", I}, {"routed_experts_start_len", I}, {"return_routed_expert_weights", I},
     {"no_logs", N, "epmoe logs no request contents"},
-    {"token_ids_logprob", R,
-     "is not supported: the scheduler reports the sampled token's and the top-N log-probs only"},
+    {"token_ids_logprob", I},
     {"return_sampling_mask", R, "is not supported"},
     {"return_flat_raw_top_logprobs", R, "is not supported: log-probs come as [logprob, id, text] lists"},
     {"return_flat_raw_top_logprobs_b64", R, "is not supported: log-probs come as [logprob, id, text] lists"},
@@ -206,14 +198,12 @@ constexpr FieldRule kSamplingFields[] = {
     {"sampling_seed", I},
     {"spaces_between_special_tokens", N, kSpacesNoOp},
     {"stop_regex", R, kNoStopRegex},
-    {"frequency_penalty", R, kNoPenalty}, {"presence_penalty", R, kNoPenalty},
-    {"repetition_penalty", R, kNoPenalty, "1"},
-    {"min_new_tokens", R, kNoMinTokens},
+    {"frequency_penalty", I}, {"presence_penalty", I}, {"repetition_penalty", I}, {"min_new_tokens", I},
     {"json_schema", R, kNoGrammar}, {"regex", R, kNoGrammar}, {"ebnf", R, kNoGrammar},
     {"structural_tag", R, kNoGrammar},
     {"custom_params", R, kNoCustomLogits},
     {"stream_interval", R, "is not supported (only 1): a stream sends every token as it comes", "1"},
-    {"logit_bias", R, kNoLogitBias},
+    {"logit_bias", I},
 };
 
 // Fields of both OpenAI routes (OpenAI's own, then sglang's extensions).
@@ -222,9 +212,8 @@ constexpr FieldRule kSamplingFields[] = {
       {"top_p", I}, {"top_k", I}, {"min_p", I}, {"stop_token_ids", I}, {"no_stop_trim", I}, {"ignore_eos", I},  \
       {"skip_special_tokens", I}, {"return_token_ids", I}, {"rid", I},                                          \
       {"user", N, "an end-user id for the provider's monitoring: it changes no output"},                         \
-      {"frequency_penalty", R, kNoPenalty}, {"presence_penalty", R, kNoPenalty},                                \
-      {"repetition_penalty", R, kNoPenalty, "1"}, {"logit_bias", R, kNoLogitBias},                              \
-      {"min_tokens", R, kNoMinTokens}, {"regex", R, kNoGrammar}, {"ebnf", R, kNoGrammar},                       \
+      {"frequency_penalty", I}, {"presence_penalty", I}, {"repetition_penalty", I}, {"logit_bias", I},          \
+      {"min_tokens", I}, {"regex", R, kNoGrammar}, {"ebnf", R, kNoGrammar},                                     \
       {"stop_regex", R, kNoStopRegex},                                                                          \
       {"response_format", R, "is not supported: no constrained decoding (only {\"type\": \"text\"})",           \
        R"({"type": "text"})"},                                                                                   \
@@ -355,6 +344,9 @@ struct SamplingSpec {
   int top_logprobs = 0;
   int input_from = -1;
   bool routed_experts = false;
+  LogitProcessing processing;  // penalties, logit_bias, min_new_tokens (engine/sampling.h)
+  std::vector<int32_t> logprob_ids;  // token_ids_logprob
+  std::string min_field = "min_new_tokens";  // the minimum's field, for its message
 };
 
 // Standard base64 of raw bytes (OpenSSL's encoder; sglang sends routed_experts this way).
@@ -396,6 +388,38 @@ std::vector<int32_t> encode(const std::string& text, const std::string& field, c
   return ids;
 }
 
+// logit_bias: {"token id": bias, ...} (OpenAI's and sglang's shape), each bias in [-100, 100].
+std::vector<std::pair<int32_t, float>> logit_bias_of(const json& v, const std::string& field, const ServedModel& m) {
+  if (!v.is_object()) bad(field, "must be an object of token id (a string) -> bias");
+  std::vector<std::pair<int32_t, float>> out;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& k = it.key();
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+    if (ec != std::errc() || end != k.data() + k.size() || k.empty())
+      bad(field, "key '" + k + "' is not a token id");
+    if (id < 0 || id >= m.vocab_size)
+      bad(field, "token " + k + " is outside the vocabulary [0, " + std::to_string(m.vocab_size) + ")");
+    if (!it.value().is_number()) bad(field, "the bias of token " + k + " is not a number");
+    const double b = it.value().get<double>();
+    if (!(b >= -100 && b <= 100)) bad(field, "the bias of token " + k + " must be in [-100, 100]");
+    out.push_back({int32_t(id), float(b)});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The penalties, bias and minimum length of one request object (`f`; the minimum under `min_key`).
+LogitProcessing processing_of(const Fields& f, const char* min_key, const ServedModel& m) {
+  LogitProcessing p;
+  p.frequency_penalty = float(f.number("frequency_penalty", -2, 2).value_or(0.0));
+  p.presence_penalty = float(f.number("presence_penalty", -2, 2).value_or(0.0));
+  p.repetition_penalty = float(f.number("repetition_penalty", 1e-6, 2).value_or(1.0));
+  p.min_new_tokens = int(f.integer(min_key, 0, INT32_MAX).value_or(0));
+  if (const json* b = f.get("logit_bias"); b && !b->is_null()) p.logit_bias = logit_bias_of(*b, f.name("logit_bias"), m);
+  return p;
+}
+
 // A prompt and its settings as one ServeRequest (the checks that need both: the context length).
 ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt_field, const SamplingSpec& spec,
                           std::string rid, const ServedModel& m) {
@@ -426,6 +450,11 @@ ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt
   r.params.stop_ids = s.stop_ids;
   if (!s.ignore_eos)
     for (int e : m.eos_ids) r.params.stop_ids.push_back(e);
+  r.params.processing = s.processing;
+  r.params.logprob_ids = s.logprob_ids;
+  if (s.processing.min_new_tokens > s.max_new_tokens)
+    bad(s.min_field, std::to_string(s.processing.min_new_tokens) + " is more than " + s.max_field + " (" +
+                         std::to_string(s.max_new_tokens) + ")");
   r.params.logprobs = s.logprobs;
   r.params.top_logprobs = s.top_logprobs;
   r.params.input_logprobs_from = s.input_from;
@@ -714,12 +743,26 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
       s.seed = p.seed("sampling_seed");
       s.skip_special = p.boolean("skip_special_tokens").value_or(true);
       s.no_stop_trim = p.boolean("no_stop_trim").value_or(false);
+      s.processing = processing_of(p, "min_new_tokens", m);
+      s.min_field = p.name("min_new_tokens");
     }
     if (!s.stop.empty() && !m.tokenizer) bad("sampling_params" + at + ".stop", "stop strings need the model's tokenizer");
     s.logprobs = call.return_logprob;
     s.top_logprobs = call.return_logprob ? call.top_logprobs_num : 0;
     s.input_from = call.return_logprob ? call.logprob_start_len : -1;
     s.routed_experts = call.return_routed_experts || call.return_routed_expert_weights;
+    // token_ids_logprob: one list for every prompt, or (a batch) one list per prompt.
+    if (const json* tl = f.get("token_ids_logprob"); tl && !tl->is_null()) {
+      if (!tl->is_array()) bad("token_ids_logprob", "must be a list of token ids (or one list per prompt)");
+      if (!call.return_logprob) bad("token_ids_logprob", "needs return_logprob: true (the log-probs come with the others)");
+      const bool nested = !tl->empty() && (*tl)[0].is_array();
+      if (nested && (!call.batch || tl->size() != prompts.size()))
+        bad("token_ids_logprob", "a list per prompt needs a batch of as many prompts (" +
+                                     std::to_string(prompts.size()) + ")");
+      s.logprob_ids = nested ? ids_of((*tl)[i], "token_ids_logprob[" + std::to_string(i) + "]", m)
+                             : ids_of(*tl, "token_ids_logprob", m);
+      if (s.logprob_ids.size() > 1024) bad("token_ids_logprob", "at most 1024 ids");
+    }
     std::string rid;
     if (const json* r = per_prompt("rid", i)) {
       if (!r->is_string()) bad("rid", "must be a string (or a list of strings, one per prompt)");
@@ -780,6 +823,38 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
       }
     }
     meta["input_token_logprobs"] = in;
+    // The top-N and the token_ids_logprob ids at the same prompt positions (position 0: null).
+    auto at_prompt = [&](auto&& entry) {
+      json out = json::array();
+      if (from < 0 || !s.done) return out;
+      const int64_t first = std::max<int64_t>(from, 1);
+      for (int64_t p = from; p < P; p++) {
+        if (p == 0) out.push_back(nullptr);
+        else if (json e = entry(size_t(p - first)); !e.is_null()) out.push_back(std::move(e));
+      }
+      return out;
+    };
+    if (call.top_logprobs_num > 0)
+      meta["input_top_logprobs"] = at_prompt([&](size_t k) -> json {
+        if (k >= job.input_top.size()) return nullptr;
+        json alts = json::array();
+        for (auto& [id, lp] : job.input_top[k]) alts.push_back(logprob_triple(lp, id, call.return_text_in_logprobs, m));
+        return alts;
+      });
+    if (!r.params.logprob_ids.empty()) {
+      auto triples = [&](const std::vector<float>& lps) {
+        json alts = json::array();
+        for (size_t q = 0; q < lps.size() && q < r.params.logprob_ids.size(); q++)
+          alts.push_back(logprob_triple(lps[q], r.params.logprob_ids[q], call.return_text_in_logprobs, m));
+        return alts;
+      };
+      meta["input_token_ids_logprobs"] = at_prompt([&](size_t k) -> json {
+        return k < job.input_ids_logprobs.size() ? triples(job.input_ids_logprobs[k]) : json(nullptr);
+      });
+      json outs = json::array();
+      for (size_t i = 0; i < s.ids_logprobs.size() && i < s.tokens.size(); i++) outs.push_back(triples(s.ids_logprobs[i]));
+      meta["output_token_ids_logprobs"] = outs;
+    }
     if (call.top_logprobs_num > 0) {
       json tops = json::array();
       for (auto& step : s.top) {
@@ -840,6 +915,8 @@ SamplingSpec openai_sampling(const Fields& f, const ServedModel& m, int64_t defa
   s.seed = f.seed("seed");
   s.skip_special = f.boolean("skip_special_tokens").value_or(true);
   s.no_stop_trim = f.boolean("no_stop_trim").value_or(false);  // extension (sglang)
+  s.processing = processing_of(f, "min_tokens", m);             // min_tokens: extension (vLLM, sglang)
+  s.min_field = "min_tokens";
   return s;
 }
 
@@ -965,6 +1042,159 @@ OpenAICall parse_chat(const json& body, const ServedModel& m) {
   call.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   call.requests.push_back(make_request(std::move(prompt), "messages", s, openai_rid(f, call, 0, 1), m));
   return call;
+}
+
+// ---------------------------------------------------------------- Responses API
+
+constexpr FieldRule kResponsesFields[] = {
+    {"model", I}, {"input", I}, {"instructions", I}, {"max_output_tokens", I}, {"temperature", I}, {"top_p", I},
+    {"stream", I}, {"metadata", I},
+    {"user", N, "an end-user id for the provider's monitoring: it changes no output"},
+    {"safety_identifier", N, "an end-user id for the provider's monitoring: it changes no output"},
+    {"prompt_cache_key", N, "a routing hint for the provider's cache: the prefix cache here matches any prompt"},
+    {"parallel_tool_calls", N, "no tool calls: nothing runs in parallel"},
+    {"store", N, "responses are not stored (previous_response_id is refused)"},
+    {"truncation", R, "is not supported (only disabled): a prompt longer than the context is refused", R"("disabled")"},
+    {"previous_response_id", R, "is not supported: responses are not stored; send the whole conversation as input"},
+    {"conversation", R, "is not supported: send the whole conversation as input"},
+    {"tools", R, kNoTools}, {"tool_choice", R, kNoTools, R"(["none", "auto"])"},
+    {"max_tool_calls", R, kNoTools},
+    {"reasoning", R, kNoReasoning},
+    {"text", R, "is not supported: plain text only (format {\"type\": \"text\"})", R"({"format": {"type": "text"}})"},
+    {"include", R, "is not supported: no extra output (log-probs, reasoning, tool results)"},
+    {"top_logprobs", R, "is not supported on /v1/responses: use /v1/chat/completions"},
+    {"background", R, "is not supported: requests run while their connection waits"},
+    {"prompt", R, "is not supported: no stored prompt templates"},
+    {"service_tier", R, "is not supported (only auto / default)", R"(["auto", "default"])"},
+    {"stream_options", R, "is not supported"},
+};
+
+// The Responses API's input as chat messages: a string is one user turn; a list holds messages
+// ({role, content} with or without type "message"), content a string or input_text / output_text
+// parts. instructions, when given, come first as a system turn.
+json responses_messages(const Fields& f) {
+  json msgs = json::array();
+  if (auto ins = f.string("instructions"); ins && !ins->empty()) msgs.push_back({{"role", "system"}, {"content", *ins}});
+  const json* in = f.get("input");
+  if (!in) bad("input", "is required");
+  if (in->is_string()) {
+    msgs.push_back({{"role", "user"}, {"content", in->get<std::string>()}});
+    return msgs;
+  }
+  if (!in->is_array()) bad("input", "must be a string or a list of messages");
+  for (size_t i = 0; i < in->size(); i++) {
+    const json& item = (*in)[i];
+    const std::string at = "input[" + std::to_string(i) + "]";
+    if (!item.is_object()) bad(at, "must be a message object");
+    for (auto it = item.begin(); it != item.end(); ++it)
+      if (it.key() != "role" && it.key() != "content" && it.key() != "type" && it.key() != "id" && it.key() != "status")
+        bad(at + "." + it.key(), "is not a field of a message (only text messages are supported)");
+    if (item.contains("type") && item["type"] != "message")
+      bad(at + ".type", "only message items are supported (no tool calls, reasoning or images), got " + item["type"].dump());
+    if (!item.contains("role") || !item["role"].is_string()) bad(at + ".role", "is required");
+    const json& c = item.contains("content") ? item["content"] : json();
+    json content;
+    if (c.is_string()) {
+      content = c;
+    } else if (c.is_array()) {
+      std::string text;
+      for (size_t k = 0; k < c.size(); k++) {
+        const json& part = c[k];
+        const std::string pat = at + ".content[" + std::to_string(k) + "]";
+        const std::string type = part.is_object() && part.contains("type") && part["type"].is_string()
+                                     ? part["type"].get<std::string>() : "";
+        if (type != "input_text" && type != "output_text")
+          bad(pat + ".type", "only input_text / output_text parts are supported (epmoe serves text-only models)");
+        if (!part.contains("text") || !part["text"].is_string()) bad(pat + ".text", "is required");
+        text += part["text"].get<std::string>();
+      }
+      content = text;
+    } else {
+      bad(at + ".content", "must be a string or a list of text parts");
+    }
+    msgs.push_back({{"role", item["role"]}, {"content", content}});
+  }
+  return msgs;
+}
+
+ResponsesCall parse_responses(const json& body, const ServedModel& m) {
+  Fields f(body, "");
+  check_fields(body, "", kResponsesFields, "/v1/responses");
+  ResponsesCall call;
+  call.model = f.string("model").value_or(m.name);
+  if (call.model != m.name && call.model != m.path)
+    throw HttpError(400, "model", "model: '" + call.model + "' is not served here (this server serves '" + m.name + "')");
+  call.stream = f.boolean("stream").value_or(false);
+  if (!m.tokenizer) bad("input", "this model has no tokenizer files; use /v1/completions with token ids");
+  std::vector<int32_t> prompt = encode(chatml_prompt(responses_messages(f), *m.tokenizer), "input", m);
+  SamplingSpec s;
+  const int64_t rest = std::max<int64_t>(1, int64_t(m.max_positions) - int64_t(prompt.size()) + 1);
+  s.max_given = f.get("max_output_tokens") != nullptr && !f.get("max_output_tokens")->is_null();
+  s.max_new_tokens = f.integer("max_output_tokens", 1, INT32_MAX).value_or(std::min<int64_t>(rest, 1024));
+  s.max_field = "max_output_tokens";
+  s.temperature = f.number("temperature", 0, 2).value_or(1.0);
+  s.top_p = f.number("top_p", 1e-9, 1).value_or(1.0);
+  call.id = make_id("resp_");
+  call.message_id = make_id("msg_");
+  call.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const json* md = f.get("metadata");
+  if (md && !md->is_null() && !md->is_object()) bad("metadata", "must be an object of strings");
+  const json* ins = f.get("instructions");
+  call.echo = {{"instructions", ins && ins->is_string() ? *ins : json(nullptr)},
+               {"max_output_tokens", s.max_given ? json(s.max_new_tokens) : json(nullptr)},
+               {"temperature", s.temperature},
+               {"top_p", s.top_p},
+               {"metadata", md && md->is_object() ? *md : json::object()},
+               {"user", f.string("user") ? json(*f.string("user")) : json(nullptr)}};
+  call.request = make_request(std::move(prompt), "input", s, call.id, m);
+  return call;
+}
+
+const char* responses_status(const SampleProgress& s) {
+  switch (s.finish) {
+    case FinishReason::Stop: return "completed";
+    case FinishReason::Length: return "incomplete";
+    case FinishReason::Abort: return "cancelled";
+  }
+  return "completed";
+}
+
+json responses_object(const ResponsesCall& call, const Job& job, bool finished) {
+  const SampleProgress* s = finished && !job.samples.empty() ? &job.samples[0] : nullptr;
+  const char* status = s ? responses_status(*s) : "in_progress";
+  json out = {{"id", call.id},
+              {"object", "response"},
+              {"created_at", call.created},
+              {"status", status},
+              {"error", nullptr},
+              {"incomplete_details", s && s->finish == FinishReason::Length ? json{{"reason", "max_output_tokens"}}
+                                                                             : json(nullptr)},
+              {"model", call.model},
+              {"output", json::array()},
+              {"parallel_tool_calls", false},
+              {"previous_response_id", nullptr},
+              {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+              {"store", false},
+              {"text", {{"format", {{"type", "text"}}}}},
+              {"tool_choice", "none"},
+              {"tools", json::array()},
+              {"truncation", "disabled"},
+              {"usage", nullptr}};
+  for (auto it = call.echo.begin(); it != call.echo.end(); ++it) out[it.key()] = it.value();
+  if (s) {
+    out["output"].push_back({{"type", "message"},
+                             {"id", call.message_id},
+                             {"status", s->finish == FinishReason::Stop ? "completed" : "incomplete"},
+                             {"role", "assistant"},
+                             {"content", json::array({{{"type", "output_text"}, {"text", s->text}, {"annotations", json::array()}}})}});
+    const int64_t P = int64_t(job.req.prompt.size()), O = int64_t(s->tokens.size());
+    out["usage"] = {{"input_tokens", P},
+                    {"input_tokens_details", {{"cached_tokens", job.cached_tokens}}},
+                    {"output_tokens", O},
+                    {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                    {"total_tokens", P + O}};
+  }
+  return out;
 }
 
 json openai_logprobs(const SampleProgress& s, size_t from, size_t n, bool chat, int top, const ServedModel& m,

@@ -105,6 +105,22 @@ bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s);
 nlohmann::json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, const ServedModel& m);
 nlohmann::json openai_usage(const std::vector<JobPtr>& jobs);
 
+// ---- OpenAI Responses API (POST /v1/responses): text in, one assistant message out ----
+struct ResponsesCall {
+  ServeRequest request;
+  bool stream = false;
+  std::string model;
+  std::string id, message_id;  // resp_..., msg_...
+  int64_t created = 0;
+  nlohmann::json echo;  // request settings the response object repeats (instructions, max_output_tokens...)
+};
+ResponsesCall parse_responses(const nlohmann::json& body, const ServedModel& m);
+// The response object of a job's one sample: `status` in_progress (the stream's first events, no
+// output yet) or, finished, completed / incomplete (max_output_tokens reached) / cancelled (abort).
+nlohmann::json responses_object(const ResponsesCall& call, const Job& job, bool finished);
+// The finished status of a sample: "completed", "incomplete" or "cancelled".
+const char* responses_status(const SampleProgress& s);
+
 // The ChatML prompt of `messages` (system / user / assistant / tool turns), opened for the
 // assistant: the template of Qwen models. HttpError when the tokenizer has no <|im_start|>.
 std::string chatml_prompt(const nlohmann::json& messages, const Tokenizer& tok);

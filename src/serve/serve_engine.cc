@@ -81,7 +81,14 @@ json request_json(const GenerateRequest& r) {
           {"logprobs", p.logprobs},
           {"top_logprobs", p.top_logprobs},
           {"input_logprobs_from", p.input_logprobs_from},
-          {"routed_experts", p.routed_experts}};
+          {"routed_experts", p.routed_experts},
+          {"logit_bias", p.processing.logit_bias},
+          {"frequency_penalty", p.processing.frequency_penalty},
+          {"presence_penalty", p.processing.presence_penalty},
+          {"repetition_penalty", p.processing.repetition_penalty},
+          {"min_new_tokens", p.processing.min_new_tokens},
+          {"prior_output", p.prior_output},
+          {"logprob_ids", blob(p.logprob_ids)}};
 }
 GenerateRequest request_of(const json& j) {
   GenerateRequest r;
@@ -100,22 +107,58 @@ GenerateRequest request_of(const json& j) {
   p.top_logprobs = j.at("top_logprobs").get<int>();
   p.input_logprobs_from = j.at("input_logprobs_from").get<int>();
   p.routed_experts = j.at("routed_experts").get<bool>();
+  p.processing.logit_bias = j.at("logit_bias").get<std::vector<std::pair<int32_t, float>>>();
+  p.processing.frequency_penalty = j.at("frequency_penalty").get<float>();
+  p.processing.presence_penalty = j.at("presence_penalty").get<float>();
+  p.processing.repetition_penalty = j.at("repetition_penalty").get<float>();
+  p.processing.min_new_tokens = j.at("min_new_tokens").get<int>();
+  p.prior_output = j.at("prior_output").get<int>();
+  p.logprob_ids = unblob<int32_t>(j.at("logprob_ids"));
   return r;
+}
+
+// [[ids, log-probs], ...] per position: top-N lists.
+json tops_json(const std::vector<std::vector<std::pair<int32_t, float>>>& tops) {
+  json out = json::array();
+  for (const auto& step : tops) {
+    std::vector<int32_t> ids;
+    std::vector<float> lps;
+    for (const auto& [id, lp] : step) ids.push_back(id), lps.push_back(lp);
+    out.push_back({blob(ids), blob(lps)});
+  }
+  return out;
+}
+std::vector<std::vector<std::pair<int32_t, float>>> tops_of(const json& a) {
+  std::vector<std::vector<std::pair<int32_t, float>>> out;
+  for (const json& step : a) {
+    const std::vector<int32_t> ids = unblob<int32_t>(step.at(0));
+    const std::vector<float> lps = unblob<float>(step.at(1));
+    std::vector<std::pair<int32_t, float>> s;
+    for (size_t i = 0; i < ids.size(); i++) s.push_back({ids[i], lps[i]});
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+json rows_json(const std::vector<std::vector<float>>& rows) {
+  json out = json::array();
+  for (const auto& r : rows) out.push_back(blob(r));
+  return out;
+}
+std::vector<std::vector<float>> rows_of(const json& a) {
+  std::vector<std::vector<float>> out;
+  for (const json& r : a) out.push_back(unblob<float>(r));
+  return out;
 }
 
 json generations_json(const std::vector<Generation>& gs) {
   json a = json::array();
   for (const Generation& g : gs) {
-    json top = json::array();
-    for (const auto& step : g.top) {
-      std::vector<int32_t> ids;
-      std::vector<float> lps;
-      for (const auto& [id, lp] : step) ids.push_back(id), lps.push_back(lp);
-      top.push_back({blob(ids), blob(lps)});
-    }
     a.push_back({{"tokens", blob(g.tokens)},
                  {"logprobs", blob(g.logprobs)},
-                 {"top", std::move(top)},
+                 {"top", tops_json(g.top)},
+                 {"input_top", tops_json(g.input_top)},
+                 {"ids_logprobs", rows_json(g.ids_logprobs)},
+                 {"input_ids_logprobs", rows_json(g.input_ids_logprobs)},
                  {"finish", int(g.finish)},
                  {"cached", g.cached_tokens},
                  {"input_logprobs", blob(g.input_logprobs)},
@@ -130,13 +173,10 @@ std::vector<Generation> generations_of(const json& a) {
     Generation g;
     g.tokens = unblob<int32_t>(j.at("tokens"));
     g.logprobs = unblob<float>(j.at("logprobs"));
-    for (const json& step : j.at("top")) {
-      const std::vector<int32_t> ids = unblob<int32_t>(step.at(0));
-      const std::vector<float> lps = unblob<float>(step.at(1));
-      std::vector<std::pair<int32_t, float>> s;
-      for (size_t i = 0; i < ids.size(); i++) s.push_back({ids[i], lps[i]});
-      g.top.push_back(std::move(s));
-    }
+    g.top = tops_of(j.at("top"));
+    g.input_top = tops_of(j.at("input_top"));
+    g.ids_logprobs = rows_of(j.at("ids_logprobs"));
+    g.input_ids_logprobs = rows_of(j.at("input_ids_logprobs"));
     g.finish = FinishReason(j.at("finish").get<int>());
     g.cached_tokens = j.at("cached").get<int64_t>();
     g.input_logprobs = unblob<float>(j.at("input_logprobs"));
@@ -155,7 +195,7 @@ std::string to_bytes(const json& j) {
 }  // namespace
 
 ServeEngine::ServeEngine(Runtime& rt, const Tokenizer* tok, ServeEngineOptions opt)
-    : rt_(rt), tok_(tok), opt_(std::move(opt)), weight_version_(opt_.weight_version) {
+    : rt_(rt), tok_(tok), opt_(std::move(opt)), weight_version_(opt_.weight_version), model_path_(rt.options.model_dir) {
   make_scheduler();
   const size_t R = size_t(rt_.group->size());
   rank_sequences_.assign(R, 0);
@@ -176,8 +216,9 @@ void ServeEngine::make_scheduler() {
   // Each token chosen goes into this turn's report, with its log-prob and top-N when asked.
   sched_->on_token = [this](size_t h, int j, int32_t t) {
     const Generation& g = sched_->results(h)[size_t(j)];
-    json ev = {key_of_.at(h), j, t, nullptr, nullptr};
+    json ev = {key_of_.at(h), j, t, nullptr, nullptr, nullptr};
     if (!g.logprobs.empty()) ev[3] = g.logprobs.back();
+    if (!g.ids_logprobs.empty()) ev[5] = blob(g.ids_logprobs.back());
     if (!g.top.empty()) {
       json top = json::array();
       for (const auto& [id, lp] : g.top.back()) top.push_back({id, lp});
@@ -252,6 +293,11 @@ ServeMetrics ServeEngine::metrics() {
 std::string ServeEngine::weight_version() {
   std::lock_guard<std::mutex> lock(mu_);
   return weight_version_;
+}
+
+std::string ServeEngine::model_path() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return model_path_;
 }
 
 // ---------------------------------------------------------------- rank 0's engine thread
@@ -354,8 +400,10 @@ void ServeEngine::take_reports(const std::vector<std::string>& reports) {
         std::vector<std::pair<int32_t, float>> top;
         if (!ev.at(4).is_null())
           for (const json& t : ev.at(4)) top.push_back({t.at(0).get<int32_t>(), t.at(1).get<float>()});
+        std::vector<float> ids;
+        if (!ev.at(5).is_null()) ids = unblob<float>(ev.at(5));
         on_token(ev.at(0).get<uint64_t>(), ev.at(1).get<int>(), ev.at(2).get<int32_t>(),
-                 ev.at(3).is_null() ? nullptr : &lp, std::move(top));
+                 ev.at(3).is_null() ? nullptr : &lp, std::move(top), std::move(ids));
       }
     if (rep.contains("fin"))
       for (const json& e : rep["fin"]) finish_piece_of(e.at(0).get<uint64_t>(), generations_of(e.at(1)));
@@ -401,7 +449,7 @@ void ServeEngine::on_refused(uint64_t key, const std::string& why) {
 }
 
 void ServeEngine::on_token(uint64_t key, int j, int32_t t, const float* logprob,
-                           std::vector<std::pair<int32_t, float>> top) {
+                           std::vector<std::pair<int32_t, float>> top, std::vector<float> ids) {
   auto it = live_.find(key);
   if (it == live_.end()) return;
   Live& L = it->second;
@@ -415,6 +463,7 @@ void ServeEngine::on_token(uint64_t key, int j, int32_t t, const float* logprob,
     sp.tokens.push_back(t);
     if (r.params.logprobs && logprob) sp.logprobs.push_back(*logprob);
     if (r.params.top_logprobs > 0) sp.top.push_back(std::move(top));
+    if (!r.params.logprob_ids.empty()) sp.ids_logprobs.push_back(std::move(ids));
     if (tok_) {
       std::string& raw = L.text->raw[size_t(js)];
       sp.text_offset.push_back(utf8_chars(raw));
@@ -470,6 +519,8 @@ void ServeEngine::finish_piece_of(uint64_t key, const std::vector<Generation>& r
     }
     if (!res.empty() && L.sample_of < 0) {  // (a continuation computed no prompt log-probs)
       job.input_logprobs = res[0].input_logprobs;
+      job.input_top = res[0].input_top;
+      job.input_ids_logprobs = res[0].input_ids_logprobs;
       job.cached_tokens = res[0].cached_tokens;
     }
     job.version++;
@@ -570,6 +621,7 @@ void ServeEngine::retracted_piece(uint64_t key, const std::vector<Generation>& r
     q.params = L.req.params;
     q.params.max_new_tokens = L.req.params.max_new_tokens - int(g.tokens.size());
     q.params.input_logprobs_from = -1;  // (computed before the pause)
+    q.params.prior_output = L.req.params.prior_output + int(g.tokens.size());  // (penalties, min_new_tokens)
     retracted_.push_back(std::move(c));
     continued++;
   }
@@ -1112,6 +1164,7 @@ void ServeEngine::run() {
           if (err.empty()) {
             std::lock_guard<std::mutex> lock(mu_);
             weight_version_ = pending_update_->b.empty() ? weight_version_ : pending_update_->b;
+            if (!tensors) model_path_ = arg;
             r.message = (tensors ? "loaded " + std::to_string(rt_.ckpt->overlaid().size()) + " tensors sent so far"
                                  : "loaded " + arg) +
                         " (weight_version " + weight_version_ + ")";

@@ -114,6 +114,8 @@ class ServeEngine {
   ControlReply update_weights_from_bytes(std::string bucket, bool commit, const std::string& weight_version);
   ServeMetrics metrics();
   std::string weight_version();
+  // The checkpoint folder serving now (the last /update_weights_from_disk's).
+  std::string model_path();
   const ModelConfig& config() const { return rt_.cfg; }
   // Ends the loop on every rank (from a signal handler too: only sets a flag).
   void request_shutdown() { shutdown_.store(true); }
@@ -172,7 +174,7 @@ class ServeEngine {
   void on_accepted(uint64_t key);
   void on_refused(uint64_t key, const std::string& why);
   void on_token(uint64_t key, int sample, int32_t token, const float* logprob,
-                std::vector<std::pair<int32_t, float>> top);
+                std::vector<std::pair<int32_t, float>> top, std::vector<float> ids);
   void finish_piece_of(uint64_t key, const std::vector<Generation>& res);
   void retracted_piece(uint64_t key, const std::vector<Generation>& res);
   void resume_retracted();
@@ -205,6 +207,7 @@ class ServeEngine {
   std::deque<Control> controls_;
   ServeMetrics metrics_;
   std::string weight_version_;
+  std::string model_path_;
   std::atomic<bool> shutdown_{false};
   bool stopped_ = false;  // the loop has ended (under mu_): calls are answered at once
 

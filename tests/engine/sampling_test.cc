@@ -229,5 +229,59 @@ TEST(Sampling, OutOfRangeParametersAreInputErrors) {
   EXPECT_NO_THROW(validate(SamplingParams{}));
 }
 
+// process_logits against the rules written out by hand (engine/sampling.h), on a row of 6.
+TEST(Sampling, LogitProcessingFollowsItsRules) {
+  const std::vector<float> row = {2.0f, -2.0f, 1.0f, 0.5f, 0.0f, 3.0f};
+  const int64_t V = int64_t(row.size());
+  auto run = [&](const LogitProcessing& p, const std::vector<int32_t>& prompt, int prior,
+                 const std::vector<int32_t>& out, const std::vector<int>& stops = {}) {
+    std::vector<float> r = row;
+    process_logits(r.data(), V, p, prompt, prior, out, stops);
+    return r;
+  };
+  LogitProcessing rep;
+  rep.repetition_penalty = 2.0f;  // ids 0 (prompt) and 1 (output): 2 / 2, -2 * 2
+  EXPECT_EQ(run(rep, {0}, 0, {1, 1}), (std::vector<float>{1.0f, -4.0f, 1.0f, 0.5f, 0.0f, 3.0f}));
+  LogitProcessing fp;
+  fp.frequency_penalty = 0.5f;
+  fp.presence_penalty = 1.0f;  // output {2, 2, 3}: id 2 -= 0.5 * 2 + 1, id 3 -= 0.5 + 1; the prompt's id 0 untouched
+  const std::vector<float> want = {2.0f, -2.0f, -1.0f, -1.0f, 0.0f, 3.0f};
+  EXPECT_EQ(run(fp, {0}, 0, {2, 2, 3}), want);
+  // The same sample continued after a retract: two of its tokens now end its prompt (prior_output).
+  EXPECT_EQ(run(fp, {0, 2, 2}, 2, {3}), want);
+  LogitProcessing bias;
+  bias.logit_bias = {{1, 3.0f}, {5, -100.0f}};
+  EXPECT_EQ(run(bias, {0}, 0, {}), (std::vector<float>{2.0f, 1.0f, 1.0f, 0.5f, 0.0f, -97.0f}));
+  LogitProcessing min;
+  min.min_new_tokens = 2;  // stop id 5 masked while fewer than 2 tokens were generated
+  EXPECT_TRUE(std::isinf(run(min, {0}, 0, {4}, {5})[5]));
+  EXPECT_TRUE(std::isinf(run(min, {0, 4}, 1, {}, {5})[5]));  // (a prior output counts)
+  EXPECT_EQ(run(min, {0}, 0, {4, 4}, {5}), row);
+  // Greedy on the processed row: the bias moves the argmax, the row itself is the model's.
+  EXPECT_EQ(sample_token(row.data(), V, SamplingParams{}, 1, 0), 5);
+  const std::vector<float> biased = run(bias, {0}, 0, {});
+  EXPECT_EQ(sample_token(biased.data(), V, SamplingParams{}, 1, 0), 0);
+  EXPECT_FALSE(LogitProcessing{}.active());
+  EXPECT_TRUE(bias.active() && min.active() && fp.active() && rep.active());
+  // Ranges.
+  auto bad = [&](LogitProcessing p) { EXPECT_THROW(validate(p, V), InputError); };
+  LogitProcessing p;
+  p.frequency_penalty = 2.5f;
+  bad(p);
+  p = {};
+  p.repetition_penalty = 0.0f;
+  bad(p);
+  p = {};
+  p.logit_bias = {{6, 1.0f}};
+  bad(p);
+  p = {};
+  p.logit_bias = {{1, 150.0f}};
+  bad(p);
+  p = {};
+  p.min_new_tokens = -1;
+  bad(p);
+  EXPECT_NO_THROW(validate(fp, V));
+}
+
 }  // namespace
 }  // namespace epmoe

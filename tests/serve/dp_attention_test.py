@@ -7,7 +7,9 @@ Every rank serves the requests rank 0 gives it and the MoE layers run over all o
   * --dp-attention off: the same bits, every request on rank 0;
   * orders reach the rank that holds a request: abort by rid while paused in place; and
     /update_weights_from_disk while paused in place answers (it used to wait for ever for the
-    paused requests): they continue on the new weights after /continue_generation, and end.
+    paused requests): they continue on the new weights after /continue_generation, and end;
+    model_path follows the update; abort_all_requests ends the requests in flight; unknown or
+    unsupported update fields are refused by name.
 """
 import concurrent.futures
 import os
@@ -97,11 +99,13 @@ def main():
     # Orders to the rank that holds the request, while paused in place.
     v2 = h.second_weights(model)
     with h.Server(model, ranks=3, args=["--moe-a2a-backend", "alltoall"]) as s:
-        long = {"text": "the cat", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
+        # Long enough to be running when the pause comes (the text model makes ~3000 tokens/s).
+        long = {"text": "the cat", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
         answers = {}
 
-        def run(rid):
-            answers[rid] = post(s.url, dict(long, rid=rid), timeout=120)
+        def run(rid, max_new=3000):
+            sp = dict(long["sampling_params"], max_new_tokens=max_new)
+            answers[rid] = post(s.url, dict(long, rid=rid, sampling_params=sp), timeout=120)
 
         threads = [threading.Thread(target=run, args=("long%d" % i,)) for i in range(3)]
         for t in threads:
@@ -129,10 +133,41 @@ def main():
         fins = {rid: a["meta_info"]["finish_reason"]["type"] for rid, a in answers.items()}
         check(fins == {"long0": "length", "long1": "abort", "long2": "length"},
               "abort by rid reached its rank; the others continued to their length (%s)" % fins)
-        check(all(len(answers[rid]["output_ids"]) == 400 for rid in ("long0", "long2")),
+        check(all(len(answers[rid]["output_ids"]) == 3000 for rid in ("long0", "long2")),
               "the paused requests generated all their tokens across the update")
         info = httpx.get(s.url + "/get_server_info", timeout=10).json()
         check(info.get("weight_version") == "v2", "weight_version after the update: %s" % info.get("weight_version"))
+        mi = httpx.get(s.url + "/get_model_info", timeout=10).json()
+        check(mi.get("model_path") == v2 and info.get("model_path") == v2,
+              "model_path after the update is the new checkpoint's (%s, %s)" % (mi.get("model_path"), info.get("model_path")))
+        s.wait_idle()
+
+        # abort_all_requests: the requests in flight end now instead of finishing on the old weights
+        # (paused in place first, so that they are surely in flight when the update comes).
+        answers.clear()
+        threads = [threading.Thread(target=run, args=("again%d" % i, 3000)) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if sum(e["num_running_reqs"] for e in httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]) == 2:
+                break
+            time.sleep(0.01)
+        httpx.post(s.url + "/pause_generation", json={"mode": "in_place"}, timeout=30)
+        r = httpx.post(s.url + "/update_weights_from_disk", json={"model_path": model, "abort_all_requests": True,
+                                                                 "weight_version": "v3"}, timeout=60)
+        httpx.post(s.url + "/continue_generation", timeout=30)
+        for t in threads:
+            t.join(120)
+        fins = sorted(a["meta_info"]["finish_reason"]["type"] for a in answers.values())
+        check(r.status_code == 200 and fins == ["abort", "abort"],
+              "update with abort_all_requests: the requests in flight aborted (%s), the update done (%s)"
+              % (fins, r.text[:120]))
+        for body, field in (({"model_path": model, "is_async": True}, "is_async"),
+                            ({"model_path": model, "load_format": "dummy"}, "load_format"),
+                            ({"model_path": model, "no_such_field": 1}, "no_such_field")):
+            r = httpx.post(s.url + "/update_weights_from_disk", json=body, timeout=60)
+            check(r.status_code == 400 and field in r.text, "update refuses %s naming it: %s" % (field, r.text[:120]))
         s.wait_idle()
     return check.status()
 

@@ -102,23 +102,38 @@ CHAT = {
     "prediction": {"type": "content", "content": "x"}, "prompt_cache_key": "k", "safety_identifier": "s",
     "service_tier": "flex", "store": True, "verbosity": "low", "web_search_options": {"search_context_size": "low"},
 }
+# OpenAI's /v1/responses parameters (the Responses API).
+RESPONSES = {
+    "input": "Say something.", "model": None, "instructions": "Be brief.", "max_output_tokens": 3,
+    "temperature": 0.5, "top_p": 0.9, "stream": True, "metadata": {"a": "b"}, "user": "u", "safety_identifier": "s",
+    "prompt_cache_key": "k", "parallel_tool_calls": False, "store": False, "truncation": "auto",
+    "previous_response_id": "resp_x", "conversation": "conv_x", "tools": [{"type": "function", "name": "f"}],
+    "tool_choice": "required", "max_tool_calls": 2, "reasoning": {"effort": "low"},
+    "text": {"format": {"type": "json_object"}}, "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+    "background": True, "prompt": {"id": "pmpt_x"}, "service_tier": "flex",
+    "stream_options": {"include_obfuscation": False},
+}
 # What epmoe implements (or accepts because it has no effect here: docs/serve.md says why). A 200 for
 # any other field means it was ignored. Some implemented fields are refused in some contexts.
 IMPLEMENTED_GENERATE = {"rid", "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
                         "top_logprobs_num", "return_text_in_logprobs", "stream", "routed_experts_start_len",
-                        "return_routed_experts", "return_routed_expert_weights", "no_logs"}
+                        "return_routed_experts", "return_routed_expert_weights", "no_logs", "token_ids_logprob"}
 IMPLEMENTED_SAMPLING = {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "n",
                         "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-                        "sampling_seed"}
+                        "sampling_seed", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                        "min_new_tokens", "logit_bias"}
 IMPLEMENTED_OPENAI = {"model", "n", "seed", "stop", "stream", "stream_options", "temperature", "top_p", "top_k",
                       "min_p", "stop_token_ids", "no_stop_trim", "ignore_eos", "skip_special_tokens",
-                      "return_token_ids", "rid", "user", "safety_identifier", "prompt_cache_key"}
+                      "return_token_ids", "rid", "user", "safety_identifier", "prompt_cache_key",
+                      "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens"}
 IMPLEMENTED_COMPLETION = IMPLEMENTED_OPENAI | {"prompt", "max_tokens", "logprobs", "best_of"}
 IMPLEMENTED_CHAT = IMPLEMENTED_OPENAI | {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
                                          "separate_reasoning", "stream_reasoning", "parallel_tool_calls"}
+IMPLEMENTED_RESPONSES = {"input", "model", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+                         "metadata", "user", "safety_identifier", "prompt_cache_key", "parallel_tool_calls", "store"}
 # Refused in this test's context although implemented: routing replay needs the server flag, best_of
-# must equal n.
-CONTEXT_REFUSED = {"return_routed_experts", "return_routed_expert_weights", "best_of"}
+# must equal n, token_ids_logprob needs return_logprob (tests/serve/sampling_fields_test.py has it).
+CONTEXT_REFUSED = {"return_routed_experts", "return_routed_expert_weights", "best_of", "token_ids_logprob"}
 
 
 def sse(text):
@@ -214,6 +229,18 @@ def schema_fields(url, model_name):
             body["logprobs"] = True
         judge("/v1/chat/completions", name, body, post(url, "/v1/chat/completions", body), IMPLEMENTED_CHAT,
               chat_effects.get(name))
+
+    resp_effects = {
+        "max_output_tokens": lambda r: r.json()["usage"]["output_tokens"] <= 3,
+        "instructions": lambda r: r.json()["instructions"] == "Be brief.",
+        "metadata": lambda r: r.json()["metadata"] == {"a": "b"},
+        "stream": lambda r: r.text.startswith("event: response.created"),
+    }
+    for name, value in RESPONSES.items():
+        body = {"input": "Say something.", "max_output_tokens": 4, "temperature": 0}
+        body[name] = model_name if name == "model" else value
+        judge("/v1/responses", name, body, post(url, "/v1/responses", body), IMPLEMENTED_RESPONSES,
+              resp_effects.get(name))
 
     # Unknown fields, at each level: refused by name.
     for path, body, field in [

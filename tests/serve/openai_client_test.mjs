@@ -1,7 +1,8 @@
 // The OpenAI Node SDK (npm `openai` v6) against `epmoe serve`, as an application would use it:
 // models.list, completions (text and token-id prompts, logprobs, seed, n), chat completions
 // (logprobs / top_logprobs), streaming of both (deltas, stream_options.include_usage), stop
-// strings, refusals (BadRequestError naming the field) and a stream the client abandons.
+// strings, refusals (BadRequestError naming the field), a stream the client abandons, and the
+// Responses API (client.responses, streamed and not).
 //
 // Run: python3 tests/serve/serve_harness.py -- node tests/serve/openai_client_test.mjs
 // (the harness sets EPMOE_URL and EPMOE_MODEL_NAME). The model is random: the checks are on
@@ -419,6 +420,53 @@ async function main() {
     check('abort: the generation stopped early (fewer tokens than asked)',
       m['epmoe_generation_tokens_total'] - before['epmoe_generation_tokens_total'] < maxTokens,
       `${m['epmoe_generation_tokens_total'] - before['epmoe_generation_tokens_total']} tokens generated`);
+  });
+
+  // The Responses API (client.responses, what the Vercel AI SDK's OpenAI provider calls by
+  // default): the text of a greedy chat completion on the same turns, streamed as the same text.
+  await section('responses', async () => {
+    const input = [{ role: 'user', content: [{ type: 'input_text', text: 'Say something about the sea.' }] }];
+    const chat = await client.chat.completions.create({
+      model: MODEL, temperature: 0, max_tokens: 12,
+      messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Say something about the sea.' }],
+    });
+    const r = await client.responses.create({ model: MODEL, instructions: 'Be brief.', input, temperature: 0,
+      max_output_tokens: 12 });
+    check('responses: object, id, one assistant message with output_text',
+      r.object === 'response' && /^resp_/.test(r.id) && r.output.length === 1 && r.output[0].type === 'message' &&
+      r.output[0].role === 'assistant' && r.output[0].content[0].type === 'output_text', show(r));
+    check('responses: the text of the chat completion on the same turns (greedy)',
+      r.output_text === chat.choices[0].message.content, `${show(r.output_text)} vs ${show(chat.choices[0].message.content)}`);
+    check('responses: usage counts the chat completion\'s tokens',
+      r.usage.input_tokens === chat.usage.prompt_tokens && r.usage.output_tokens === chat.usage.completion_tokens &&
+      r.usage.total_tokens === r.usage.input_tokens + r.usage.output_tokens, show(r.usage));
+    const wantStatus = chat.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed';
+    check('responses: status follows the finish (length: incomplete, max_output_tokens)',
+      r.status === wantStatus && (wantStatus !== 'incomplete' || r.incomplete_details?.reason === 'max_output_tokens'),
+      `${r.status} ${show(r.incomplete_details)}`);
+    const stream = await client.responses.create({ model: MODEL, instructions: 'Be brief.', input, temperature: 0,
+      max_output_tokens: 12, stream: true });
+    const types = [];
+    let text = '';
+    let last = null;
+    for await (const ev of stream) {
+      types.push(ev.type);
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      last = ev;
+    }
+    check('responses stream: created first, then the deltas, the final event carrying the response',
+      types[0] === 'response.created' && types.includes('response.output_text.delta') &&
+      (last?.type === 'response.completed' || last?.type === 'response.incomplete') && last.response.status === r.status,
+      show(types));
+    check('responses stream: the deltas add up to the non-streamed text', text === r.output_text, `${show(text)}`);
+    let refused = null;
+    try {
+      await client.responses.create({ model: MODEL, input: 'hi', previous_response_id: r.id });
+    } catch (e) {
+      refused = e;
+    }
+    check('responses: previous_response_id refused (BadRequestError naming it)',
+      refused instanceof BadRequestError && /previous_response_id/.test(refused.message), `${refused?.message}`);
   });
 
   console.log(`${checks - failures}/${checks} checks passed in ${((Date.now() - t0) / 1000).toFixed(1)} s`);

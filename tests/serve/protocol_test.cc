@@ -104,7 +104,7 @@ TEST_F(Fixture, EveryRefusalNamesItsField) {
   EXPECT_EQ(refused(json::array()), "body");
   EXPECT_EQ(refused({{"prompt", "x"}, {"model", "other"}}, false), "model");
   EXPECT_EQ(refused({{"prompt", "x"}, {"max_tokens", -1}}, false), "max_tokens");
-  EXPECT_EQ(refused({{"prompt", "x"}, {"presence_penalty", 1}}, false), "presence_penalty");
+  EXPECT_EQ(refused({{"prompt", "x"}, {"presence_penalty", 3}}, false), "presence_penalty");
   EXPECT_EQ(refused({{"prompt", {{1, 2}, "x", 3}}}, false), "prompt[2]");
   EXPECT_EQ(refused({{"max_tokens", 3}}, false), "prompt");
   ServedModel ids_only = m;
@@ -238,6 +238,43 @@ TEST_F(Fixture, SeedsAreUnsigned64BitAndNegativeOnesAreRefused) {
   EXPECT_EQ(parse_completion({{"prompt", "x"}, {"seed", 7}}, m).requests[0].seed, 7u);
 }
 
+// Penalties, logit_bias and the minimum length reach the engine as its LogitProcessing, on both
+// APIs; out-of-range values are refused naming their field.
+TEST_F(Fixture, PenaltiesBiasAndMinimumBecomeTheEnginesProcessing) {
+  const NativeCall c = parse_generate(
+      {{"input_ids", {1, 2}},
+       {"sampling_params",
+        {{"max_new_tokens", 5}, {"frequency_penalty", 0.5}, {"presence_penalty", -0.25}, {"repetition_penalty", 1.25},
+         {"logit_bias", {{"7", 3}, {"2", -100}}}, {"min_new_tokens", 2}}}},
+      m);
+  const LogitProcessing& p = c.requests[0].params.processing;
+  EXPECT_EQ(p.frequency_penalty, 0.5f);
+  EXPECT_EQ(p.presence_penalty, -0.25f);
+  EXPECT_EQ(p.repetition_penalty, 1.25f);
+  EXPECT_EQ(p.min_new_tokens, 2);
+  const std::vector<std::pair<int32_t, float>> bias = {{2, -100.0f}, {7, 3.0f}};  // sorted by id
+  EXPECT_EQ(p.logit_bias, bias);
+  EXPECT_FALSE(parse_generate({{"input_ids", {1, 2}}}, m).requests[0].params.processing.active());
+  const OpenAICall o = parse_completion(
+      {{"prompt", "x"}, {"max_tokens", 4}, {"min_tokens", 3}, {"logit_bias", {{"5", 1.5}}}, {"frequency_penalty", 1}}, m);
+  EXPECT_EQ(o.requests[0].params.processing.min_new_tokens, 3);
+  EXPECT_EQ(o.requests[0].params.processing.frequency_penalty, 1.0f);
+  EXPECT_EQ(o.requests[0].params.processing.logit_bias.size(), 1u);
+  const json ids = {1, 2};
+  for (const auto& [sp, field] : std::vector<std::pair<json, std::string>>{
+           {{{"frequency_penalty", 2.5}}, "sampling_params.frequency_penalty"},
+           {{{"presence_penalty", -3}}, "sampling_params.presence_penalty"},
+           {{{"repetition_penalty", 0}}, "sampling_params.repetition_penalty"},
+           {{{"logit_bias", {{"x", 1}}}}, "sampling_params.logit_bias"},
+           {{{"logit_bias", {{"5", 101}}}}, "sampling_params.logit_bias"},
+           {{{"logit_bias", {{"-1", 1}}}}, "sampling_params.logit_bias"},
+           {{{"logit_bias", json::array({1})}}, "sampling_params.logit_bias"},
+           {{{"min_new_tokens", 9}, {"max_new_tokens", 4}}, "sampling_params.min_new_tokens"},
+           {{{"min_new_tokens", -1}}, "sampling_params.min_new_tokens"}})
+    EXPECT_EQ(refused({{"input_ids", ids}, {"sampling_params", sp}}), field) << sp.dump();
+  EXPECT_EQ(refused({{"prompt", "x"}, {"max_tokens", 2}, {"min_tokens", 3}}, false), "min_tokens");
+}
+
 TEST_F(Fixture, NoFieldIsIgnored) {
   const json ids = {1, 2};
   // Unknown fields, at every level, are refused by name.
@@ -247,11 +284,8 @@ TEST_F(Fixture, NoFieldIsIgnored) {
   EXPECT_EQ(refused({{"prompt", "x"}, {"stream_options", {{"include_usag", true}}}}, false),
             "stream_options.include_usag");
   // Known fields that are not implemented: refused with an effective value...
-  for (const char* k : {"regex", "json_schema", "ebnf", "stop_regex", "min_new_tokens", "frequency_penalty",
-                        "presence_penalty", "repetition_penalty", "logit_bias", "custom_params"}) {
-    json v = std::string(k) == "logit_bias" ? json{{"5", 2.0}}
-             : std::string(k) == "min_new_tokens" || std::string(k).find("penalty") != std::string::npos ? json(1.5)
-                                                                                                         : json("a+");
+  for (const char* k : {"regex", "json_schema", "ebnf", "stop_regex", "custom_params"}) {
+    json v = json("a+");
     if (std::string(k) == "custom_params") v = json{{"a", 1}};
     EXPECT_EQ(refused({{"input_ids", ids}, {"sampling_params", {{k, v}}}}), std::string("sampling_params.") + k);
   }

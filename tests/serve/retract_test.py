@@ -5,8 +5,9 @@ the scheduler; on /continue_generation each unfinished sample continues from its
 Checked on 1 rank and on 3 ranks (alltoall):
   * while retracted no KV block is held and the requests count as waiting (/v1/loads);
   * after continue every request's tokens and log-prob bits are those of the same request run
-    alone, never paused -- greedy and sampled, n = 1 and n = 2 (samples that finished before the
-    pause keep their result);
+    alone, never paused -- greedy and sampled, n = 1 and n = 2, with and without penalties (which
+    count the tokens generated before the pause), samples that finished before it keeping their
+    result;
   * an update of the weights while retracted does not wait for them (it answers), and continue
     then finishes them.
 """
@@ -40,6 +41,12 @@ def requests():
             sp["n"] = 2
         if i == 4:
             sp["max_new_tokens"] = 3  # finished before the pause
+        # Penalties count the sample's output: a continued sample must still count the tokens it
+        # generated before the pause (they are now in its prompt) to draw what it would have drawn.
+        if i == 1:
+            sp.update(frequency_penalty=0.7, presence_penalty=0.3)
+        if i == 2:
+            sp.update(frequency_penalty=0.5, repetition_penalty=1.3)
         out.append({"input_ids": [(13 * i + 7 * j) % 300 + 5 for j in range(4 + 3 * i)], "return_logprob": True,
                     "sampling_params": sp})
     return out

@@ -35,6 +35,9 @@ add_test(NAME serve.fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/fields_tes
 # a request; an update while paused in place (httpx).
 add_test(NAME serve.dp_attention COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/dp_attention_test.py)
 
-set_tests_properties(serve.openai_client serve.dp_attention serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
+# Penalties, logit_bias, min_new_tokens: their effects, the model's log-probs, the same bits (httpx).
+add_test(NAME serve.sampling_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/sampling_fields_test.py)
+
+set_tests_properties(serve.openai_client serve.dp_attention serve.sampling_fields serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
   serve.routing_replay serve.rl_fields serve.weight_sync serve.retract serve.fields
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
