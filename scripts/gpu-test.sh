@@ -9,7 +9,8 @@
 #           processes (on one GPU too)
 #   2 GPUs: gpu_ep_test (ctest gpu.ep.2gpu): expert parallelism, bit-identical to one GPU for every
 #           backend, every injected fault caught;
-#           epmoe generate --device cuda on 2 processes; epmoe check --device cuda on every
+#           epmoe generate --device cuda on 2 processes (gpu-launch.sh, and mpirun where installed:
+#           the NCCL id through MPI); epmoe check --device cuda on every
 #           fixture (must pass) and with an injected double reduce (must fail, naming it)
 # Logs go to $OUT (or /tmp/epmoe-gpu). Exit status 0 when everything passed.
 # EP_ONLY=1: the expert-parallel part (2 GPUs) and the single-GPU references it compares with only,
@@ -109,6 +110,18 @@ if ((ngpu >= 2)); then
       echo "=== rollout 2 GPUs $b == 1 GPU: ok"
     else echo "=== rollout 2 GPUs $b differs from 1 GPU: FAIL"; status=1; fi
   done
+  # The NCCL group bootstrapped through MPI (issue 35: rank, size, local GPU and the NCCL id from
+  # mpirun, no id file): the same lines as 1 GPU. Needs mpirun on the machine (not packaged).
+  if command -v mpirun > /dev/null; then
+    mpirun -np 2 --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x EPMOE_COMM_TIMEOUT \
+      "$GPU_BIN/epmoe" generate --device cuda $rollout_args --moe-a2a-backend alltoall \
+      > "$out/rollout_2gpu_mpirun.jsonl" 2> "$out/rollout_2gpu_mpirun.log"
+    if cmp -s "$out/rollout_2gpu_mpirun.jsonl" "$out/rollout_1gpu_bf16.jsonl" && [[ -s $out/rollout_1gpu_bf16.jsonl ]]; then
+      echo "=== rollout 2 GPUs under mpirun (NCCL id through MPI) == 1 GPU: ok"
+    else echo "=== rollout 2 GPUs under mpirun differs from 1 GPU: FAIL"; tail -5 "$out/rollout_2gpu_mpirun.log"; status=1; fi
+  else
+    echo "=== no mpirun on this machine: the MPI bootstrap of NCCL is not tested here"
+  fi
   step gpu_ep_test 240 scripts/gpu-launch.sh 2 "$GPU_BIN/gpu_ep_test" --gtest_color=no
   printf '%s\n' "$ids" "${ids%,*}" "${ids#*,}" > "$out/prompts.txt"
   for b in none alltoall lowlatency onesided fused; do

@@ -1,4 +1,5 @@
 #include "comm/nccl_group.h"
+#include "comm/mpi_group.h"
 #include "comm/peer_verdict.h"
 #include "comm/test_fault.h"
 
@@ -13,6 +14,8 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "comm/nccl_check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -53,42 +56,75 @@ NcclGroup& NcclGroup::world(double timeout_s) {
 }
 
 NcclGroup::NcclGroup(double timeout_s) {
-  size_ = std::max(1, env_int("EPMOE_WORLD_SIZE", 1));
-  rank_ = size_ > 1 ? env_int("EPMOE_RANK", 0) : 0;
+  // Under mpirun (and no EPMOE_WORLD_SIZE from scripts/gpu-launch.sh) rank and size are MPI's, the
+  // GPU is the local rank's, and the NCCL unique id travels through MPI: no shared file system, so
+  // `mpirun -np 16 --host a:8,b:8 epmoe serve --device cuda` spans hosts.
+  MpiGroup* mpi = nullptr;
+  if (!std::getenv("EPMOE_WORLD_SIZE")) {
+    MpiGroup& m = MpiGroup::world();  // (a group of one, MPI never started, outside mpirun)
+    if (m.size() > 1) mpi = &m;
+  }
+  size_ = mpi ? mpi->size() : std::max(1, env_int("EPMOE_WORLD_SIZE", 1));
+  rank_ = mpi ? mpi->rank() : size_ > 1 ? env_int("EPMOE_RANK", 0) : 0;
   if (rank_ < 0 || rank_ >= size_)
     throw InputError("EPMOE_RANK=" + std::to_string(rank_) + " outside 0.." + std::to_string(size_ - 1));
   if (timeout_s > 0) timeout_s_ = timeout_s;
   else if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
   // The test-only fault hook of the MPI group (comm/test_fault.h), at every wait of this group.
   if (const std::string error = arm_test_fault(); !error.empty()) throw InputError(error);
-  cuda::init_device(rank_);
+  // This host's GPU: the local rank's under mpirun (ranks of several hosts), else the rank's.
+  cuda::init_device(mpi ? env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("PMIX_LOCAL_RANK", rank_)) : rank_);
   if (size_ == 1) return;
   // NVLink multicast (NVLS) can take a shared host's GPUs out of service: always off.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  const char* file = std::getenv("EPMOE_NCCL_ID_FILE");
-  if (!file || !*file) throw InputError("EPMOE_WORLD_SIZE > 1 needs EPMOE_NCCL_ID_FILE (scripts/gpu-launch.sh sets it)");
   ncclUniqueId id;
-  const std::string path = file;
-  status_base_ = path + ".rank";
-  std::remove((status_base_ + std::to_string(rank_) + ".status").c_str());  // a previous run's
-  if (rank_ == 0) {
-    EPMOE_NCCL_CHECK(ncclGetUniqueId(&id));
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(&id), sizeof id);
-      if (!f) throw Error("rank 0: cannot write the NCCL id to " + tmp);
+  if (mpi) {
+    // Rank 0's id, and a tag naming this run's status files (nccl_group.h), to every rank through
+    // one MPI collective under the group's deadline. The status files are each host's own (in
+    // $TMPDIR): a timeout reads those of the peers on its host, and names a peer of another host
+    // as one that has no status here.
+    struct Bootstrap {
+      ncclUniqueId id;
+      char tag[48];
+    } mine{}, got{};
+    if (rank_ == 0) {
+      EPMOE_NCCL_CHECK(ncclGetUniqueId(&mine.id));
+      std::snprintf(mine.tag, sizeof mine.tag, "%ld-%.0f", long(getpid()), wall_seconds() * 1e3);
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("rank 0: cannot rename " + tmp);
+    mpi->set_timeout(timeout_s_);
+    std::vector<size_t> sizes(size_t(size_), 0);
+    sizes[0] = sizeof(Bootstrap);
+    mpi->allgatherv(&mine, rank_ == 0 ? sizeof(Bootstrap) : 0, &got, sizes);
+    id = got.id;
+    const char* tmp = std::getenv("TMPDIR");
+    status_base_ = std::string(tmp && *tmp ? tmp : "/tmp") + "/epmoe-nccl-" + got.tag + ".rank";
   } else {
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      std::ifstream f(path, std::ios::binary);
-      if (f && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_)
-        throw Error("rank " + std::to_string(rank_) + ": no NCCL id in " + path + " after " +
-                    std::to_string(timeout_s_) + " s (did rank 0 start?)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const char* file = std::getenv("EPMOE_NCCL_ID_FILE");
+    if (!file || !*file)
+      throw InputError("EPMOE_WORLD_SIZE > 1 needs EPMOE_NCCL_ID_FILE (scripts/gpu-launch.sh sets it); "
+                       "or start the ranks with mpirun");
+    const std::string path = file;
+    status_base_ = path + ".rank";
+    std::remove((status_base_ + std::to_string(rank_) + ".status").c_str());  // a previous run's
+    if (rank_ == 0) {
+      EPMOE_NCCL_CHECK(ncclGetUniqueId(&id));
+      const std::string tmp = path + ".tmp";
+      {
+        std::ofstream f(tmp, std::ios::binary);
+        f.write(reinterpret_cast<const char*>(&id), sizeof id);
+        if (!f) throw Error("rank 0: cannot write the NCCL id to " + tmp);
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("rank 0: cannot rename " + tmp);
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      for (;;) {
+        std::ifstream f(path, std::ios::binary);
+        if (f && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_)
+          throw Error("rank " + std::to_string(rank_) + ": no NCCL id in " + path + " after " +
+                      std::to_string(timeout_s_) + " s (did rank 0 start?)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
   }
   // ncclCommInitRank blocks until every rank has joined, with no deadline of its own: a watchdog

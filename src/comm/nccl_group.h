@@ -1,14 +1,17 @@
-// The group over NCCL (comm/group.h): one process per GPU, started by scripts/gpu-launch.sh with
-// EPMOE_RANK, EPMOE_WORLD_SIZE and EPMOE_NCCL_ID_FILE (rank 0 writes the NCCL unique id there).
-// Without EPMOE_WORLD_SIZE (or with 1) it is a group of one and NCCL is never initialised.
+// The group over NCCL (comm/group.h): one process per GPU, started either by mpirun (rank, size
+// and the local rank's GPU from MPI; rank 0's NCCL unique id reaches the others through MPI, so
+// the ranks may span hosts) or, on one host without MPI, by scripts/gpu-launch.sh with EPMOE_RANK,
+// EPMOE_WORLD_SIZE and EPMOE_NCCL_ID_FILE (rank 0 writes the NCCL unique id there). A group of one
+// never initialises NCCL.
 //
 // Every collective runs on the process's stream (kernels/cuda/device.h) and is waited for with
 // sync(): host values go through the device. A wait longer than the timeout aborts the group with a
 // message that names this rank, the operation and the peers at fault. Those are found through a
-// side channel of small files next to the NCCL id file, `<id file>.rank<r>.status`: a rank that
-// has waited more than 50 ms rewrites its own every 100 ms (operation count, operation, time);
-// a rank whose wait times out reads its peers': a missing or stale file (not rewritten for 2 s)
-// means a peer that is not waiting -- dead, hung, or stuck outside communication; a fresh one in
+// side channel of small files next to the NCCL id file, `<id file>.rank<r>.status` (under mpirun:
+// `$TMPDIR/epmoe-nccl-<run>.rank<r>.status`, each host's own): a rank that has waited more than
+// 50 ms rewrites its own every 100 ms (operation count, operation, time); a rank whose wait times
+// out reads its peers': a missing or stale file (not rewritten for 2 s) means a peer that is not
+// waiting -- dead, hung, or stuck outside communication; a fresh one in
 // another operation says where that peer waits. Nothing is written while waits complete quickly.
 //
 // No CUDA or NCCL types here: the backend registry (a .cc) includes this header.
