@@ -631,6 +631,7 @@ void HttpServer::routes() {
                                       : json(nullptr);
                   c["finish_reason"] = final_now ? openai_finish(s) : json(nullptr);
                   c["matched_stop"] = final_now ? openai_matched_stop(s) : json(nullptr);
+                  if (final_now) add_routing(c, *call, s, m);
                   if (call->return_token_ids) {
                     c["token_ids"] = std::vector<int32_t>(s.tokens.begin() + long(std::min(st.sent_tokens[p][k], nt)),
                                                           s.tokens.end());

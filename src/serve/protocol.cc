@@ -218,8 +218,7 @@ constexpr FieldRule kSamplingFields[] = {
       {"response_format", R, "is not supported: no constrained decoding (only {\"type\": \"text\"})",           \
        R"({"type": "text"})"},                                                                                   \
       {"return_hidden_states", R, kNoHidden},                                                                   \
-      {"return_routed_experts", R, "is not supported on the OpenAI routes yet: use /generate"},                 \
-      {"routed_experts_start_len", R, "is not supported on the OpenAI routes yet: use /generate"},              \
+      {"return_routed_experts", I}, {"routed_experts_start_len", I}, {"return_routed_expert_weights", I},        \
       {"return_cached_tokens_details", R, "is not supported: usage.prompt_tokens_details.cached_tokens only"},  \
       {"lora_path", R, kNoLora}, {"session_id", R, kNoSession}, {"session_params", R, kNoSession},              \
       {"custom_params", R, kNoCustomLogits}, {"custom_logit_processor", R, kNoCustomLogits},                    \
@@ -868,12 +867,9 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
   // Routing replay: every fed token's routing from routed_experts_start_len on (sglang's shape
   // [seq_len - 1 - start, moe_layers, top_k], int32 little-endian, base64), once the sample is done.
   if ((call.return_routed_experts || call.return_routed_expert_weights) && s.done) {
-    const size_t per = size_t(m.moe_layers) * size_t(m.top_k);
-    const size_t from = std::min(s.routed_experts.size(), size_t(call.routed_experts_start_len) * per);
-    if (call.return_routed_experts)
-      meta["routed_experts"] = base64(s.routed_experts.data() + from, (s.routed_experts.size() - from) * 4);
+    if (call.return_routed_experts) meta["routed_experts"] = routed_experts_b64(s, call.routed_experts_start_len, m);
     if (call.return_routed_expert_weights)
-      meta["routed_expert_weights"] = base64(s.routed_weights.data() + from, (s.routed_weights.size() - from) * 4);
+      meta["routed_expert_weights"] = routed_weights_b64(s, call.routed_experts_start_len, m);
   }
   json out;
   out["text"] = s.text;
@@ -935,11 +931,22 @@ std::string openai_rid(const Fields& f, const OpenAICall& call, size_t i, size_t
 void stream_options(const Fields& f, OpenAICall& call) {
   call.stream = f.boolean("stream").value_or(false);
   call.return_token_ids = f.boolean("return_token_ids").value_or(false);
+  call.return_routed_experts = f.boolean("return_routed_experts").value_or(false);
+  call.return_routed_expert_weights = f.boolean("return_routed_expert_weights").value_or(false);
+  call.routed_experts_start_len = int(f.integer("routed_experts_start_len", 0, INT32_MAX).value_or(0));
   if (const json* so = f.get("stream_options")) {
     Fields o(*so, "stream_options.");
     check_fields(*so, "stream_options.", kStreamOptionsFields, "stream_options");
     call.include_usage = o.boolean("include_usage").value_or(false);
   }
+}
+
+// Routing replay asked for on an OpenAI route: recorded for the request, if the server records it.
+void routing_of(const OpenAICall& call, const ServedModel& m, SamplingSpec& s) {
+  if ((call.return_routed_experts || call.return_routed_expert_weights) && !m.routed_experts)
+    bad(call.return_routed_experts ? "return_routed_experts" : "return_routed_expert_weights",
+        "the server records routed experts only when started with --enable-return-routed-experts");
+  s.routed_experts = call.return_routed_experts || call.return_routed_expert_weights;
 }
 
 }  // namespace
@@ -951,6 +958,7 @@ OpenAICall parse_completion(const json& body, const ServedModel& m) {
   check_model(f, m, call);
   stream_options(f, call);
   SamplingSpec s = openai_sampling(f, m, 16);
+  routing_of(call, m, s);
   call.logprobs = int(f.integer("logprobs", 0, m.max_top_logprobs).value_or(-1));
   if (f.integer("best_of", 1, 64).value_or(s.n) != s.n) bad("best_of", "is not supported (only equal to n)");
   s.logprobs = call.logprobs >= 0;
@@ -1032,6 +1040,7 @@ OpenAICall parse_chat(const json& body, const ServedModel& m) {
   // its whole KV need, so an unbounded default would hold the pool for nothing).
   const int64_t rest = std::max<int64_t>(1, int64_t(m.max_positions) - int64_t(prompt.size()) + 1);
   SamplingSpec s = openai_sampling(f, m, std::min<int64_t>(rest, 1024));
+  routing_of(call, m, s);
   const bool lp = f.boolean("logprobs").value_or(false);
   const int64_t top = f.integer("top_logprobs", 0, m.max_top_logprobs).value_or(0);
   if (top > 0 && !lp) bad("top_logprobs", "needs logprobs: true");
@@ -1258,6 +1267,22 @@ bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s) {
   return false;
 }
 
+std::string routed_experts_b64(const SampleProgress& s, int start, const ServedModel& m) {
+  const size_t per = size_t(m.moe_layers) * size_t(m.top_k);
+  const size_t from = std::min(s.routed_experts.size(), size_t(start) * per);
+  return base64(s.routed_experts.data() + from, (s.routed_experts.size() - from) * 4);
+}
+std::string routed_weights_b64(const SampleProgress& s, int start, const ServedModel& m) {
+  const size_t per = size_t(m.moe_layers) * size_t(m.top_k);
+  const size_t from = std::min(s.routed_weights.size(), size_t(start) * per);
+  return base64(s.routed_weights.data() + from, (s.routed_weights.size() - from) * 4);
+}
+void add_routing(json& c, const OpenAICall& call, const SampleProgress& s, const ServedModel& m) {
+  if (call.return_routed_experts) c["routed_experts"] = routed_experts_b64(s, call.routed_experts_start_len, m);
+  if (call.return_routed_expert_weights)
+    c["routed_expert_weights"] = routed_weights_b64(s, call.routed_experts_start_len, m);
+}
+
 json openai_usage(const std::vector<JobPtr>& jobs) {
   int64_t prompt = 0, completion = 0, cached = 0;
   for (auto& j : jobs) {
@@ -1283,6 +1308,7 @@ json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, co
                                          : json(nullptr);
       c["finish_reason"] = openai_finish(s);
       c["matched_stop"] = openai_matched_stop(s);
+      add_routing(c, call, s, m);
       if (call.return_token_ids) {
         c["token_ids"] = s.tokens;
         if (!call.chat) c["prompt_token_ids"] = job.req.prompt;

@@ -81,6 +81,11 @@ struct OpenAICall {
   // vLLM's return_token_ids: each choice's `token_ids` (a stream chunk: its new ids) and the
   // prompt's `prompt_token_ids` (completions: per choice; chat: on the response, the ChatML ids).
   bool return_token_ids = false;
+  // Routing replay on the OpenAI routes (sglang's fields, as on /generate): each choice's
+  // `routed_experts` (base64 of int32 [fed tokens - start, moe_layers, top_k]) and epmoe's
+  // `routed_expert_weights`, on the response and on a stream's last chunk of the choice.
+  bool return_routed_experts = false, return_routed_expert_weights = false;
+  int routed_experts_start_len = 0;
   std::string model;
   std::string id;         // cmpl-... / chatcmpl-...
   int64_t created = 0;
@@ -101,6 +106,12 @@ nlohmann::json openai_matched_stop(const SampleProgress& s);
 // such a token back until then, so that the token, its log-prob and the finish reason go out in
 // one chunk -- never a last chunk of empty log-prob arrays.
 bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s);
+// A finished sample's routing from token `start` on, base64 (sglang's routed_experts layout), and
+// the fp32 weights in the same layout.
+std::string routed_experts_b64(const SampleProgress& s, int start, const ServedModel& m);
+std::string routed_weights_b64(const SampleProgress& s, int start, const ServedModel& m);
+// Adds a finished choice's routed_experts / routed_expert_weights where the call asked for them.
+void add_routing(nlohmann::json& choice, const OpenAICall& call, const SampleProgress& s, const ServedModel& m);
 // The whole (non-streamed) response of finished jobs, choice index = prompt * n + sample.
 nlohmann::json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, const ServedModel& m);
 nlohmann::json openai_usage(const std::vector<JobPtr>& jobs);

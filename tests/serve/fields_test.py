@@ -125,7 +125,8 @@ IMPLEMENTED_SAMPLING = {"max_new_tokens", "stop", "stop_token_ids", "temperature
 IMPLEMENTED_OPENAI = {"model", "n", "seed", "stop", "stream", "stream_options", "temperature", "top_p", "top_k",
                       "min_p", "stop_token_ids", "no_stop_trim", "ignore_eos", "skip_special_tokens",
                       "return_token_ids", "rid", "user", "safety_identifier", "prompt_cache_key",
-                      "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens"}
+                      "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+                      "return_routed_experts", "routed_experts_start_len", "return_routed_expert_weights"}
 IMPLEMENTED_COMPLETION = IMPLEMENTED_OPENAI | {"prompt", "max_tokens", "logprobs", "best_of"}
 IMPLEMENTED_CHAT = IMPLEMENTED_OPENAI | {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
                                          "separate_reasoning", "stream_reasoning", "parallel_tool_calls"}

@@ -9,6 +9,7 @@ Checked here, on the tiny Qwen3-MoE (3 MoE layers, 8 experts, top-2):
     for every token the rollout fed, and the rollout's log-probs bit for bit;
   * alone == among 8 concurrent requests, and on 3 ranks (mpirun, alltoall and onesided) == 1 rank;
   * routed_experts_start_len k skips the first k tokens; n = 2 samples share the prompt's routing;
+  * /v1/completions (also streamed): each choice's routed_experts == /generate's for the same ids;
   * without --enable-return-routed-experts the field is refused with a 400 naming it.
 """
 import base64
@@ -98,6 +99,26 @@ def main():
         p3 = len(prompts[3]) * LAYERS * K
         check(st == 200 and a[:p3] == b[:p3] and len(a) == len(b) == (len(prompts[3]) + 5) * LAYERS * K,
               "n = 2: both samples report the prompt's routing, then their own")
+
+        # The OpenAI routes: a completion's choice carries the routing /generate reports for the
+        # same ids (greedy), and a stream's last chunk of the choice carries it too.
+        g = rollout(s.url, prompts[1], 7, extra={"sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                                                      "ignore_eos": True}})
+        body = {"prompt": prompts[1], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+                "return_routed_experts": True, "return_routed_expert_weights": True}
+        c = httpx.post(s.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+        check(c.get("routed_experts") == g["meta_info"]["routed_experts"] and
+              c.get("routed_expert_weights") == g["meta_info"]["routed_expert_weights"],
+              "/v1/completions: the choice's routed_experts (and weights) == /generate's for the same ids")
+        last = None
+        with httpx.stream("POST", s.url + "/v1/completions", json=dict(body, stream=True), timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    ch = json.loads(line[6:])["choices"]
+                    if ch and ch[0].get("finish_reason"):
+                        last = ch[0]
+        check(last is not None and last.get("routed_experts") == c["routed_experts"],
+              "/v1/completions streamed: the last chunk carries the choice's routed_experts")
 
     # 3 ranks: every request's routing is the one rank's, bit for bit.
     for backend in ("alltoall", "onesided"):
