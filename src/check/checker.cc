@@ -90,7 +90,7 @@ CheckResult run_check(const CheckOptions& o) {
   ReferenceRun ref;
   if (o.reference == "local") {
     const Placement solo = Placement::make_default(E, 1, 0);
-    auto ref_model = make_model(device, cfg, ckpt, solo, 0, ctx.compute, {}, ctx.fp8_compute);
+    auto ref_model = make_model(device, cfg, ckpt, solo, 0, ctx.compute, ctx.kv, ctx.fp8_compute, ctx.lm_head);
     auto local = make_local_backend(device, solo);
     std::mt19937_64 rng(o.seed);
     std::vector<uint64_t> ids;
@@ -103,13 +103,15 @@ CheckResult run_check(const CheckOptions& o) {
         prompts.push_back(p);
       }
     }
-    ref = run_reference(*ref_model, *local, group, ids, prompts, gen);
+    ref = run_reference(*ref_model, *local, group, ids, prompts, gen, ctx.forward);
   } else {
     ref = reference_from_file(o.reference, cfg, me);
     gen = 0;
   }
 
-  auto model = make_model(device, cfg, ckpt, place, me, ctx.compute, {}, ctx.fp8_compute);
+  // Every run option acts here as in the other commands (the reference above takes the same): the
+  // KV pool, the lm_head form and --check-numerics reach both models and every forward.
+  auto model = make_model(device, cfg, ckpt, place, me, ctx.compute, ctx.kv, ctx.fp8_compute, ctx.lm_head);
   for (size_t i = 0; i < names.size(); i++) {
     CheckRow row;
     row.backend = names[i];
@@ -119,7 +121,7 @@ CheckResult run_check(const CheckOptions& o) {
     ao.tokens_per_rank = eo.backend_options.max_dispatch_tokens_per_rank + 5;  // bounded backends need a second round
     ao.exact = res.exact;
     row.audit = run_audit(group, device, place, *backends[i], ao);
-    row.stats = compare_backend(*model, *backends[i], group, ref, gen);
+    row.stats = compare_backend(*model, *backends[i], group, ref, gen, ctx.forward);
     row.pass = row_passes(row, res.exact);
     res.rows.push_back(row);
   }

@@ -57,7 +57,7 @@ std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r) {
 }
 
 ReferenceRun run_reference(LanguageModel& model, A2ABackend& backend, Group& group, const std::vector<uint64_t>& ids,
-                           const std::vector<std::vector<int32_t>>& prompts, int gen_tokens) {
+                           const std::vector<std::vector<int32_t>>& prompts, int gen_tokens, const ForwardOptions& fo) {
   ReferenceRun r;
   r.ids = ids;
   r.prompts = prompts;
@@ -65,9 +65,10 @@ ReferenceRun run_reference(LanguageModel& model, A2ABackend& backend, Group& gro
   for (size_t i = 0; i < ids.size(); i++) req.push_back(GenerateRequest{ids[i], prompts[i], 0, 1, {}});
   GenerateParams gp;
   gp.max_new_tokens = gen_tokens;
+  gp.forward = fo;
   r.generated = generate_greedy(model, backend, group, req, gp);
   const int64_t V = model.config().vocab_size;
-  r.logits = score_sequences(model, backend, ids, full_sequences(r));
+  r.logits = score_sequences(model, backend, ids, full_sequences(r), fo);
   for (auto& l : r.logits) r.logprobs.push_back(log_softmax_rows(l, V));
   return r;
 }
@@ -120,15 +121,16 @@ BackendStats comparison_stats(const ComparisonTally& t, Group& group) {
 }  // namespace
 
 BackendStats compare_backend(LanguageModel& model, A2ABackend& backend, Group& group, const ReferenceRun& ref,
-                             int gen_tokens) {
+                             int gen_tokens, const ForwardOptions& fo) {
   const int64_t V = model.config().vocab_size;
-  auto logits = score_sequences(model, backend, ref.ids, full_sequences(ref));
+  auto logits = score_sequences(model, backend, ref.ids, full_sequences(ref), fo);
   std::vector<std::vector<int32_t>> gen;
   if (gen_tokens > 0) {
     std::vector<GenerateRequest> req;
     for (size_t i = 0; i < ref.ids.size(); i++) req.push_back(GenerateRequest{ref.ids[i], ref.prompts[i], 0, 1, {}});
     GenerateParams gp;
     gp.max_new_tokens = gen_tokens;
+    gp.forward = fo;
     gen = generate_greedy(model, backend, group, req, gp);
   }
   return comparison_stats(tally_comparison(ref, logits, gen, V), group);

@@ -42,11 +42,12 @@ std::vector<std::vector<int32_t>> full_sequences(const ReferenceRun& r);
 // The reference for this rank's sequences: greedy generation with `gen_tokens` new tokens, then
 // the logits of prompt + generation in one pass. Collective (the lockstep loop of engine/).
 ReferenceRun run_reference(LanguageModel& model, A2ABackend& backend, Group& group, const std::vector<uint64_t>& ids,
-                           const std::vector<std::vector<int32_t>>& prompts, int gen_tokens);
+                           const std::vector<std::vector<int32_t>>& prompts, int gen_tokens,
+                           const ForwardOptions& fo = {});
 
 // The backend on the same sequences: scored teacher-forced on the reference tokens (log-prob
 // differences), and generating on its own (greedy agreement, degeneration). Collective.
 BackendStats compare_backend(LanguageModel& model, A2ABackend& backend, Group& group, const ReferenceRun& ref,
-                             int gen_tokens);
+                             int gen_tokens, const ForwardOptions& fo = {});
 
 }  // namespace epmoe
