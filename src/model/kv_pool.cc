@@ -62,14 +62,23 @@ int32_t KvPool::take(KvCache& c) {
     EPMOE_ASSERT(!lru_.empty(), "kv pool: no block to take although one is available");
     b = lru_.front();
     lru_.pop_front();
-    Block& m = meta_[size_t(b)];
-    auto it = index_.find(m.hash);
-    if (it != index_.end() && it->second == b) index_.erase(it);
-    m.published = false;
-    m.tokens.clear();
+    unpublish(b);
   }
   meta_[size_t(b)].refs = 1;
   return b;
+}
+
+void KvPool::unpublish(int32_t b) {
+  Block& m = meta_[size_t(b)];
+  auto it = index_.find(m.hash);
+  if (it != index_.end() && it->second == b) index_.erase(it);
+  for (auto [c, end] = children_.equal_range(m.parent_hash); c != end; ++c)
+    if (c->second == b) {
+      children_.erase(c);
+      break;
+    }
+  m.published = false;
+  m.tokens.clear();
 }
 
 std::shared_ptr<KvCache> KvPool::open() { return std::make_shared<KvCache>(*this); }
@@ -93,8 +102,24 @@ std::shared_ptr<KvCache> KvPool::admit(const std::vector<int32_t>& prompt, int64
     chain.push_back(h);
     parent = h;
   }
+  // Then the cached block after that chain sharing the most leading tokens with the prompt (the
+  // ties to the lower block id: a fixed choice). Its rows hold the bits this prompt computes there.
+  const int64_t full = int64_t(hit.size()) * B;
+  const int64_t room = std::min<int64_t>(std::min<int64_t>(match_limit, int64_t(prompt.size())) - full, B - 1);
+  int32_t partial = -1;
+  int64_t rows = 0;
+  if (copy_ && room > 0)
+    for (auto [it, end] = children_.equal_range(parent); it != end; ++it) {
+      const Block& m = meta_[size_t(it->second)];
+      if (!m.published || m.parent_hash != parent) continue;
+      int64_t j = 0;
+      while (j < room && m.tokens[size_t(j)] == prompt[size_t(full + j)]) j++;
+      if (j > rows || (j == rows && j > 0 && it->second < partial)) rows = j, partial = it->second;
+    }
   int64_t from_lru = 0;
   for (int32_t b : hit) from_lru += meta_[size_t(b)].refs == 0;
+  // (the partial block is held while it is copied: it must not be the one taken for the copy)
+  if (partial >= 0) from_lru += meta_[size_t(partial)].refs == 0;
   const int64_t need = std::max<int64_t>(0, blocks_for(worst_tokens) - int64_t(hit.size())) + extra;
   if (available() < need + from_lru) return nullptr;
   lookups_ += limit;
@@ -103,9 +128,19 @@ std::shared_ptr<KvCache> KvPool::admit(const std::vector<int32_t>& prompt, int64
   for (int32_t b : hit) ref(b);
   c->blocks_ = std::move(hit);
   c->chain_ = std::move(chain);
-  c->tokens_ = int64_t(c->blocks_.size()) * B;
+  c->tokens_ = full;
   c->reserved_ = need;
   reserved_ += need;
+  if (partial >= 0) {
+    ref(partial);
+    const int32_t own = take(*c);  // one of the blocks promised: the sequence's block after `full`
+    copy_(partial, own);
+    unref(partial);
+    c->blocks_.push_back(own);
+    c->tail_.assign(prompt.begin() + full, prompt.begin() + full + rows);
+    c->tokens_ = full + rows;
+    partial_hits_ += rows;
+  }
   return c;
 }
 
@@ -154,6 +189,7 @@ void KvPool::append(KvCache& c, const int32_t* tokens, int64_t n) {
       m.parent_hash = parent;
       m.tokens = c.tail_;
       index_[h] = b;
+      children_.emplace(parent, b);
     }
     c.tail_.clear();
   }
@@ -161,6 +197,7 @@ void KvPool::append(KvCache& c, const int32_t* tokens, int64_t n) {
 
 void KvPool::flush_prefix_cache() {
   index_.clear();
+  children_.clear();
   for (int32_t b : lru_) free_.push_back(b);
   lru_.clear();
   for (Block& m : meta_) {

@@ -3,6 +3,10 @@
 // blocks that several sequences share (the n samples of one prompt: copy on write at the first
 // block they write differently), and a prefix cache of full blocks keyed by the tokens of the
 // whole prefix up to and including the block (a hash chain, checked token by token on a hit).
+// The match is token by token: after the longest chain of full blocks, the cached block after it
+// that shares the most leading tokens with the prompt gives those rows too -- copied into a block
+// of the new sequence's own (its other rows are the sequence's to write), so a prompt that
+// shares 20 tokens of a cached one reuses 20, not 16.
 //
 // The pool never touches the K/V values: the model owning it stores them ([layer][block][row]) and
 // gives the pool a copier for copy on write. What the pool guarantees the scheduler:
@@ -75,12 +79,14 @@ class KvPool {
   // Prefix-cache counters since the start (blocks): looked up at admission and found.
   int64_t prefix_lookups() const { return lookups_; }
   int64_t prefix_hits() const { return hits_; }
+  int64_t partial_hit_tokens() const { return partial_hits_; }  // rows found in partial blocks
 
   // A new, empty sequence cache (no promise: its writes take unpromised blocks or throw).
   std::shared_ptr<KvCache> open();
 
-  // Admission of a request: a cache holding the longest cached prefix of `prompt` (full blocks,
-  // at most `match_limit` tokens), with the blocks a sequence of `worst_tokens` positions may still
+  // Admission of a request: a cache holding the longest cached prefix of `prompt` (at most
+  // `match_limit` tokens: full blocks, then the leading rows of one more when the pool has a
+  // copier), with the blocks a sequence of `worst_tokens` positions may still
   // need promised to it, plus `extra` promised blocks (for forks: see fork). nullptr when that
   // does not fit now (nothing taken); the prefix length is the cache's tokens().
   std::shared_ptr<KvCache> admit(const std::vector<int32_t>& prompt, int64_t match_limit, int64_t worst_tokens,
@@ -120,8 +126,11 @@ class KvPool {
   std::vector<int32_t> free_;  // never-published free blocks (a stack)
   std::list<int32_t> lru_;     // published blocks no sequence holds, least recently used first
   std::unordered_map<uint64_t, int32_t> index_;  // chain hash -> published block
+  // parent chain hash -> published blocks that follow it (the candidates of a partial match)
+  std::unordered_multimap<uint64_t, int32_t> children_;
+  void unpublish(int32_t b);
   int64_t reserved_ = 0;
-  int64_t lookups_ = 0, hits_ = 0;
+  int64_t lookups_ = 0, hits_ = 0, partial_hits_ = 0;
   std::function<void(int32_t, int32_t)> copy_;
 };
 

@@ -95,6 +95,58 @@ TEST(KvPool, PrefixCacheFindsFullBlocksOfTheSamePrefixOnly) {
   EXPECT_EQ(b->blocks()[0], limited->blocks()[0]);
 }
 
+// Token by token: past the full blocks, the cached block that shares the most leading tokens
+// gives those rows, copied into a block of the new sequence's own (the cached one stays as it is).
+TEST(KvPool, APrefixPastItsFullBlocksReusesTheLeadingRowsOfTheNext) {
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  KvPool pool(16, 4, [&](int32_t s, int32_t d) { copies.push_back({s, d}); });
+  const auto prompt = iota(12);
+  std::vector<int32_t> cached_blocks;
+  {
+    auto a = pool.admit(prompt, 11, 12);
+    ASSERT_TRUE(a);
+    pool.append(*a, prompt.data(), 12);
+    cached_blocks = a->blocks();
+  }
+  std::vector<int32_t> other = prompt;
+  other[6] = 99;  // shares 6 tokens: block 0 whole, then 2 rows of block 1
+  auto b = pool.admit(other, 11, 12);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->tokens(), 6);
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].first, cached_blocks[1]);
+  ASSERT_EQ(b->blocks().size(), 2u);
+  EXPECT_EQ(b->blocks()[0], cached_blocks[0]);  // the full block shared
+  EXPECT_EQ(copies[0].second, b->blocks()[1]);  // the partial one its own
+  EXPECT_NE(b->blocks()[1], cached_blocks[1]);
+  EXPECT_EQ(pool.partial_hit_tokens(), 2);
+  // Writing on from row 2 of its own block copies nothing more, and the chain goes on from there.
+  pool.append(*b, other.data() + 6, 6);
+  EXPECT_EQ(copies.size(), 1u);
+  EXPECT_EQ(b->tokens(), 12);
+  // The limit holds: at most 5 tokens -> one block and 1 row.
+  auto c = pool.admit(prompt, 5, 12);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->tokens(), 5);
+  // Nothing in common past the first block: the full block only, no copy.
+  std::vector<int32_t> third = prompt;
+  third[4] = 77;
+  const size_t before = copies.size();
+  auto d = pool.admit(third, 11, 12);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->tokens(), 4);
+  EXPECT_EQ(copies.size(), before);
+  // A flush forgets the candidates too.
+  b.reset(), c.reset(), d.reset();
+  pool.flush_prefix_cache();
+  auto e = pool.admit(other, 11, 12);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->tokens(), 0);
+  e.reset();
+  EXPECT_EQ(pool.used_blocks(), 0);
+  EXPECT_EQ(pool.reserved_blocks(), 0);
+}
+
 TEST(KvPool, ForkSharesBlocksAndCopiesThePartialOneOnWrite) {
   std::vector<std::pair<int32_t, int32_t>> copies;
   KvPool pool(16, 4, [&](int32_t s, int32_t d) { copies.push_back({s, d}); });

@@ -99,26 +99,28 @@ def main():
     # Orders to the rank that holds the request, while paused in place.
     v2 = h.second_weights(model)
     with h.Server(model, ranks=3, args=["--moe-a2a-backend", "alltoall"]) as s:
-        # Long enough to be running when the pause comes (the text model makes ~3000 tokens/s).
-        long = {"text": "the cat", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+        # Long enough to be running when the pause comes (the text model makes ~3000 tokens/s). One
+        # batch request (a rid per prompt): its prompts reach the engine, and so the ranks, together.
+        long = {"sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
         answers = {}
 
-        def run(rid, max_new=3000):
-            sp = dict(long["sampling_params"], max_new_tokens=max_new)
-            answers[rid] = post(s.url, dict(long, rid=rid, sampling_params=sp), timeout=120)
+        def run(rids):
+            body = dict(long, text=["the cat"] * len(rids), rid=rids)
+            for a in post(s.url, body, timeout=120):
+                answers[a["meta_info"]["id"]] = a
 
-        threads = [threading.Thread(target=run, args=("long%d" % i,)) for i in range(3)]
+        def running_on_each_rank():
+            return [e["num_running_reqs"] for e in httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]]
+
+        threads = [threading.Thread(target=run, args=(["long0", "long1", "long2"],))]
         for t in threads:
             t.start()
         deadline = time.time() + 30
-        while time.time() < deadline:
-            loads = httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]
-            if sum(e["num_running_reqs"] for e in loads) == 3:
-                break
+        while time.time() < deadline and sum(running_on_each_rank()) < 3:
             time.sleep(0.01)
         r = httpx.post(s.url + "/pause_generation", json={"mode": "in_place"}, timeout=30)
         check(r.status_code == 200, "pause in place: %s" % r.text)
-        on = [e["num_running_reqs"] for e in httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]]
+        on = running_on_each_rank()
         check(on == [1, 1, 1], "the three requests run on three ranks (%s)" % on)
         httpx.post(s.url + "/abort_request", json={"rid": "long1"}, timeout=30)
         t0 = time.time()
@@ -145,15 +147,14 @@ def main():
         # abort_all_requests: the requests in flight end now instead of finishing on the old weights
         # (paused in place first, so that they are surely in flight when the update comes).
         answers.clear()
-        threads = [threading.Thread(target=run, args=("again%d" % i, 3000)) for i in range(2)]
+        threads = [threading.Thread(target=run, args=(["again0", "again1"],))]
         for t in threads:
             t.start()
         deadline = time.time() + 30
-        while time.time() < deadline:
-            if sum(e["num_running_reqs"] for e in httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]) == 2:
-                break
+        while time.time() < deadline and sum(running_on_each_rank()) < 2:
             time.sleep(0.01)
         httpx.post(s.url + "/pause_generation", json={"mode": "in_place"}, timeout=30)
+        check(sum(running_on_each_rank()) == 2, "both requests in flight when paused")
         r = httpx.post(s.url + "/update_weights_from_disk", json={"model_path": model, "abort_all_requests": True,
                                                                  "weight_version": "v3"}, timeout=60)
         httpx.post(s.url + "/continue_generation", timeout=30)
