@@ -35,7 +35,8 @@ if ((${#missing[@]} > 0)); then
 fi
 
 # The test clients from npm, at the versions package-lock.json pins (tests/serve/clients): the
-# OpenAI SDK that tests `epmoe serve` as an application would. Installed once into that folder.
+# OpenAI SDK and the Vercel AI SDK that test `epmoe serve` as applications would. Installed once
+# into that folder.
 clients=tests/serve/clients
 installed_as_locked() {
   (cd "$clients" && node -e '

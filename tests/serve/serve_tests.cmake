@@ -10,6 +10,10 @@ set(EPMOE_PYTHON /usr/bin/python3)
 # The OpenAI SDK (npm `openai` v6, installed by scripts/install-deps.sh) as an application uses it.
 add_test(NAME serve.openai_client
          COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/serve_harness.py -- node ${EPMOE_SERVE_DIR}/openai_client_test.mjs)
+# The Vercel AI SDK (npm `ai` + `@ai-sdk/openai`): the Responses API (its default) and chat
+# completions, generateText and streamText, the same greedy text on both routes.
+add_test(NAME serve.ai_sdk
+         COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/serve_harness.py -- node ${EPMOE_SERVE_DIR}/ai_sdk_test.mjs)
 # slime's and AReaL's sglang clients: their payloads and parsing (httpx, aiohttp).
 add_test(NAME serve.rl_clients COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rl_clients_test.py)
 # The on-policy guarantee over HTTP: alone == among 32 concurrent, 1 and 3 ranks x every backend;
@@ -38,6 +42,6 @@ add_test(NAME serve.dp_attention COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/dp_a
 # Penalties, logit_bias, min_new_tokens: their effects, the model's log-probs, the same bits (httpx).
 add_test(NAME serve.sampling_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/sampling_fields_test.py)
 
-set_tests_properties(serve.openai_client serve.dp_attention serve.sampling_fields serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
+set_tests_properties(serve.openai_client serve.ai_sdk serve.dp_attention serve.sampling_fields serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
   serve.routing_replay serve.rl_fields serve.weight_sync serve.retract serve.fields
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
