@@ -30,14 +30,14 @@ nlohmann::json json_line(size_t index, int sample, std::optional<uint64_t> seed,
   j["output_ids"] = g.tokens;
   if (logprobs) {
     nlohmann::json lp = nlohmann::json::array();
-    for (float v : g.logprobs) lp.push_back(json_float(v));
+    for (float v : g.logprobs) lp.push_back(json_fp32(v));
     j["output_logprobs"] = lp;
   }
   if (top_n > 0) {
     nlohmann::json steps = nlohmann::json::array();
     for (auto& step : g.top) {
       nlohmann::json alts = nlohmann::json::array();
-      for (auto& [id, v] : step) alts.push_back({id, json_float(v)});
+      for (auto& [id, v] : step) alts.push_back({id, json_fp32(v)});
       steps.push_back(alts);
     }
     j["top_logprobs"] = steps;
@@ -183,9 +183,9 @@ int run_generate(const GenerateOptions& o) {
         const std::optional<uint64_t> used =
             sampling || o.seed_given ? std::optional<uint64_t>(seed + uint64_t(sample)) : std::nullopt;
         const Tokenizer* text_of = prompts[index].text ? tok.get() : nullptr;
-        std::printf("%s\n", json_line(index, sample, used, prompts[index].ids, all[r], text_of,
-                                      o.logprobs, o.top_logprobs)
-                               .dump()
+        // (dump_json: every log-prob as the shortest decimal of its fp32)
+        std::printf("%s\n", dump_json(json_line(index, sample, used, prompts[index].ids, all[r], text_of,
+                                                o.logprobs, o.top_logprobs))
                                .c_str());
       } else if (stream) {
         std::fputs(stream->flush().c_str(), stdout);

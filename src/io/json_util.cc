@@ -1,5 +1,6 @@
 #include "io/json_util.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
 #include <sys/stat.h>
 
 #include "util/error.h"
@@ -94,6 +96,89 @@ nlohmann::json json_float(float v) {
     if (std::strtof(buf, nullptr) == v) break;
   }
   return std::strtod(buf, nullptr);
+}
+
+// ---- fp32-exact JSON (log-probs): the shortest decimal of each float ----
+
+nlohmann::json json_fp32(float v) { return std::isfinite(v) ? nlohmann::json(double(v)) : nlohmann::json(nullptr); }
+
+namespace {
+
+// Significant digits of a decimal (leading and trailing zeros of the digit string dropped).
+size_t significant_digits(const std::string& t) {
+  std::string d;
+  for (char c : t.substr(0, t.find('e')))
+    if (c >= '0' && c <= '9') d += c;
+  const size_t a = d.find_first_not_of('0');
+  return a == std::string::npos ? 1 : d.find_last_not_of('0') - a + 1;
+}
+
+// The shortest round-trip text of v: std::to_chars picks the fewest *characters*, which for a
+// large integral value is the fixed form with more digits ("3149415841792" for 3.1494158e+12);
+// the scientific form always has the fewest digits, so it is taken when it has fewer.
+template <typename T>
+std::string shortest_text(T v) {
+  char a[64], b[64];
+  const auto ra = std::to_chars(a, a + sizeof a, v);
+  const auto rb = std::to_chars(b, b + sizeof b, v, std::chars_format::scientific);
+  std::string t(a, ra.ptr);
+  std::string sci(b, rb.ptr);
+  if (significant_digits(sci) < significant_digits(t)) t = sci;
+  if (t.find_first_of(".e") == std::string::npos) t += ".0";
+  return t;
+}
+
+}  // namespace
+
+std::string fp32_text(float v) { return std::isfinite(v) ? shortest_text(v) : "null"; }
+
+namespace {
+
+std::string double_text(double d) {
+  if (!std::isfinite(d)) return "null";
+  const float f = float(d);
+  if (double(f) == d) return fp32_text(f);
+  return shortest_text(d);
+}
+
+void write_json(const nlohmann::json& j, std::string& out) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::object: {
+      out += '{';
+      bool first = true;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!first) out += ',';
+        first = false;
+        out += nlohmann::json(it.key()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        out += ':';
+        write_json(it.value(), out);
+      }
+      out += '}';
+      break;
+    }
+    case nlohmann::json::value_t::array: {
+      out += '[';
+      for (size_t i = 0; i < j.size(); i++) {
+        if (i) out += ',';
+        write_json(j[i], out);
+      }
+      out += ']';
+      break;
+    }
+    case nlohmann::json::value_t::number_float:
+      out += double_text(j.get<double>());
+      break;
+    default:
+      out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+}
+
+}  // namespace
+
+std::string dump_json(const nlohmann::json& j) {
+  std::string out;
+  write_json(j, out);
+  return out;
 }
 
 }  // namespace epmoe

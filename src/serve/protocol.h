@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_util.h"  // json_fp32, dump_json: log-probs as the shortest fp32 decimals
+
 #include "serve/job.h"
 #include "tokenizer/tokenizer.h"
 
@@ -144,16 +146,5 @@ nlohmann::json detokenize(const nlohmann::json& body, const ServedModel& m);
 // The OpenAI model object of the served model (/v1/models, /v1/models/{id}).
 nlohmann::json model_card(const ServedModel& m);
 
-// A log-prob (any fp32) as a JSON number that dump_json writes as fp32_text(v): the double holds
-// the float's exact value.
-nlohmann::json json_fp32(float v);
-// The shortest decimal that reads back (as fp32, round to nearest) as v, with ".0" added when it
-// has neither a point nor an exponent (so that JSON readers see a float); "null" when not finite.
-std::string fp32_text(float v);
-
-// A JSON document as bytes: invalid UTF-8 (a token's raw bytes) becomes U+FFFD; a number that is
-// exactly an fp32 is written as fp32_text (std::to_chars: nlohmann's own printer, Grisu2, gives a
-// longer decimal for ~0.2% of values), any other double as the shortest decimal of that double.
-std::string dump_json(const nlohmann::json& j);
 
 }  // namespace epmoe

@@ -231,3 +231,43 @@ TEST(Rollout, SamplingFlagsAreCheckedBeforeAnyWork) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// `generate --json` writes every log-prob as the shortest decimal that reads back as its fp32 (at
+// most 9 significant digits): nlohmann's own printer gave 17 digits for ~0.15% of them
+// (-4.7081480000000004), so ~3000 printed numbers here would hold some.
+TEST(Rollout, JsonLogprobsAreTheShortestDecimalsOfTheirFloats) {
+  std::string text;
+  for (int i = 0; i < 12; i++) text += std::to_string(3 + i) + "," + std::to_string(40 + 7 * i) + ",9\n";
+  const auto r = run_command(test::epmoe() + " generate --model " + test::fixture("qwen3moe-tiny") +
+                             " --prompts-file " + prompts_file(text) +
+                             " --max-new-tokens 48 --ignore-eos --temperature 0.9 --seed 3 --json --logprobs 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex number(R"(-?[0-9]+\.[0-9]+(e-?[0-9]+)?)");
+  int checked = 0, longer = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), number); it != std::sregex_iterator(); ++it) {
+    const std::string t = it->str();
+    const float v = std::strtof(t.c_str(), nullptr);
+    // the shortest: no decimal with fewer significant digits reads back as v
+    char buf[32];
+    int digits = 1;
+    for (; digits <= 9; digits++) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+      if (std::strtof(buf, nullptr) == v) break;
+    }
+    std::string sig;
+    for (char c : t.substr(0, t.find('e')))
+      if (c >= '0' && c <= '9') sig += c;
+    sig.erase(0, sig.find_first_not_of('0'));
+    sig.erase(sig.find_last_not_of('0') + 1);
+    longer += int(sig.size()) > digits;
+    checked++;
+  }
+  EXPECT_GT(checked, 2000);
+  EXPECT_EQ(longer, 0) << "of " << checked << " printed log-probs";
+}
+
+}  // namespace
+}  // namespace epmoe

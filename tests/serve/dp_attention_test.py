@@ -79,6 +79,11 @@ def main():
         for backend in BACKENDS:
             tag = "%d ranks, %s" % (ranks, backend)
             with h.Server(model, ranks=ranks, args=["--moe-a2a-backend", backend, "--max-batch-tokens", "32"]) as s:
+                # The pool's size is known from the start (it used to read 0 until the first step).
+                info = httpx.get(s.url + "/get_server_info", timeout=10).json()
+                loads = httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]
+                check(info["max_total_num_tokens"] > 0 and all(e["max_total_num_tokens"] > 0 for e in loads),
+                      "%s: the KV pool of every rank reported as soon as the server listens" % tag)
                 got = concurrently(s.url, reqs)
                 same = sum(a == b for a, b in zip(alone, got))
                 check(same == len(reqs), "%s: %d/%d requests == alone on 1 rank (text, ids, log-prob bits, finish)"
