@@ -1,5 +1,6 @@
-// The one MoE layer of the code base. Every family runs through it; a family shows up only as
-// data: its routing strategy (RoutingConfig) and its shared-expert weights.
+// The CPU's MoE layer (the GPU's is GpuModel::mlp in model/cuda/gpu_model.cu: the same contract,
+// written once per device until issue 36 merges them). Every family runs through it; a family
+// shows up only as data: its routing strategy (RoutingConfig) and its shared-expert weights.
 //
 //   x[T, H] -> router logits -> route() -> placement (replica per token, slot)
 //           -> backend.run()  (dispatch, experts, combine: FINAL, reduced once)
