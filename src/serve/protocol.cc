@@ -357,11 +357,6 @@ std::string base64(const void* data, size_t n) {
   return out;
 }
 
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ uint64_t(rd());
-}
-
 std::vector<int32_t> ids_of(const json& v, const std::string& field, const ServedModel& m) {
   std::vector<int32_t> ids;
   ids.reserve(v.size());
