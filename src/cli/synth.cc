@@ -286,23 +286,15 @@ int run_synth(const SynthOptions& o) {
   for (size_t s = 0; s < shards.size(); s++) {
     char fname[64];
     std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    json header = json::object();
-    header["__metadata__"] = {{"format", "pt"}};
-    size_t off = 0;
+    std::vector<TensorLayout> layout;
     for (size_t i : shards[s]) {
-      const size_t b = tensors[i].bytes();
-      header[tensors[i].name] = {{"dtype", std::string(dtype_name(tensors[i].dtype))}, {"shape", tensors[i].shape},
-                                 {"data_offsets", {off, off + b}}};
+      layout.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape});
       weight_map[tensors[i].name] = fname;
-      off += b;
     }
-    std::string h = header.dump();
-    while ((8 + h.size()) % 8) h.push_back(' ');
+    const std::string prefix = safetensors_prefix(layout, {{"format", "pt"}});
     files.push_back(std::make_unique<ShardFile>(o.out + "/" + fname));
-    const uint64_t n = h.size();
-    files.back()->write_at(&n, 8, 0);
-    files.back()->write_at(h.data(), h.size(), 8);
-    size_t pos = 8 + h.size();
+    files.back()->write_at(prefix.data(), prefix.size(), 0);
+    size_t pos = prefix.size();
     for (size_t i : shards[s]) {
       const size_t esz = dtype_size(tensors[i].dtype), values = tensors[i].bytes() / esz;
       for (size_t first = 0, c = 0; first < values; first += kChunkValues, c++) {

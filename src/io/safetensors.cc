@@ -161,30 +161,39 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+size_t TensorLayout::bytes() const {
+  size_t b = dtype_size(dtype);
+  for (auto d : shape) b *= size_t(d);
+  return b;
+}
+
+std::string safetensors_prefix(const std::vector<TensorLayout>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (auto& t : tensors) {
-    size_t bytes = dtype_size(t.dtype);
-    for (auto d : t.shape) bytes *= size_t(d);
+    const size_t bytes = t.bytes();
     header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
   while ((8 + h.size()) % 8) h.push_back(' ');  // keep the data 8-byte aligned
+  const uint64_t n = h.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + h;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorLayout> layout;
+  for (auto& t : tensors) layout.push_back({t.name, t.dtype, t.shape});
+  const std::string prefix = safetensors_prefix(layout, metadata);
   std::ofstream f(path, std::ios::binary);
   if (!f) throw InputError(path + ": cannot open for writing");
-  uint64_t n = h.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);
-  f.write(h.data(), std::streamsize(h.size()));
-  for (auto& t : tensors) {
-    size_t bytes = dtype_size(t.dtype);
-    for (auto d : t.shape) bytes *= size_t(d);
-    f.write(static_cast<const char*>(t.data), std::streamsize(bytes));
-  }
+  f.write(prefix.data(), std::streamsize(prefix.size()));
+  for (size_t i = 0; i < tensors.size(); i++)
+    f.write(static_cast<const char*>(tensors[i].data), std::streamsize(layout[i].bytes()));
   if (!f) throw InputError(path + ": write failed");
 }
 

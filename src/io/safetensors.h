@@ -69,7 +69,22 @@ class SafetensorsFile {
   std::shared_ptr<AlignedCopies> aligned_;
 };
 
-// Writes tensors (fp32 or raw bytes with dtype) as a safetensors file; used by `score` and synth.
+// A tensor's place in a file being written: name, dtype, shape (its data follows the header in
+// the order given).
+struct TensorLayout {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t bytes() const;
+};
+// The bytes a safetensors file starts with, the one writer of the format (write_safetensors and
+// synth's parallel shard writer): the header's length (8 bytes, little-endian) and the JSON header
+// -- each tensor's dtype, shape and data offsets in the order given, `metadata` as __metadata__
+// when not empty -- padded with spaces so that the data starts 8-byte aligned.
+std::string safetensors_prefix(const std::vector<TensorLayout>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
+// Writes tensors (fp32 or raw bytes with dtype) as a safetensors file; used by `score` and tests.
 struct TensorToWrite {
   std::string name;
   DType dtype;
