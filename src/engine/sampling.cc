@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <numeric>
 #include <random>
 
@@ -77,25 +76,25 @@ void validate(const LogitProcessing& p, int64_t V) {
 void process_logits(float* row, int64_t V, const LogitProcessing& p, const std::vector<int32_t>& prompt,
                     int prior_output, const std::vector<int32_t>& output, const std::vector<int>& stop_ids) {
   const size_t head = prompt.size() - std::min(prompt.size(), size_t(std::max(prior_output, 0)));
-  // The output's ids with their counts, in ascending id order (a fixed order: each id's update is
-  // one expression of its own count, so the order does not change a bit either way).
-  std::map<int32_t, int> counts;
-  for (size_t i = head; i < prompt.size(); i++) counts[prompt[i]]++;
-  for (int32_t t : output) counts[t]++;
-  if (p.repetition_penalty != 1.0f) {
-    std::vector<int32_t> seen(prompt.begin(), prompt.end());
-    seen.insert(seen.end(), output.begin(), output.end());
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (int32_t id : seen) {
-      if (id < 0 || id >= V) continue;
+  // Per id of the vocabulary, in one pass over the sample's tokens (linear: the caller's copy of
+  // the row is O(V) already): how often the output holds it, and whether the prompt or output does.
+  if (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    std::vector<int32_t> count(size_t(V), 0);
+    std::vector<char> seen(size_t(V), 0);
+    auto add = [&](int32_t t, bool out) {
+      if (t < 0 || t >= V) return;
+      seen[size_t(t)] = 1;
+      count[size_t(t)] += out;
+    };
+    for (size_t i = 0; i < prompt.size(); i++) add(prompt[i], i >= head);
+    for (int32_t t : output) add(t, true);
+    for (int64_t id = 0; id < V; id++) {
       float& x = row[id];
-      x = x > 0.0f ? x / p.repetition_penalty : x * p.repetition_penalty;
+      if (p.repetition_penalty != 1.0f && seen[size_t(id)])
+        x = x > 0.0f ? x / p.repetition_penalty : x * p.repetition_penalty;
+      if (const int32_t c = count[size_t(id)]; c > 0) x -= p.frequency_penalty * float(c) + p.presence_penalty;
     }
   }
-  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
-    for (const auto& [id, c] : counts)
-      if (id >= 0 && id < V) row[id] -= p.frequency_penalty * float(c) + p.presence_penalty;
   for (const auto& [id, bias] : p.logit_bias)
     if (id >= 0 && id < V) row[id] += bias;
   const int generated = int((prompt.size() - head) + output.size());

@@ -57,7 +57,7 @@ struct RequestParams {
   int prior_output = 0;
 };
 // (serve sends every field of RequestParams to the rank that runs the request: a field added here
-// is added to serve_engine.cc's request_json / request_of.)
+// is added to its field list in serve_engine.cc.)
 
 struct GenerateRequest {
   uint64_t id = 0;  // sample j's sequence id is id + j (feeds the token global ids)

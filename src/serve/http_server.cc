@@ -448,38 +448,11 @@ void HttpServer::routes() {
     send_json(res, 200, {{"success", true}, {"message", r.message}, {"weight_version", engine_.weight_version()}});
   });
   s.Post("/update_weights_from_disk", [this](const httplib::Request& req, httplib::Response& res) {
-    const json b = parse_body(req);
-    if (!b.is_object() || !b.contains("model_path") || !b["model_path"].is_string())
-      throw HttpError(400, "model_path", "model_path: a checkpoint folder (string) is required");
-    // sglang's UpdateWeightFromDiskReqInput: every field acts or is refused (none ignored).
-    for (auto it = b.begin(); it != b.end(); ++it) {
-      const std::string& k = it.key();
-      const json& v = it.value();
-      if (k == "model_path" || k == "weight_version" || v.is_null()) continue;
-      if (k == "abort_all_requests" || k == "flush_cache") {
-        if (!v.is_boolean()) throw HttpError(400, k, k + ": must be true or false");
-        continue;  // flush_cache: the new weights start with an empty prefix cache either way
-      }
-      if (k == "load_format") {
-        if (!v.is_string() || (v != "auto" && v != "safetensors"))
-          throw HttpError(400, k, k + ": only auto / safetensors (the checkpoint's safetensors files)");
-        continue;
-      }
-      if (k == "is_async" || k == "torch_empty_cache" || k == "keep_pause" || k == "recapture_cuda_graph") {
-        if (v.is_boolean() && !v.get<bool>()) continue;
-        throw HttpError(400, k, k + ": is not supported (only false)");
-      }
-      throw HttpError(400, k, k + ": is not a field of /update_weights_from_disk (unknown fields are refused)");
-    }
+    const UpdateFromDisk u = parse_update_from_disk(parse_body(req));
     // abort_all_requests: the requests in flight end now (finish reason abort) instead of
     // finishing on the old weights first.
-    if (b.value("abort_all_requests", false)) engine_.abort_all();
-    std::string version;
-    if (b.contains("weight_version") && !b["weight_version"].is_null()) {
-      if (!b["weight_version"].is_string()) throw HttpError(400, "weight_version", "weight_version: must be a string");
-      version = b["weight_version"].get<std::string>();
-    }
-    const ControlReply r = engine_.update_weights(b["model_path"].get<std::string>(), version);
+    if (u.abort_all_requests) engine_.abort_all();
+    const ControlReply r = engine_.update_weights(u.model_path, u.weight_version);
     if (!r.ok) {
       json body = error_body(400, "model_path: " + r.message, "model_path");
       body["success"] = false;

@@ -295,6 +295,18 @@ constexpr FieldRule kTokenizeFields[] = {
 
 constexpr FieldRule kDetokenizeFields[] = {{"model", I}, {"tokens", I}, {"skip_special_tokens", I}};
 
+constexpr FieldRule kUpdateFromDiskFields[] = {
+    {"model_path", I}, {"weight_version", I}, {"abort_all_requests", I},
+    {"flush_cache", N, "the new weights start with an empty prefix cache either way"},
+    {"load_format", R, "is not supported: only auto / safetensors (the checkpoint's safetensors files)",
+     R"(["auto", "safetensors"])"},
+    {"is_async", R, "is not supported (only false): the update applies between steps"},
+    {"torch_empty_cache", R, "is not supported (only false)"},
+    {"keep_pause", R, "is not supported (only false)"},
+    {"recapture_cuda_graph", R, "is not supported (only false)"},
+    {"token_step", R, "is not supported"},
+};
+
 bool is_neutral(const FieldRule& r, const json& v) {
   if (v.is_null()) return true;
   if (r.neutral) {
@@ -511,6 +523,19 @@ void check_model_name(const Fields& f, const ServedModel& m) {
 }
 
 }  // namespace
+
+UpdateFromDisk parse_update_from_disk(const json& body) {
+  Fields f(body, "");
+  check_fields(body, "", kUpdateFromDiskFields, "/update_weights_from_disk");
+  UpdateFromDisk u;
+  const auto path = f.string("model_path");
+  if (!path) bad("model_path", "a checkpoint folder (string) is required");
+  u.model_path = *path;
+  u.weight_version = f.string("weight_version").value_or("");
+  u.abort_all_requests = f.boolean("abort_all_requests").value_or(false);
+  f.boolean("flush_cache");  // (its type is still checked)
+  return u;
+}
 
 json tokenize(const json& body, const ServedModel& m) {
   Fields f(body, "");

@@ -139,6 +139,15 @@ const char* responses_status(const SampleProgress& s);
 std::string chatml_prompt(const nlohmann::json& messages, const Tokenizer& tok);
 
 // ---- tokenizer endpoints (sglang's /tokenize and /detokenize) and model cards ----
+// /update_weights_from_disk (sglang's UpdateWeightFromDiskReqInput): each field acts or is refused
+// through the field table, as every request body is.
+struct UpdateFromDisk {
+  std::string model_path;
+  std::string weight_version;     // "" keeps the current one
+  bool abort_all_requests = false;  // the requests in flight end now instead of finishing first
+};
+UpdateFromDisk parse_update_from_disk(const nlohmann::json& body);
+
 // /tokenize {prompt: str | [str]} or {messages} (the chat template of /v1/chat/completions) ->
 // {tokens, count, max_model_len}; /detokenize {tokens: [id] | [[id]], skip_special_tokens} -> {text}.
 nlohmann::json tokenize(const nlohmann::json& body, const ServedModel& m);

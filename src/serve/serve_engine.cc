@@ -15,6 +15,16 @@ namespace epmoe {
 
 using nlohmann::json;
 
+// A request as an order to the rank that runs it (msgpack of these fields: the floats travel as
+// their exact values). Every field of GenerateRequest and its parts is listed once here: a field
+// added to one of them is added to its list, or the serving rank would not see it.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SamplingParams, temperature, top_k, top_p, min_p)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LogitProcessing, logit_bias, frequency_penalty, presence_penalty,
+                                   repetition_penalty, min_new_tokens)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestParams, max_new_tokens, stop_ids, sampling, logprobs, top_logprobs,
+                                   input_logprobs_from, logprob_ids, routed_experts, processing, prior_output)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GenerateRequest, id, prompt, seed, n, params)
+
 namespace {
 
 // Characters (code points) of UTF-8 text: OpenAI's text_offset counts characters, as Python does.
@@ -62,59 +72,6 @@ std::vector<T> unblob(const json& j) {
   std::vector<T> v(b.size() / sizeof(T));
   if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
   return v;
-}
-
-// A request as an order to the rank that runs it: every field of GenerateRequest and of its
-// RequestParams (a field added there must be added here, or the serving rank would not see it).
-json request_json(const GenerateRequest& r) {
-  const RequestParams& p = r.params;
-  return {{"id", r.id},
-          {"prompt", blob(r.prompt)},
-          {"seed", r.seed},
-          {"n", r.n},
-          {"max_new_tokens", p.max_new_tokens},
-          {"stop_ids", p.stop_ids},
-          {"temperature", p.sampling.temperature},
-          {"top_k", p.sampling.top_k},
-          {"top_p", p.sampling.top_p},
-          {"min_p", p.sampling.min_p},
-          {"logprobs", p.logprobs},
-          {"top_logprobs", p.top_logprobs},
-          {"input_logprobs_from", p.input_logprobs_from},
-          {"routed_experts", p.routed_experts},
-          {"logit_bias", p.processing.logit_bias},
-          {"frequency_penalty", p.processing.frequency_penalty},
-          {"presence_penalty", p.processing.presence_penalty},
-          {"repetition_penalty", p.processing.repetition_penalty},
-          {"min_new_tokens", p.processing.min_new_tokens},
-          {"prior_output", p.prior_output},
-          {"logprob_ids", blob(p.logprob_ids)}};
-}
-GenerateRequest request_of(const json& j) {
-  GenerateRequest r;
-  r.id = j.at("id").get<uint64_t>();
-  r.prompt = unblob<int32_t>(j.at("prompt"));
-  r.seed = j.at("seed").get<uint64_t>();
-  r.n = j.at("n").get<int>();
-  RequestParams& p = r.params;
-  p.max_new_tokens = j.at("max_new_tokens").get<int>();
-  p.stop_ids = j.at("stop_ids").get<std::vector<int>>();
-  p.sampling.temperature = j.at("temperature").get<float>();
-  p.sampling.top_k = j.at("top_k").get<int>();
-  p.sampling.top_p = j.at("top_p").get<float>();
-  p.sampling.min_p = j.at("min_p").get<float>();
-  p.logprobs = j.at("logprobs").get<bool>();
-  p.top_logprobs = j.at("top_logprobs").get<int>();
-  p.input_logprobs_from = j.at("input_logprobs_from").get<int>();
-  p.routed_experts = j.at("routed_experts").get<bool>();
-  p.processing.logit_bias = j.at("logit_bias").get<std::vector<std::pair<int32_t, float>>>();
-  p.processing.frequency_penalty = j.at("frequency_penalty").get<float>();
-  p.processing.presence_penalty = j.at("presence_penalty").get<float>();
-  p.processing.repetition_penalty = j.at("repetition_penalty").get<float>();
-  p.processing.min_new_tokens = j.at("min_new_tokens").get<int>();
-  p.prior_output = j.at("prior_output").get<int>();
-  p.logprob_ids = unblob<int32_t>(j.at("logprob_ids"));
-  return r;
 }
 
 // [[ids, log-probs], ...] per position: top-N lists.
@@ -372,7 +329,7 @@ std::string ServeEngine::encode_orders() {
   json sub = json::array(), abort = json::array(), stop = json::array();
   for (uint64_t key : orders_.submit) {
     const auto it = live_.find(key);
-    if (it != live_.end()) sub.push_back({it->second.rank, key, request_json(it->second.req)});
+    if (it != live_.end()) sub.push_back({it->second.rank, key, json(it->second.req)});
   }
   for (uint64_t key : orders_.abort) abort.push_back(key);
   for (const auto& [key, j] : orders_.stop) stop.push_back({key, j});
@@ -880,7 +837,7 @@ void ServeEngine::apply_orders(const std::string& bytes) {
     if (s.at(0).get<int>() != me) continue;
     const uint64_t key = s.at(1).get<uint64_t>();
     try {
-      const size_t h = sched_->submit(request_of(s.at(2)));
+      const size_t h = sched_->submit(s.at(2).get<GenerateRequest>());
       handle_of_[key] = h;
       key_of_[h] = key;
       report_["acc"].push_back(key);
