@@ -182,16 +182,50 @@ void Scheduler::choose(size_t h, int j, int32_t t, float logprob, std::vector<st
   }
 }
 
-bool Scheduler::step() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t budget = opt_.max_batch_tokens > 0 ? opt_.max_batch_tokens : INT64_MAX;
-  const size_t max_running = opt_.max_running_requests > 0 ? size_t(opt_.max_running_requests) : SIZE_MAX;
+// What one step feeds and what it will choose: built by plan(), read by forward() and apply().
+struct Scheduler::StepPlan {
+  // A choice this step will make: a sample's token from its row (for a prompt that is in now,
+  // each of its n samples from the same row).
+  struct Pick {
+    Pick(size_t h_, int j_, size_t row_, int64_t pos_) : h(h_), j(j_), row(row_), position(pos_) {}
+    size_t h;
+    int j;
+    size_t row;
+    int64_t position;  // of the drawn token: the sequence's length after this step's tokens
+    int32_t token = -1;
+    float logprob = 0;
+    std::vector<std::pair<int32_t, float>> top;
+    std::vector<float> ids;  // logprob_ids' log-probs
+  };
   std::vector<Sequence*> active;
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::pair<size_t, int>> who;  // (handle, sample) of each active sequence
   std::vector<int64_t> chunk_start;         // position of each active sequence's first new token
-  int64_t room = budget;
   int64_t decode = 0, prefill_fed = 0;
+  std::vector<Pick> picks_todo;
+  std::vector<size_t> scored_only;  // requests with max_new_tokens 0 whose prompt is in now
+  bool host_logits = false, device_draws = false;
+  bool all_logits = false;        // prompt log-probs need the logits of every position of their chunks
+  bool capture_routing = false;   // a request in the step records its routing (routing replay)
+};
+
+// What the forward gave: tokens picked on the device (greedy), or logits rows, and the routing.
+struct Scheduler::StepOutput {
+  std::vector<int32_t> picks;
+  std::vector<std::vector<float>> logits;
+  StepRouting routing;
+  bool captured = false;  // the forward captured the step's routing
+};
+
+Scheduler::StepPlan Scheduler::plan() {
+  StepPlan sp;
+  std::vector<Sequence*>& active = sp.active;
+  std::vector<std::vector<int32_t>>& tokens = sp.tokens;
+  std::vector<std::pair<size_t, int>>& who = sp.who;
+  std::vector<int64_t>& chunk_start = sp.chunk_start;
+  const int64_t budget = opt_.max_batch_tokens > 0 ? opt_.max_batch_tokens : INT64_MAX;
+  const size_t max_running = opt_.max_running_requests > 0 ? size_t(opt_.max_running_requests) : SIZE_MAX;
+  int64_t room = budget;
   // 1. decode tokens
   for (size_t h : running_)
     for (size_t j = 0; j < entries_[h].samples.size() && room > 0; j++) {
@@ -203,7 +237,7 @@ bool Scheduler::step() {
       chunk_start.push_back(s.seq.len);
       s.pending = -1;
       room--;
-      decode++;
+      sp.decode++;
     }
   // 2. and 3. prefill chunks
   auto prefill = [&](size_t h) {
@@ -215,7 +249,7 @@ bool Scheduler::step() {
     chunk_start.push_back(int64_t(e.fed));
     e.fed += n;
     room -= int64_t(n);
-    prefill_fed += int64_t(n);
+    sp.prefill_fed += int64_t(n);
   };
   for (size_t h : running_)
     if (room > 0 && entries_[h].fed < entries_[h].req.prompt.size()) prefill(h);
@@ -231,109 +265,149 @@ bool Scheduler::step() {
     in_flight += size_t(e.req.n);
     prefill(next_queued_++);
   }
-  // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
-  if (!group_.any(!active.empty())) return false;
 
-  // The choices this step will make: every sample's token from its row (for a prompt that is in
-  // now, each of its n samples from the same row).
-  struct Pick {
-    Pick(size_t h_, int j_, size_t row_, int64_t pos_) : h(h_), j(j_), row(row_), position(pos_) {}
-    size_t h;
-    int j;
-    size_t row;
-    int64_t position;  // of the drawn token: the sequence's length after this step's tokens
-    int32_t token = -1;
-    float logprob = 0;
-    std::vector<std::pair<int32_t, float>> top;
-    std::vector<float> ids;  // logprob_ids' log-probs
-  };
-  std::vector<Pick> picks_todo;
-  std::vector<size_t> scored_only;  // requests with max_new_tokens 0 whose prompt is in now
-  bool host_logits = false, device_draws = model_.draws_on_device() && !opt_.forward.check_numerics;
-  // Prompt log-probs need the logits of every position of their chunks.
-  bool all_logits = false;
+  // The choices this step will make, and where they are made (host or device).
+  sp.device_draws = model_.draws_on_device() && !opt_.forward.check_numerics;
   for (size_t a = 0; a < active.size(); a++) {
     const Entry& e = entries_[who[a].first];
-    all_logits |= e.req.params.input_logprobs_from >= 0 && chunk_start[a] < int64_t(e.req.prompt.size());
+    sp.all_logits |= e.req.params.input_logprobs_from >= 0 && chunk_start[a] < int64_t(e.req.prompt.size());
   }
-  host_logits |= all_logits;
+  sp.host_logits |= sp.all_logits;
   for (size_t a = 0; a < active.size(); a++) {
     const auto [h, j] = who[a];
     const Entry& e = entries_[h];
     if (e.fed < e.req.prompt.size()) continue;  // a prefill chunk that does not end the prompt
     if (e.req.params.max_new_tokens == 0) {     // scored, nothing to draw
-      if (chunk_start[a] < int64_t(e.req.prompt.size())) scored_only.push_back(h);
+      if (chunk_start[a] < int64_t(e.req.prompt.size())) sp.scored_only.push_back(h);
       continue;
     }
     const int64_t pos = active[a]->len + int64_t(tokens[a].size());
     if (int(e.samples.size()) < e.req.n) {
-      for (int k = 0; k < e.req.n; k++) picks_todo.emplace_back(h, k, a, pos);
+      for (int k = 0; k < e.req.n; k++) sp.picks_todo.emplace_back(h, k, a, pos);
     } else {
-      picks_todo.emplace_back(h, j, a, pos);
+      sp.picks_todo.emplace_back(h, j, a, pos);
     }
     const RequestParams& p = e.req.params;
-    host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0 || p.processing.active() ||
-                   !p.logprob_ids.empty();
+    sp.host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0 || p.processing.active() ||
+                      !p.logprob_ids.empty();
     // The device draws what needs no sorted order and no history: no masks, no top-N, no penalties.
-    const SamplingParams& sp = p.sampling;
-    device_draws &= sp.top_k <= 0 && sp.top_p >= 1.0f && sp.min_p <= 0.0f && p.top_logprobs == 0 &&
-                    !p.processing.active() && p.logprob_ids.empty();
+    const SamplingParams& s = p.sampling;
+    sp.device_draws &= s.top_k <= 0 && s.top_p >= 1.0f && s.min_p <= 0.0f && p.top_logprobs == 0 &&
+                       !p.processing.active() && p.logprob_ids.empty();
   }
-  device_draws &= host_logits && !all_logits;
+  sp.device_draws &= sp.host_logits && !sp.all_logits;
   // Routing replay: the step's routing is captured when a request in it records its own.
-  StepRouting routing;
+  for (size_t a = 0; a < active.size() && !opt_.forward.capture && !sp.capture_routing; a++)
+    if (entries_[who[a].first].req.params.routed_experts) sp.capture_routing = true;
+  return sp;
+}
+
+Scheduler::StepOutput Scheduler::forward(StepPlan& sp) {
+  StepOutput out;
   ForwardOptions fo = opt_.forward;
-  for (size_t a = 0; a < active.size() && !fo.capture; a++)
-    if (entries_[who[a].first].req.params.routed_experts) fo.capture = &routing;
+  if (sp.capture_routing) fo.capture = &out.routing;
+  out.captured = fo.capture != nullptr;
   const auto f0 = std::chrono::steady_clock::now();
-  std::vector<int32_t> picks;
-  std::vector<std::vector<float>> logits;
-  if (device_draws) {
+  if (sp.device_draws) {
     std::vector<DrawRequest> draws;
-    for (const Pick& pk : picks_todo) {
+    for (const StepPlan::Pick& pk : sp.picks_todo) {
       const Entry& e = entries_[pk.h];
       draws.push_back({int(pk.row), e.req.params.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position});
     }
-    const std::vector<Drawn> drawn = model_.forward_draw(active, tokens, backend_, draws, fo);
-    for (size_t i = 0; i < picks_todo.size(); i++) {
-      picks_todo[i].token = drawn[i].token;
-      picks_todo[i].logprob = drawn[i].logprob;
+    const std::vector<Drawn> drawn = model_.forward_draw(sp.active, sp.tokens, backend_, draws, fo);
+    for (size_t i = 0; i < sp.picks_todo.size(); i++) {
+      sp.picks_todo[i].token = drawn[i].token;
+      sp.picks_todo[i].logprob = drawn[i].logprob;
     }
-  } else if (host_logits) {
-    logits = model_.forward(active, tokens, backend_, all_logits, fo);
+  } else if (sp.host_logits) {
+    out.logits = model_.forward(sp.active, sp.tokens, backend_, sp.all_logits, fo);
   } else {
     // Greedy without log-probs needs no logits on the host: the model may pick on its device.
-    picks = model_.forward_greedy(active, tokens, backend_, fo);
+    out.picks = model_.forward_greedy(sp.active, sp.tokens, backend_, fo);
   }
   stats_.forward_seconds += seconds_since(f0);
-  if (fo.capture) {  // each recording request's tokens' routing: a prompt chunk's to every sample
-    const size_t per = size_t(routing.moe_layers) * size_t(routing.K);
-    size_t t0 = 0;
-    for (size_t a = 0; a < active.size(); a++) {
-      const auto [h, j] = who[a];
-      Entry& e = entries_[h];
-      const size_t n = tokens[a].size();
-      if (e.req.params.routed_experts) {
-        auto add = [&](Generation& g) {
-          g.routed_experts.insert(g.routed_experts.end(), routing.ids.begin() + long(t0 * per),
-                                  routing.ids.begin() + long((t0 + n) * per));
-          g.routed_weights.insert(g.routed_weights.end(), routing.weights.begin() + long(t0 * per),
-                                  routing.weights.begin() + long((t0 + n) * per));
-        };
-        if (chunk_start[a] < int64_t(e.req.prompt.size())) {
-          for (Generation& g : e.out) add(g);
-        } else {
-          add(e.out[size_t(j)]);
-        }
+  return out;
+}
+
+// Each recording request's tokens' routing: a prompt chunk's to every sample.
+void Scheduler::record_routing(const StepPlan& sp, const StepRouting& routing) {
+  const std::vector<std::vector<int32_t>>& tokens = sp.tokens;
+  const std::vector<std::pair<size_t, int>>& who = sp.who;
+  const std::vector<int64_t>& chunk_start = sp.chunk_start;
+  const size_t per = size_t(routing.moe_layers) * size_t(routing.K);
+  size_t t0 = 0;
+  for (size_t a = 0; a < sp.active.size(); a++) {
+    const auto [h, j] = who[a];
+    Entry& e = entries_[h];
+    const size_t n = tokens[a].size();
+    if (e.req.params.routed_experts) {
+      auto add = [&](Generation& g) {
+        g.routed_experts.insert(g.routed_experts.end(), routing.ids.begin() + long(t0 * per),
+                                routing.ids.begin() + long((t0 + n) * per));
+        g.routed_weights.insert(g.routed_weights.end(), routing.weights.begin() + long(t0 * per),
+                                routing.weights.begin() + long((t0 + n) * per));
+      };
+      if (chunk_start[a] < int64_t(e.req.prompt.size())) {
+        for (Generation& g : e.out) add(g);
+      } else {
+        add(e.out[size_t(j)]);
       }
-      t0 += n;
+    }
+    t0 += n;
+  }
+}
+
+// Prompt log-probs: row i of a prefill chunk (its token at position q) gives prompt[q + 1].
+void Scheduler::record_prompt_logprobs(const StepPlan& sp, const std::vector<std::vector<float>>& logits) {
+  const std::vector<std::vector<int32_t>>& tokens = sp.tokens;
+  const std::vector<std::pair<size_t, int>>& who = sp.who;
+  const std::vector<int64_t>& chunk_start = sp.chunk_start;
+  const int64_t V = model_.config().vocab_size;
+  std::vector<std::pair<size_t, size_t>> jobs;  // (active index, chunk row)
+  for (size_t a = 0; a < sp.active.size(); a++) {
+    Entry& e = entries_[who[a].first];
+    const int64_t from = e.req.params.input_logprobs_from, P = int64_t(e.req.prompt.size());
+    if (from < 0 || chunk_start[a] >= P) continue;
+    for (size_t i = 0; i < tokens[a].size(); i++) {
+      const int64_t next = chunk_start[a] + int64_t(i) + 1;
+      if (next < P && next >= std::max<int64_t>(from, 1)) jobs.push_back({a, i});
     }
   }
+  std::vector<float> lp(jobs.size());
+  std::vector<std::vector<std::pair<int32_t, float>>> top(jobs.size());
+  std::vector<std::vector<float>> ids(jobs.size());
+  parallel_for(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e_) {
+    for (int64_t k = b; k < e_; k++) {
+      const auto [a, i] = jobs[size_t(k)];
+      const Entry& e = entries_[who[a].first];
+      const RequestParams& p = e.req.params;
+      const int32_t next = e.req.prompt[size_t(chunk_start[a] + int64_t(i) + 1)];
+      const RowLogprobs row(logits[a].data() + int64_t(i) * V, V, p.sampling.temperature);
+      lp[size_t(k)] = row.at(next);
+      if (p.top_logprobs > 0) top[size_t(k)] = row.top(p.top_logprobs);
+      for (int32_t id : p.logprob_ids) ids[size_t(k)].push_back(row.at(id));
+    }
+  });
+  for (size_t k = 0; k < jobs.size(); k++) {  // in chunk order, and chunks come in prompt order
+    Entry& e = entries_[who[jobs[k].first].first];
+    for (Generation& g : e.out) {
+      g.input_logprobs.push_back(lp[k]);
+      if (e.req.params.top_logprobs > 0) g.input_top.push_back(top[k]);
+      if (!e.req.params.logprob_ids.empty()) g.input_ids_logprobs.push_back(ids[k]);
+    }
+  }
+}
+
+void Scheduler::apply(StepPlan& sp, StepOutput& out) {
+  const std::vector<std::vector<int32_t>>& tokens = sp.tokens;
+  const std::vector<std::vector<float>>& logits = out.logits;
+  const bool all_logits = sp.all_logits;
+  if (out.captured) record_routing(sp, out.routing);
   in_step_ = true;
 
   // Forks: the n samples of a prompt that is now in share its blocks (sample 0's cache, before
   // any sample writes a token of its own).
-  for (const Pick& pk : picks_todo) {
+  for (const StepPlan::Pick& pk : sp.picks_todo) {
     Entry& e = entries_[pk.h];
     if (pk.j != 0 || int(e.samples.size()) >= e.req.n) continue;
     for (int k = 1; k < e.req.n; k++) {
@@ -348,50 +422,16 @@ bool Scheduler::step() {
   auto last_row = [&](size_t a) {
     return logits[a].data() + (all_logits ? int64_t(tokens[a].size() - 1) * V : 0);
   };
-  if (all_logits) {
-    // Prompt log-probs: row i of a prefill chunk (its token at position q) gives prompt[q + 1].
-    std::vector<std::pair<size_t, size_t>> jobs;  // (active index, chunk row)
-    for (size_t a = 0; a < active.size(); a++) {
-      Entry& e = entries_[who[a].first];
-      const int64_t from = e.req.params.input_logprobs_from, P = int64_t(e.req.prompt.size());
-      if (from < 0 || chunk_start[a] >= P) continue;
-      for (size_t i = 0; i < tokens[a].size(); i++) {
-        const int64_t next = chunk_start[a] + int64_t(i) + 1;
-        if (next < P && next >= std::max<int64_t>(from, 1)) jobs.push_back({a, i});
-      }
-    }
-    std::vector<float> lp(jobs.size());
-    std::vector<std::vector<std::pair<int32_t, float>>> top(jobs.size());
-    std::vector<std::vector<float>> ids(jobs.size());
-    parallel_for(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e_) {
-      for (int64_t k = b; k < e_; k++) {
-        const auto [a, i] = jobs[size_t(k)];
-        const Entry& e = entries_[who[a].first];
-        const RequestParams& p = e.req.params;
-        const int32_t next = e.req.prompt[size_t(chunk_start[a] + int64_t(i) + 1)];
-        const RowLogprobs row(logits[a].data() + int64_t(i) * V, V, p.sampling.temperature);
-        lp[size_t(k)] = row.at(next);
-        if (p.top_logprobs > 0) top[size_t(k)] = row.top(p.top_logprobs);
-        for (int32_t id : p.logprob_ids) ids[size_t(k)].push_back(row.at(id));
-      }
-    });
-    for (size_t k = 0; k < jobs.size(); k++) {  // in chunk order, and chunks come in prompt order
-      Entry& e = entries_[who[jobs[k].first].first];
-      for (Generation& g : e.out) {
-        g.input_logprobs.push_back(lp[k]);
-        if (e.req.params.top_logprobs > 0) g.input_top.push_back(top[k]);
-        if (!e.req.params.logprob_ids.empty()) g.input_ids_logprobs.push_back(ids[k]);
-      }
-    }
-  }
-  parallel_for(int64_t(picks_todo.size()), 1, [&](int64_t b, int64_t e_) {
+  if (all_logits) record_prompt_logprobs(sp, logits);
+  // Every pick's token (and log-probs) from its row, unless the forward drew it already.
+  parallel_for(int64_t(sp.picks_todo.size()), 1, [&](int64_t b, int64_t e_) {
     for (int64_t i = b; i < e_; i++) {
-      Pick& pk = picks_todo[size_t(i)];
+      StepPlan::Pick& pk = sp.picks_todo[size_t(i)];
       const Entry& e = entries_[pk.h];
       const RequestParams& p = e.req.params;
-      if (device_draws) continue;  // drawn with the forward
-      if (!host_logits) {
-        pk.token = picks[pk.row];
+      if (sp.device_draws) continue;  // drawn with the forward
+      if (!sp.host_logits) {
+        pk.token = out.picks[pk.row];
         continue;
       }
       const float* row = last_row(pk.row);
@@ -411,13 +451,14 @@ bool Scheduler::step() {
       }
     }
   });
-  for (Pick& pk : picks_todo) {
+  // In pick order: the tokens are chosen (on_token), stops and finishes recorded.
+  for (StepPlan::Pick& pk : sp.picks_todo) {
     if (!entries_[pk.h].req.params.logprob_ids.empty())
       entries_[pk.h].out[size_t(pk.j)].ids_logprobs.push_back(std::move(pk.ids));
     choose(pk.h, pk.j, pk.token, pk.logprob, std::move(pk.top));
     finish_if_done(entries_[pk.h]);
   }
-  for (size_t h : scored_only) {
+  for (size_t h : sp.scored_only) {
     Entry& e = entries_[h];
     e.samples.clear();
     e.state = State::Done;  // finish stays Length: max_new_tokens (0) reached
@@ -428,9 +469,18 @@ bool Scheduler::step() {
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [&](size_t h) { return entries_[h].state == State::Done; }),
                  running_.end());
+}
+
+bool Scheduler::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepPlan sp = plan();
+  // Lockstep: a rank without work still runs the step (T = 0) while any rank has work.
+  if (!group_.any(!sp.active.empty())) return false;
+  StepOutput out = forward(sp);
+  apply(sp, out);
   stats_.steps++;
-  stats_.decode_tokens += decode;
-  stats_.prefill_tokens += prefill_fed;
+  stats_.decode_tokens += sp.decode;
+  stats_.prefill_tokens += sp.prefill_fed;
   stats_.step_seconds += seconds_since(t0);
   return true;
 }

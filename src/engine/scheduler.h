@@ -155,6 +155,20 @@ class Scheduler {
     std::vector<Generation> out;
     int64_t fork_blocks = 0;   // blocks promised to each fork
   };
+  // One step in three phases; step() is plan -> (any rank has work?) -> forward -> apply.
+  struct StepPlan;
+  struct StepOutput;
+  // Chooses what each sample feeds this step (decode tokens, then prefill chunks, admitting queued
+  // requests while blocks and the token budget allow) and the choices it will make; no model call.
+  StepPlan plan();
+  // The one collective model call over the planned batch (device draws land in the plan's picks).
+  StepOutput forward(StepPlan& sp);
+  // Records what the forward gave: routing, forks, prompt log-probs, tokens with their log-probs,
+  // stops and finishes (on_token as each token is chosen), aborts asked for during the step.
+  void apply(StepPlan& sp, StepOutput& out);
+  // Parts of apply: the routing of the requests that record it; the prompt log-probs asked for.
+  void record_routing(const StepPlan& sp, const StepRouting& routing);
+  void record_prompt_logprobs(const StepPlan& sp, const std::vector<std::vector<float>>& logits);
   bool admit(size_t h);
   void choose(size_t h, int sample, int32_t token, float logprob, std::vector<std::pair<int32_t, float>> top);
   void finish_if_done(Entry& e);
