@@ -1,8 +1,8 @@
 // The dense projections of a Qwen3-30B-A3B decode step on one GPU, each kernel path side by side:
 // split_linear (bf16 mode's fp32-grade products of bf16 weights: [xh | xl] against the weights
 // read once) at T = 1, 8 and 16 rows for q/k/v (5120 x 2048), o (2048 x 4096) and the lm_head
-// (151936 x 2048), split_rows then the GEMM on the mma.sync tile kernel and on the wgmma kernel
-// (the same bits). Each call alone, weights rotated over copies larger than L2 (none cached from
+// (151936 x 2048), split_rows then the GEMM on the mma.sync tile kernel and on the wgmma kernel,
+// and split_gemv (the split fused, one kernel; every depth x warps choice) -- all the same bits. Each call alone, weights rotated over copies larger than L2 (none cached from
 // the call before), median of the calls; GB/s of weight bytes, and the share of the HBM read rate
 // this bench measures first. Printed, never asserted.
 //   gpu_gemm_bench [--iters N (50)] [--rows LIST (1,8,16)]
@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/device.h"
@@ -82,24 +83,46 @@ int main(int argc, char** argv) {
   try {
     const double bw = read_bandwidth();
     std::printf("HBM read %.0f GB/s\n\n", bw / 1e9);
-    std::printf("| projection | N x K | rows | tile kernel us (GB/s) | wgmma kernel us (GB/s) | wgmma / tile | best of HBM |\n"
-                "|---|---|---|---|---|---|---|\n");
+    // split_gemv's choices: (depth, warps per CTA); the first is the default.
+    const std::pair<int, int> gemv_cfgs[] = {{8, 4}, {4, 4}, {16, 4}, {8, 1}, {8, 2}, {4, 1}};
+    std::printf("| projection | N x K | rows | tile kernel us (GB/s) | wgmma kernel us (GB/s) | split_gemv us (GB/s) | "
+                "gemv / tile | best of HBM | split_gemv depth x warps: us |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
     const Shape shapes[] = {{"q/k/v", 5120, 2048}, {"o", 2048, 4096}, {"lm_head", 151936, 2048}};
     cudaEvent_t e0, e1;
     EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
     EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
+    const SplitGemvConfig saved = split_gemv_config();
     for (const Shape& sh : shapes) {
       const double wbytes = double(sh.N) * sh.K * 2;
       const int copies = std::max(1, int(200e6 / wbytes + 1));  // > 200 MB in rotation: never in L2
       std::vector<SplitWeight> ws(static_cast<size_t>(copies));
-      for (int c = 0; c < copies; c++) ws[size_t(c)].init_random(sh.N, sh.K, 100 + c, 0.02f, stream());
+      for (int c = 0; c < copies; c++) {
+        ws[size_t(c)].init_random(sh.N, sh.K, 100 + c, 0.02f, stream());
+        ws[size_t(c)].pack_fragments(stream());
+      }
       DeviceArray<float> x(size_t(16) * sh.K), y(size_t(16) * sh.N);
       DeviceArray<bf16> xs;
       fill_random(x.data(), int64_t(16) * sh.K, 7, 1.0f, stream());
       for (int T : rows) {
+        auto time = [&](auto&& call) {
+          for (int i = 0; i < 3; i++) call(i);
+          std::vector<float> t;
+          for (int i = 0; i < iters; i++) {
+            EPMOE_CUDA_CHECK(cudaEventRecord(e0, stream()));
+            call(i);
+            EPMOE_CUDA_CHECK(cudaEventRecord(e1, stream()));
+            EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+            float ms = 0;
+            EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1e3f);
+          }
+          std::sort(t.begin(), t.end());
+          return double(t[t.size() / 2]);
+        };
         double us[2] = {0, 0};
-        for (int path = 0; path < 2; path++) {
-          auto call = [&](int i) {
+        for (int path = 0; path < 2; path++)
+          us[path] = time([&](int i) {
             const SplitWeight& w = ws[size_t(i % copies)];
             split_rows(x.data(), sh.K, T, sh.K, 2, xs, stream(), true);  // split_linear's A
             GemmArgs g;
@@ -115,24 +138,26 @@ int main(int argc, char** argv) {
             g.ldc = sh.N;
             g.path = path == 0 ? GemmPath::Tiled : GemmPath::Wgmma;
             gemm<bf16, float>(g, Epilogue::Store, stream());
-          };
-          for (int i = 0; i < 3; i++) call(i);
-          std::vector<float> t;
-          for (int i = 0; i < iters; i++) {
-            EPMOE_CUDA_CHECK(cudaEventRecord(e0, stream()));
-            call(i);
-            EPMOE_CUDA_CHECK(cudaEventRecord(e1, stream()));
-            EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms = 0;
-            EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1e3f);
+          });
+        std::string cfg_cells;
+        double gemv_us = 0;
+        if (T <= kSplitGemvMaxRows)
+          for (auto [depth, warps] : gemv_cfgs) {
+            set_split_gemv_config({true, depth, warps});
+            const double u = time([&](int i) {
+              split_gemv(ws[size_t(i % copies)], x.data(), sh.K, T, y.data(), nullptr, Epilogue::Store, stream());
+            });
+            if (gemv_us == 0) gemv_us = u;
+            char cell[48];
+            std::snprintf(cell, sizeof cell, "%s%dx%d: %.1f", cfg_cells.empty() ? "" : ", ", depth, warps, u);
+            cfg_cells += cell;
           }
-          std::sort(t.begin(), t.end());
-          us[path] = t[t.size() / 2];
-        }
-        std::printf("| %s | %d x %d | %d | %.1f (%.0f) | %.1f (%.0f) | %.2f | %.2f |\n", sh.name, sh.N, sh.K, T, us[0],
-                    wbytes / (us[0] * 1e3), us[1], wbytes / (us[1] * 1e3), us[1] / us[0],
-                    wbytes / (std::min(us[0], us[1]) * 1e-6) / bw);
+        set_split_gemv_config(saved);
+        const double best = std::min({us[0], us[1], gemv_us > 0 ? gemv_us : 1e30});
+        std::printf("| %s | %d x %d | %d | %.1f (%.0f) | %.1f (%.0f) | %.1f (%.0f) | %.2f | %.2f | %s |\n", sh.name, sh.N,
+                    sh.K, T, us[0], wbytes / (us[0] * 1e3), us[1], wbytes / (us[1] * 1e3), gemv_us,
+                    gemv_us > 0 ? wbytes / (gemv_us * 1e3) : 0.0, gemv_us / us[0], wbytes / (best * 1e-6) / bw,
+                    cfg_cells.c_str());
         std::fflush(stdout);
       }
     }

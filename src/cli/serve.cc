@@ -38,9 +38,6 @@ int run_serve(const ServeCliOptions& o) {
   Runtime rt = start_runtime(run);
   const bool root = rt.group->rank() == 0;
 
-  if (o.enable_routed_experts && rt.model->device() != Device::Cpu)
-    throw InputError("--enable-return-routed-experts: the routed experts are recorded on CPU models only for now, "
-                     "not --device " + o.run.device);
   ServeEngineOptions eo;
   eo.scheduler.forward = rt.options.forward;
   eo.scheduler.max_batch_tokens = o.max_batch_tokens;

@@ -77,7 +77,7 @@ struct StepRouting {
 // What to check while running (all off by default), and routing replay.
 struct ForwardOptions {
   bool check_numerics = false;  // stop at the first layer (CPU) or the logits (GPU) with NaN/Inf
-  // CPU only for now (the GPU refuses them): capture is filled with every token's routing; with
+  // Both devices: capture is filled with every token's routing; with
   // replay every token's routing is the one given and no router runs (an InputError when its
   // shape is not the step's or an id is not an expert).
   StepRouting* capture = nullptr;

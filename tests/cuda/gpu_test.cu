@@ -23,6 +23,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
+#include <execinfo.h>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +32,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/golden.h"
@@ -1489,6 +1492,87 @@ TEST(GpuGemm, SplitLinear) {
     }
 }
 
+// split_gemv (a decode step's split_linear in one kernel) against split_rows + the mma.sync tile
+// kernel, bit for bit, outputs NaN-poisoned: 1 to 16 rows, x rows wider than K, N not a multiple
+// of 8, K of 1 to 64 weight blocks (fewer and more than the blocks in flight), store, bias,
+// accumulate (the residual add) and SwiGLU, every depth and warps-per-CTA choice.
+TEST(GpuGemm, SplitGemvKeepsTheBits) {
+  REQUIRE_GPU();
+  const SplitGemvConfig saved = split_gemv_config();
+  int cases = 0, same = 0;
+  for (int T : {1, 3, 8, 9, 16})
+    for (int N : {8, 42, 530})
+      for (int K : {64, 576, 4096})
+        for (int variant = 0; variant < 4; variant++) {  // store, bias, accumulate + bias, swiglu
+          const bool bias = variant == 1 || variant == 2, acc = variant == 2, swiglu = variant == 3;
+          const int NC = swiglu ? N / 2 : N, lda = K + 2 * (T % 3);  // some x rows wider than K
+          auto fw = randu(size_t(N) * K, 0.1f), fx = randu(size_t(T) * lda), fb = randu(size_t(N)),
+               y0 = randu(size_t(T) * NC);
+          for (auto& v : fw) v = round_bf16(v);
+          SplitWeight sw;
+          sw.init(fw, N, K);
+          sw.pack_fragments(stream());
+          DeviceArray<float> dx, db, ref, got;
+          DeviceArray<bf16> xs;
+          dx.upload(fx), db.upload(fb);
+          const Epilogue ep = swiglu ? Epilogue::SwiGLU : Epilogue::Store;
+          if (acc) ref.upload(y0), got.upload(y0);
+          else {
+            ref.reserve(size_t(T) * NC), got.reserve(size_t(T) * NC);
+            EPMOE_CUDA_CHECK(cudaMemset(ref.data(), 0xff, sizeof(float) * size_t(T) * NC));
+          }
+          split_rows(dx.data(), lda, T, K, 2, xs, stream(), true);
+          GemmArgs g;
+          g.A = xs.data();
+          g.lda = 2 * K;
+          g.B = sw.w.data();
+          g.ldb = K;
+          g.b_k_twice = true;
+          g.M = T;
+          g.N = N;
+          g.K = 2 * K;
+          g.C = ref.data();
+          g.ldc = NC;
+          g.bias = bias ? db.data() : nullptr;
+          g.accumulate = acc;
+          g.path = GemmPath::Tiled;
+          gemm<bf16, float>(g, ep, stream());
+          const auto r = ref.download(size_t(T) * NC);
+          for (auto [depth, warps] : {std::pair{4, 1}, std::pair{8, 2}, std::pair{16, 4}}) {
+            set_split_gemv_config({true, depth, warps});
+            if (acc) got.upload(y0);
+            else EPMOE_CUDA_CHECK(cudaMemset(got.data(), 0xff, sizeof(float) * size_t(T) * NC));
+            if (!split_gemv_fits(sw, T)) check(false, "split_gemv fits a periodic weight at " + std::to_string(T) + " rows");
+            split_gemv(sw, dx.data(), lda, T, got.data(), bias ? db.data() : nullptr, ep, stream(), acc);
+            const auto n = got.download(size_t(T) * NC);
+            bool finite = true;
+            for (float v : n) finite &= std::isfinite(v);
+            const bool ok = finite && std::memcmp(r.data(), n.data(), r.size() * 4) == 0;
+            cases++, same += ok;
+            if (!ok)
+              check(false, "split_gemv == split_rows + tile gemm (bits): T " + std::to_string(T) + " N " +
+                               std::to_string(N) + " K " + std::to_string(K) + " variant " + std::to_string(variant) +
+                               " depth " + std::to_string(depth) + " warps " + std::to_string(warps) +
+                               (finite ? "" : " (an output left unwritten)"));
+          }
+        }
+  set_split_gemv_config(saved);
+  check(same == cases && cases > 0, "split_gemv == split_rows + mma.sync tile gemm, bit for bit: " +
+                                        std::to_string(same) + "/" + std::to_string(cases) + " cases");
+  // Not taken where it would not give those bits: more rows, a weight that is not periodic or not
+  // packed.
+  SplitWeight w3;
+  w3.init3(randu(size_t(16) * 64), 16, 64);
+  check(!split_gemv_fits(w3, 1), "split_gemv: not for P = 3 weights");
+  SplitWeight w2;
+  std::vector<float> wb = randu(size_t(16) * 64);
+  for (auto& v : wb) v = round_bf16(v);
+  w2.init(wb, 16, 64);
+  check(!split_gemv_fits(w2, 1), "split_gemv: not for a weight whose fragments are not packed");
+  w2.pack_fragments(stream());
+  check(split_gemv_fits(w2, 16) && !split_gemv_fits(w2, 17), "split_gemv: up to 16 rows, not 17");
+}
+
 TEST(GpuGemm, SplitLinearGrouped) {
   REQUIRE_GPU();
   for (int K : {16, 24, 136, 512})
@@ -2312,8 +2396,121 @@ INSTANTIATE_TEST_SUITE_P(All, GpuGoldens,
                            return n + (std::get<1>(info.param) ? "_f32" : "_bf16");
                          });
 
+// Routing replay (R3) on the GPU (ForwardOptions::capture / replay): the routing captured while
+// decoding through CUDA graphs (two sequences a step) is, token for token, what an eager prefill of
+// the same tokens captures (ids and fp32 weight bits); a re-score with that routing replayed gives
+// the prefill's logits bit for bit; another routing replayed changes them; bad replays are refused
+// and leave the model serving.
+void test_routing_replay(const std::string& name, bool f32) {
+  const std::string tag = name + " --compute " + (f32 ? "f32" : "bf16");
+  GraphTwins tw(name, f32, GpuFp8Compute::Dequant);
+  const int64_t V = tw.cfg.vocab_size;
+  const int E = tw.cfg.routing.num_experts, M = tw.cfg.num_sparse_layers(), K = tw.cfg.routing.top_k;
+  const std::vector<int32_t> prompt = {5, 17, 42, 99, 3, 64, 11, 2, 250 % int32_t(V), 7};
+  const std::vector<int32_t> other = {9, 8, 7, 6};
+  // Decode (graphs): prompt + 5 greedy tokens, beside another sequence; every step captured.
+  LanguageModel& g = *tw.m[1];
+  Sequence a = g.new_sequence(1), b = g.new_sequence(2);
+  std::vector<int32_t> all = prompt;
+  StepRouting cap;
+  std::vector<int32_t> ids_a, w_a_bits;  // sequence a's routing, token by token, as captured
+  auto keep_row = [&](const StepRouting& c, int64_t row0, int64_t n) {
+    for (int64_t t = row0; t < row0 + n; t++)
+      for (int i = 0; i < M * K; i++) {
+        ids_a.push_back(c.ids[size_t(t * M * K + i)]);
+        int32_t bits;
+        std::memcpy(&bits, &c.weights[size_t(t * M * K + i)], 4);
+        w_a_bits.push_back(bits);
+      }
+  };
+  ForwardOptions oc;
+  oc.capture = &cap;
+  std::vector<int32_t> next = g.forward_greedy({&a, &b}, {prompt, other}, *tw.be[1], oc);
+  keep_row(cap, 0, int64_t(prompt.size()));
+  const GpuGraphStats s0 = gpu_graph_stats(g);
+  for (int step = 0; step < 5; step++) {
+    all.push_back(next[0]);
+    next = g.forward_greedy({&a, &b}, {{next[0]}, {next[1]}}, *tw.be[1], oc);
+    check(cap.moe_layers == M && cap.K == K && cap.tokens() == 2, tag + ": a decode step's capture is [2][M][K]");
+    keep_row(cap, 0, 1);
+  }
+  const GpuGraphStats s1 = gpu_graph_stats(g);
+  // The same tokens prefilled at once (eager), captured, all logits.
+  LanguageModel& e = *tw.m[0];
+  Sequence c = e.new_sequence(3);
+  StepRouting full;
+  ForwardOptions of;
+  of.capture = &full;
+  const auto ref = e.forward({&c}, {all}, *tw.be[0], true, of);
+  std::vector<int32_t> ids_f, w_f_bits;
+  for (size_t i = 0; i < full.ids.size(); i++) {
+    int32_t bits;
+    std::memcpy(&bits, &full.weights[i], 4);
+    ids_f.push_back(full.ids[i]);
+    w_f_bits.push_back(bits);
+  }
+  bool ids_ok = true;
+  for (int32_t id : ids_f) ids_ok &= id >= 0 && id < E;
+  check(ids_ok && full.tokens() == int64_t(all.size()), tag + ": the prefill's capture holds an expert for every slot");
+  // The last decode step's token has no routing yet in `a` (it was chosen, not fed): compare the fed ones.
+  check(ids_a == std::vector<int32_t>(ids_f.begin(), ids_f.begin() + int64_t(ids_a.size())) &&
+            w_a_bits == std::vector<int32_t>(w_f_bits.begin(), w_f_bits.begin() + int64_t(w_a_bits.size())),
+        tag + ": routing captured through " + std::to_string(s1.replays - s0.replays) +
+            " graph replays == the eager prefill's capture (ids and weight bits, " + std::to_string(ids_a.size()) + " slots)");
+  // Re-score with the routing replayed: the prefill's logits, bit for bit.
+  Sequence d = e.new_sequence(4);
+  ForwardOptions orp;
+  orp.replay = &full;
+  const auto rescored = e.forward({&d}, {all}, *tw.be[0], true, orp);
+  check(rescored.size() == 1 && same_bits(rescored[0], ref[0]), tag + ": a re-score with the routing replayed == the rollout's logits (bits)");
+  // Another routing replayed: other logits.
+  StepRouting moved = full;
+  for (size_t i = 0; i < moved.ids.size(); i += size_t(M * K)) moved.ids[i] = (moved.ids[i] + 1) % E;
+  Sequence f = e.new_sequence(5);
+  ForwardOptions omv;
+  omv.replay = &moved;
+  const auto changed = e.forward({&f}, {all}, *tw.be[0], true, omv);
+  check(!same_bits(changed[0], ref[0]), tag + ": another routing replayed changes the logits");
+  // Refused: the wrong token count, an id that is no expert; the model still gives the same bits.
+  Sequence h = e.new_sequence(6);
+  StepRouting shorter = full;
+  shorter.ids.resize(shorter.ids.size() - size_t(M * K));
+  shorter.weights.resize(shorter.ids.size());
+  ForwardOptions osh;
+  osh.replay = &shorter;
+  EXPECT_THROW(e.forward({&h}, {all}, *tw.be[0], true, osh), InputError) << tag;
+  StepRouting bad = full;
+  bad.ids[3] = E;
+  ForwardOptions obd;
+  obd.replay = &bad;
+  EXPECT_THROW(e.forward({&h}, {all}, *tw.be[0], true, obd), InputError) << tag;
+  check(h.len == 0, tag + ": a refused replay feeds nothing");
+  const auto again = e.forward({&h}, {all}, *tw.be[0], true);
+  check(same_bits(again[0], ref[0]), tag + ": after refused replays the model gives the same bits");
+}
+
+TEST(GpuRouting, CaptureAndReplay) {
+  REQUIRE_GPU();
+  for (const char* name : {"qwen3moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "glm4moe-tiny"})
+    for (bool f32 : {false, true}) test_routing_replay(name, f32);
+}
+
+// A crash of the host code names where it happened: the raw frames (file offsets for addr2line on
+// the unstripped binary), since the GPU machines have no debugger.
+void print_crash_frames(int sig) {
+  void* frames[48];
+  const int n = backtrace(frames, 48);
+  std::fprintf(stderr, "gpu_test: signal %d; frames:\n", sig);
+  backtrace_symbols_fd(frames, n, 2);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 int main(int argc, char** argv) {
+  std::signal(SIGSEGV, print_crash_frames);
+  std::signal(SIGABRT, print_crash_frames);
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::AddGlobalTestEnvironment(new SummaryTable);
   return RUN_ALL_TESTS();
 }
+

@@ -37,6 +37,12 @@ struct SplitWeight {
   bf16* alloc_periodic(int N, int K);
   // Pseudo-random bf16 weights (P = 2), uniform in [-scale, scale] (synthesized models).
   void init_random(int N, int K, uint64_t seed, float scale, cudaStream_t s);
+  // A second copy of a periodic weight for decode steps (split_gemv): w's values in the order the
+  // MMA fragments read them (per 8 rows and 64-wide k-block, 32 B per lane), and room for x's
+  // split in the same order. ~the weight's bytes again; asynchronous on s.
+  void pack_fragments(cudaStream_t s);
+  DeviceArray<uint32_t> frag;   // [ceil(N / 8)][K / 64][32 lanes][8 words]
+  mutable DeviceArray<uint32_t> xfrag;  // [2 row halves][K / 64][32 lanes][16 words]: x split (split_gemv)
 
  private:
   void fill(const std::vector<float>& wf, int N, int K, int P);
@@ -58,5 +64,23 @@ void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, 
 // g M + r to y row c_rows[g M + r] (ldc floats apart; c_rows nullptr: row g M + r).
 void split_linear_grouped(const SplitWeight& W, int G, const float* x, int64_t lda, int64_t M, DeviceArray<bf16>& xs,
                           float* y, int64_t ldc, const int32_t* c_rows, cudaStream_t s);
+
+// A decode step's few rows (T <= kSplitGemvMaxRows) through a periodic weight with fragments
+// packed (pack_fragments): split_linear's bits from two small kernels (split_gemv.cu: x split into
+// fragment order, then one warp per 8 output columns streaming packed weight blocks into
+// registers). split_linear takes it whenever split_gemv_fits; EPMOE_SPLIT_GEMV=0 turns it off
+// (for measuring the tile kernel in the model).
+constexpr int kSplitGemvMaxRows = 16;
+struct SplitGemvConfig {
+  bool enabled = true;
+  int depth = 8;  // 64-wide weight blocks each warp keeps in flight: 4, 8 or 16
+  int warps = 4;  // warps (of 8 columns each) per CTA: 1, 2 or 4
+};
+void set_split_gemv_config(SplitGemvConfig c);  // benchmarks and tests: every choice has the same bits
+SplitGemvConfig split_gemv_config();
+bool split_gemv_enabled();  // not turned off by EPMOE_SPLIT_GEMV=0 (then nothing need be packed)
+bool split_gemv_fits(const SplitWeight& W, int64_t T);
+void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
+                Epilogue ep, cudaStream_t s, bool accumulate = false);
 
 }  // namespace epmoe::cuda

@@ -236,6 +236,13 @@ struct GpuModel final : LanguageModel {
   DeviceArray<bf16> xs;  // split rows (bf16 mode)
   DeviceArray<T> hn_a, ctx, h, lm_in;
   DeviceArray<int32_t> ids, phys, sel, best_ids;
+  // Routing replay (R3): every MoE layer's logical choice and combine weights of the step, layer by
+  // layer ([moe layer][T][K]; wts holds the weights the same way), always written by route() --
+  // so a capture is a copy after the step (no extra kernel, no sync inside the step, graphs too)
+  // -- or, on a replayed step, written from the host before it and read instead of the router.
+  DeviceArray<int32_t> rt_ids;
+  std::vector<int> moe_index;  // layer -> its index among the MoE layers (-1: dense)
+  bool replaying_ = false;     // this step's routing is the uploaded one
   DeviceArray<uint64_t> gids;
   DeviceArray<TokenSlot> slots;
   // The paged KV cache: one pool allocated once the weights are on the device,
@@ -602,6 +609,7 @@ struct GpuModel final : LanguageModel {
     }
     final_norm.upload(w.final_norm);
     up.finish();
+    pack_decode_weights();
     init_kv(kv);
   }
 
@@ -668,7 +676,30 @@ struct GpuModel final : LanguageModel {
     }
     ones(final_norm, size_t(H));
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+    pack_decode_weights();
     init_kv(kv);
+  }
+
+  // Decode steps' projections (q/k/v, o, dense and shared MLPs) run split_gemv: their weights a
+  // second time in MMA-fragment order (~the attention's and dense MLPs' bytes again; the lm_head
+  // keeps the tile kernel, which streams it at ~0.8 of HBM already). Before the KV pool takes
+  // what memory is left.
+  void pack_decode_weights() {
+    if constexpr (kBf16) {
+      if (!split_gemv_enabled()) return;
+      auto pack = [&](SplitWeight& w) {
+        if (w.periodic) w.pack_fragments(stream());
+      };
+      for (auto& L : layers) {
+        pack(L->qkv_s);
+        pack(L->o_s);
+        pack(L->dense.w1_s);
+        pack(L->dense.w2_s);
+        pack(L->shared.w1_s);
+        pack(L->shared.w2_s);
+      }
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    }
   }
 
   T* act(DeviceArray<T>& a_bf, DeviceArray<float>& a_f) {
@@ -677,6 +708,11 @@ struct GpuModel final : LanguageModel {
   }
 
   void reserve(int64_t T_) {
+    if (moe_index.size() != layers.size()) {
+      moe_index.assign(layers.size(), -1);
+      for (size_t l = 0, m = 0; l < layers.size(); l++)
+        if (layers[l]->sparse) moe_index[l] = int(m++);
+    }
     const size_t t = size_t(std::max<int64_t>(T_, 1));
     int maxI = std::max(cfg.intermediate_size, cfg.shared_intermediate_size);
     x.reserve(t * H);
@@ -688,7 +724,9 @@ struct GpuModel final : LanguageModel {
     tmp.reserve(t * H);
     routed.reserve(t * H);
     rlog.reserve(t * size_t(E));
-    wts.reserve(t * size_t(K));
+    const size_t moe_layers = size_t(std::max(cfg.num_sparse_layers(), 1));
+    wts.reserve(t * size_t(K) * moe_layers);
+    rt_ids.reserve(t * size_t(K) * moe_layers);
     phys.reserve(t * size_t(K));
     shared_out.reserve(t * H);
     gate.reserve(t);
@@ -757,22 +795,29 @@ struct GpuModel final : LanguageModel {
       }
       return;
     }
-    // Router logits with fp32 accuracy (top-k choices are sensitive to rounding), then routing.
-    const RouterGpu::Logits lg = L.router.run(hn_f.data(), T_, s);
+    // Router logits with fp32 accuracy (top-k choices are sensitive to rounding), then routing --
+    // or, replaying, the given choice (this layer's slice of rt_ids and wts) to physical slots.
+    const int64_t slice = int64_t(moe_index[size_t(l)]) * T_ * K;
     RouteArgs ra;
     ra.cfg = cfg.routing;
-    ra.logits = lg.ptr;
-    ra.parts = lg.parts;
-    ra.part_stride = lg.stride;
     ra.identity = identity_placement;
     ra.bias = L.has_corr_bias ? L.corr_bias.data() : nullptr;
     ra.T = T_;
     ra.gids = st_gids;
     ra.rep_off = rep_off.data();
     ra.rep_list = rep_list.data();
+    ra.logical = rt_ids.data() + slice;
     ra.physical = phys.data();
-    ra.weights = wts.data();
-    route(ra, s);
+    ra.weights = wts.data() + slice;
+    if (replaying_) {
+      replica_slots(ra, s);
+    } else {
+      const RouterGpu::Logits lg = L.router.run(hn_f.data(), T_, s);
+      ra.logits = lg.ptr;
+      ra.parts = lg.parts;
+      ra.part_stride = lg.stride;
+      route(ra, s);
+    }
     MoeTokens tok;
     tok.device = Device::Cuda;
     const bool bf16_rows = kBf16 && !split_experts && !fp8_experts;
@@ -782,7 +827,7 @@ struct GpuModel final : LanguageModel {
     tok.K = K;
     tok.x = bf16_rows ? static_cast<const void*>(xin) : static_cast<const void*>(hn_f.data());
     tok.physical = phys.data();
-    tok.weights = wts.data();
+    tok.weights = ra.weights;
     backend.run(tok, *L.runner, routed.data());
     const float* sh = nullptr;
     const float* gl = nullptr;
@@ -1052,10 +1097,71 @@ struct GpuModel final : LanguageModel {
     else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
   }
 
-  // Routing replay (ForwardOptions::capture / replay) is not on the GPU yet.
-  static void refuse_routing_io(const ForwardOptions& opt) {
-    if (opt.capture || opt.replay)
-      throw InputError("routing capture and replay (return_routed_experts) run on the CPU only for now, not --device cuda");
+  // Routing replay (ForwardOptions::replay): the given routing, checked as the CPU model checks it,
+  // into rt_ids and wts ([moe layer][T][K]) before the step; the step then runs eagerly (a graph
+  // holds the router's kernels) and reads it instead of the routers'.
+  void upload_replay(const StepRouting& r, int64_t T_) {
+    const int M = cfg.num_sparse_layers();
+    if (r.moe_layers != M || r.K != K || r.tokens() != T_ || r.weights.size() != r.ids.size())
+      throw InputError("routing replay: [" + std::to_string(r.tokens()) + "][" + std::to_string(r.moe_layers) + "][" +
+                       std::to_string(r.K) + "] given for a step of [" + std::to_string(T_) + "][" +
+                       std::to_string(M) + "][" + std::to_string(K) + "] (tokens, MoE layers, top-k)");
+    std::vector<int32_t> ids_h(r.ids.size());
+    std::vector<float> w_h(r.ids.size());
+    for (int64_t t = 0; t < T_; t++)
+      for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) {
+          const size_t src = (size_t(t) * size_t(M) + size_t(m)) * size_t(K) + size_t(k);
+          const size_t dst = (size_t(m) * size_t(T_) + size_t(t)) * size_t(K) + size_t(k);
+          if (r.ids[src] < 0 || r.ids[src] >= E)
+            throw InputError("routing replay: expert id " + std::to_string(r.ids[src]) + " is outside 0.." +
+                             std::to_string(E - 1));
+          ids_h[dst] = r.ids[src];
+          w_h[dst] = r.weights[src];
+        }
+    if (!ids_h.empty()) {
+      rt_ids.upload(ids_h);
+      wts.upload(w_h);
+    }
+  }
+
+  // Routing capture (ForwardOptions::capture): the step's routing as route() left it, after the
+  // step (its results were waited for already: two copies, no synchronisation inside the step).
+  void download_capture(StepRouting& c, int64_t T_) {
+    const int M = cfg.num_sparse_layers();
+    c.moe_layers = M;
+    c.K = K;
+    c.ids.assign(size_t(T_) * size_t(M) * size_t(K), -1);
+    c.weights.assign(c.ids.size(), 0.0f);
+    if (c.ids.empty()) return;
+    const std::vector<int32_t> ids_d = rt_ids.download(c.ids.size());
+    const std::vector<float> w_d = wts.download(c.ids.size());
+    for (int m = 0; m < M; m++)
+      for (int64_t t = 0; t < T_; t++)
+        for (int k = 0; k < K; k++) {
+          const size_t src = (size_t(m) * size_t(T_) + size_t(t)) * size_t(K) + size_t(k);
+          const size_t dst = (size_t(t) * size_t(M) + size_t(m)) * size_t(K) + size_t(k);
+          c.ids[dst] = ids_d[src];
+          c.weights[dst] = w_d[src];
+        }
+  }
+
+  // run() with the routing options: replay uploaded before, capture read back after.
+  template <class Fn>
+  void with_routing_io(const ForwardOptions& opt, const std::vector<std::vector<int32_t>>& tokens, Fn&& fn) {
+    int64_t T_ = 0;
+    for (const auto& t : tokens) T_ += int64_t(t.size());
+    if (opt.replay) {
+      reserve(T_);
+      upload_replay(*opt.replay, T_);
+      replaying_ = true;
+    }
+    struct Reset {
+      bool& f;
+      ~Reset() { f = false; }
+    } reset{replaying_};
+    fn();
+    if (opt.capture) download_capture(*opt.capture, T_);
   }
 
   const ModelConfig& config() const override { return cfg; }
@@ -1065,8 +1171,8 @@ struct GpuModel final : LanguageModel {
   std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
                                           bool all_logits, const ForwardOptions& opt) override {
-    refuse_routing_io(opt);
-    auto logits = run(seqs, tokens, backend, all_logits, nullptr);
+    std::vector<std::vector<float>> logits;
+    with_routing_io(opt, tokens, [&] { logits = run(seqs, tokens, backend, all_logits, nullptr); });
     if (opt.check_numerics)
       for (const auto& l : logits) check_finite(l, "logits");
     return logits;
@@ -1077,10 +1183,9 @@ struct GpuModel final : LanguageModel {
                                       const ForwardOptions& opt) override {
     // --check-numerics: the logits come to the host to be checked, and the argmax is taken there
     // (the same choice: ties to the lower id on both).
-    refuse_routing_io(opt);
     if (opt.check_numerics) return LanguageModel::forward_greedy(seqs, tokens, backend, opt);
     std::vector<int32_t> next;
-    run(seqs, tokens, backend, false, &next);  // argmax on the device
+    with_routing_io(opt, tokens, [&] { run(seqs, tokens, backend, false, &next); });  // argmax on the device
     return next;
   }
 
@@ -1090,9 +1195,8 @@ struct GpuModel final : LanguageModel {
                                   A2ABackend& backend, const std::vector<DrawRequest>& draws,
                                   const ForwardOptions& opt) override {
     EPMOE_ASSERT(!opt.check_numerics, "forward_draw: --check-numerics checks the logits on the host");
-    refuse_routing_io(opt);
     std::vector<Drawn> out;
-    run(seqs, tokens, backend, false, nullptr, &draws, &out);
+    with_routing_io(opt, tokens, [&] { run(seqs, tokens, backend, false, nullptr, &draws, &out); });
     return out;
   }
 
@@ -1138,7 +1242,7 @@ struct GpuModel final : LanguageModel {
   // The model's own scratch addresses (what a graph holds besides the layers' and the backend's).
   std::vector<const void*> scratch_layout() const {
     return {x.data(),      hn_f.data(),   hn_a.data(),    qkv.data(),     q.data(),      ctx.data(),
-            ctx_f.data(),  tmp.data(),    routed.data(),  rlog.data(),    wts.data(),    phys.data(),
+            ctx_f.data(),  tmp.data(),    routed.data(),  rlog.data(),    wts.data(),    phys.data(),    rt_ids.data(),
             shared_out.data(), gate.data(), h.data(),     h_f.data(),     xs.data(),     mla_a_out.data(),
             qa_n.data(),   q_nope.data(), q_cat.data(),   lat_ctx.data(), attn_v.data(), hrows.data(),
             logits.data()};
@@ -1356,7 +1460,7 @@ struct GpuModel final : LanguageModel {
     if (!specs_h.empty()) specs.upload(specs_h);
     // A decode step replays its graph (uploading its inputs into the graph's own buffer); any
     // other step, or one the graph path declines, runs kernel by kernel.
-    const bool graphed = R > 0 && graph_eligible(tokens, backend, T_) &&
+    const bool graphed = R > 0 && !replaying_ && graph_eligible(tokens, backend, T_) &&
                          graph_step(backend, T_, max_ctx, ids_h, gids_h, slots_h, tables_h, sel_h);
     if (!graphed) {
       ids.upload(ids_h);

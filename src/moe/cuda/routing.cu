@@ -266,6 +266,31 @@ void route(const RouteArgs& a, cudaStream_t s) {
   launch_pdl(route_kernel, dim3(ceil_div(a.T, warps)), dim3(warps * 32), smem, s, a);
 }
 
+// Routing replay: the given logical choice (a.logical) to physical slots, as write_slot would.
+__global__ void replica_slots_kernel(const RouteArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int K = a.cfg.top_k;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.T * K; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / K;
+    const int k = int(i - t * K), l = a.logical[i];
+    int phys = l;
+    if (!a.identity) {
+      const int r0 = a.rep_off[l], nr = a.rep_off[l + 1] - r0;
+      phys = nr == 1 ? a.rep_list[r0] : a.rep_list[r0 + int(replica_index(a.gids[t], k, uint64_t(nr)))];
+    }
+    a.physical[i] = phys;
+  }
+}
+
+void replica_slots(const RouteArgs& a, cudaStream_t s) {
+  if (a.T == 0) return;
+  EPMOE_ASSERT(a.logical && a.physical, "replica_slots: logical and physical slots");
+  const int64_t n = a.T * a.cfg.top_k;
+  launch_pdl(replica_slots_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(n, int64_t(256)), 1024))), dim3(256), 0, s, a);
+  EPMOE_CUDA_LAUNCHED();
+}
+
 int router_chunks(int H) {
   for (int S : {16, 8, 4, 2})
     if ((3 * H) % (8 * S) == 0) return S;

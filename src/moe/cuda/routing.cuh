@@ -31,6 +31,9 @@ struct RouteArgs {
   bool general_kernel = false;
 };
 void route(const RouteArgs& a, cudaStream_t s);
+// Routing replay: a.physical [T, K] from a given logical choice a.logical (the replica of each slot
+// as route() would pick it); the weights are the given ones, nothing else is written.
+void replica_slots(const RouteArgs& a, cudaStream_t s);
 
 // The fp32-accurate router on tensor cores: x . w = xh.wh + xh.wl + xl.wh with x = xh + xl and
 // w = wh + wl split into bf16 (products exact in fp32, accumulation in fp32; the dropped xl.wl is

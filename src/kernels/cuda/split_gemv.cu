@@ -1,0 +1,241 @@
+// split_linear for a decode step's few rows (T <= 16) of a periodic weight: the same bits as
+// split_rows + the mma.sync tile kernel, in fewer instructions per weight byte.
+//
+// Why a kernel of its own: at 1 to 16 rows the tile kernel reads a q/k/v or o projection at
+// 0.1-0.2 of HBM's rate. Nsight Compute (q/k/v, one row): each of its 320 warps issues ~8,500
+// instructions (133 per 64-wide k-tile: cp.async addressing, barrier, ldmatrix, 8 MMAs) at ~4.3
+// cycles each, with 2.4 warps per SM to hide nothing: the step is the length of one warp's
+// instruction stream, not DRAM (21% of it). An output is a chain of K'/16 dependent MMAs (no
+// split-K: batch invariance), so the cure is fewer instructions per MMA and more warps:
+//   - the weights are stored a second time in fragment order (SplitWeight::pack_fragments): each
+//     lane's B fragments of a 64-wide block are 32 contiguous bytes, two 16-byte loads straight
+//     into registers (no shared memory, no barrier, no ldmatrix), DEPTH blocks in flight;
+//   - x is split into hi/lo once per call, in the A fragments' order (split_x_fragments), so a
+//     block's A fragments are four 16-byte loads from L1;
+//   - one warp per 8 output columns: 640 warps for q/k/v instead of 320.
+//
+// The bits: every output is the tile kernel's b_k_twice chain -- per 64-wide weight block j, the
+// four k16 MMAs with xh's columns of that block, then the four with xl's, in ascending j, from
+// zero -- with the same mma.sync instruction and the same fragment values (x split as
+// split_rows_kernel splits it), then store_pair. Rows past T are zero, as the tile kernel's
+// zero-filled rows; they reach no output. GpuGemm.SplitGemvKeepsTheBits checks it.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/split_linear.cuh"
+
+namespace epmoe::cuda {
+
+namespace {
+
+using ptx::mma_bf16;
+using ptx::store_pair;
+
+__device__ inline uint32_t pack_bf16(bf16 lo_k, bf16 hi_k) {
+  return uint32_t(__bfloat16_as_ushort(lo_k)) | (uint32_t(__bfloat16_as_ushort(hi_k)) << 16);
+}
+
+// Lane (r = lane / 4, t = lane % 4) of an m16n8k16 MMA holds, for k16 step s of a 64-wide block,
+// B words b0 = w[r][16 s + 2t .. +1] and b1 = w[r][16 s + 8 + 2t .. +1]; word 2 s + h of its 8.
+__device__ inline int frag_k(int lane, int word) { return 16 * (word >> 1) + 8 * (word & 1) + 2 * (lane & 3); }
+
+// frag[g][j][lane][w] = the B word w of lane for rows 8g.. and block j (zero past N).
+__global__ void pack_fragments_kernel(const bf16* w, int N, int K, uint32_t* frag) {
+  const int nblk = K / 64;
+  const int64_t n = int64_t((N + 7) / 8) * nblk * 32 * 8;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int word = int(i & 7), lane = int((i >> 3) & 31);
+    const int64_t gj = i >> 8;
+    const int j = int(gj % nblk), g = int(gj / nblk);
+    const int row = 8 * g + (lane >> 2), k = 64 * j + frag_k(lane, word);
+    frag[i] = row < N ? pack_bf16(w[int64_t(row) * K + k], w[int64_t(row) * K + k + 1]) : 0u;
+  }
+}
+
+// x [T, K] fp32 -> xf[half][j][lane][16]: for rows r = lane / 4 (half 0) and r + 8 (half 1), the
+// A words a0 / a2 (a1 / a3 for half 1) of the four k16 steps of block j, xh's then xl's:
+// word 2 s + h of xh is pack(split_hi(x[r][16 s + 8 h + 2t .. +1])), word 8 + 2 s + h of xl.
+// Rows past T are zero. The split is split_rows_kernel's.
+__global__ void split_x_fragments_kernel(const float* x, int64_t lda, int T, int K, int halves, uint32_t* xf) {
+  pdl_wait();
+  pdl_trigger();
+  const int nblk = K / 64;
+  const int64_t n = int64_t(halves) * nblk * 32 * 8;  // one thread per (half, j, lane, word of xh)
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int word = int(i & 7), lane = int((i >> 3) & 31);
+    const int64_t hj = i >> 8;
+    const int j = int(hj % nblk), half = int(hj / nblk);
+    const int row = (lane >> 2) + 8 * half, k = 64 * j + frag_k(lane, word);
+    uint32_t hi = 0, lo = 0;
+    if (row < T) {
+      const float v0 = x[int64_t(row) * lda + k], v1 = x[int64_t(row) * lda + k + 1];
+      const bf16 h0 = __float2bfloat16_rn(v0), h1 = __float2bfloat16_rn(v1);
+      hi = pack_bf16(h0, h1);
+      lo = pack_bf16(__float2bfloat16_rn(v0 - __bfloat162float(h0)), __float2bfloat16_rn(v1 - __bfloat162float(h1)));
+    }
+    uint32_t* dst = xf + ((int64_t(half) * nblk + j) * 32 + lane) * 16;
+    dst[word] = hi;
+    dst[8 + word] = lo;
+  }
+}
+
+// One warp per 8 output columns (group g), WARPS warps per CTA; p.B = the packed fragments.
+template <bool SWIGLU, bool ROWS16, int DEPTH, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p, const uint32_t* xf, int T) {
+  pdl_trigger();  // (the next kernel may request its weights meanwhile)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = int(blockIdx.x) * WARPS + warp;
+  if (8 * g >= p.N) {
+    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
+    return;
+  }
+  const int nblk = p.K / 64;
+  const uint4* wp = static_cast<const uint4*>(p.B) + (int64_t(g) * nblk * 32 + lane) * 2;  // block j: + 64 j
+  // The weights depend on no earlier kernel: the first DEPTH blocks are requested before the wait.
+  uint4 bq[DEPTH][2];
+#pragma unroll
+  for (int d = 0; d < DEPTH; d++)
+    if (d < nblk) {
+      bq[d][0] = __ldcs(wp + 64 * d);
+      bq[d][1] = __ldcs(wp + 64 * d + 1);
+    }
+  pdl_wait();
+  const int r = lane >> 2;
+  const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
+  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
+  const uint4* xhi = xlo + int64_t(nblk) * 128;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int j0 = 0; j0 < nblk; j0 += DEPTH) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; d++) {
+      const int j = j0 + d;
+      if (j >= nblk) break;
+      const uint4 b01 = bq[d][0], b23 = bq[d][1];
+      if (j + DEPTH < nblk) {  // the register pair is free again: the block DEPTH ahead
+        bq[d][0] = __ldcs(wp + 64 * (j + DEPTH));
+        bq[d][1] = __ldcs(wp + 64 * (j + DEPTH) + 1);
+      }
+      uint4 xa[4], xb[4];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        xa[q] = ok_lo ? __ldg(xlo + 128 * j + q) : z;
+        xb[q] = ok_hi ? __ldg(xhi + 128 * j + q) : z;
+      }
+      const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+      // The tile kernel's b_k_twice chain: xh's k-tile of block j, then xl's, k16 steps in order.
+#pragma unroll
+      for (int part = 0; part < 2; part++) {
+        // (row r's words, row r + 8's words)
+        const uint32_t r0[8] = {xa[2 * part].x, xa[2 * part].y, xa[2 * part].z, xa[2 * part].w,
+                                xa[2 * part + 1].x, xa[2 * part + 1].y, xa[2 * part + 1].z, xa[2 * part + 1].w};
+        const uint32_t r8[8] = {xb[2 * part].x, xb[2 * part].y, xb[2 * part].z, xb[2 * part].w,
+                                xb[2 * part + 1].x, xb[2 * part + 1].y, xb[2 * part + 1].z, xb[2 * part + 1].w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+          const uint32_t a[4] = {r0[2 * s], r8[2 * s], r0[2 * s + 1], r8[2 * s + 1]};
+          mma_bf16(acc, a, b[2 * s], b[2 * s + 1]);
+        }
+      }
+    }
+  }
+  const int col = 8 * g + 2 * (lane & 3);
+  if (ok_lo) store_pair<float, SWIGLU>(p, r, col, acc[0], acc[1]);
+  if (ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
+}
+
+SplitGemvConfig g_config;  // (set_split_gemv_config: benchmarks and tests)
+
+template <bool SWIGLU, bool ROWS16, int DEPTH, int WARPS>
+void launch_depth_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  const dim3 grid(unsigned(ceil_div(g.N, 8 * WARPS)));
+  launch_pdl(split_gemv_kernel<SWIGLU, ROWS16, DEPTH, WARPS>, grid, dim3(WARPS * 32), 0, s, g, xf, T);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template <bool SWIGLU, bool ROWS16, int DEPTH>
+void launch_depth(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  switch (g_config.warps) {
+    case 1: return launch_depth_warps<SWIGLU, ROWS16, DEPTH, 1>(g, xf, T, s);
+    case 2: return launch_depth_warps<SWIGLU, ROWS16, DEPTH, 2>(g, xf, T, s);
+    default: return launch_depth_warps<SWIGLU, ROWS16, DEPTH, 4>(g, xf, T, s);
+  }
+}
+
+template <bool SWIGLU, bool ROWS16>
+void launch_rows(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  switch (g_config.depth) {
+    case 4: return launch_depth<SWIGLU, ROWS16, 4>(g, xf, T, s);
+    case 16: return launch_depth<SWIGLU, ROWS16, 16>(g, xf, T, s);
+    default: return launch_depth<SWIGLU, ROWS16, 8>(g, xf, T, s);
+  }
+}
+
+bool enabled_by_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("EPMOE_SPLIT_GEMV");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+int blocks_for(int64_t n) { return int(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, int64_t(sm_count()) * 8))); }
+
+}  // namespace
+
+void SplitWeight::pack_fragments(cudaStream_t s) {
+  EPMOE_ASSERT(periodic && K % 64 == 0, "pack_fragments: needs a periodic split weight (bf16 values, K % 64 == 0)");
+  const int64_t n = int64_t((N + 7) / 8) * (K / 64) * 32 * 8;
+  frag.reserve(size_t(n));
+  xfrag.reserve(size_t(2) * size_t(K / 64) * 32 * 16);
+  pack_fragments_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, frag.data());
+  EPMOE_CUDA_LAUNCHED();
+}
+
+void set_split_gemv_config(SplitGemvConfig c) {
+  EPMOE_ASSERT((c.depth == 4 || c.depth == 8 || c.depth == 16) && (c.warps == 1 || c.warps == 2 || c.warps == 4),
+               "split_gemv: depth 4/8/16 and warps 1/2/4, got " + std::to_string(c.depth) + "/" + std::to_string(c.warps));
+  g_config = c;
+}
+
+SplitGemvConfig split_gemv_config() { return g_config; }
+
+bool split_gemv_enabled() { return enabled_by_env(); }
+
+bool split_gemv_fits(const SplitWeight& W, int64_t T) {
+  return g_config.enabled && enabled_by_env() && W.periodic && W.frag.data() && T >= 1 && T <= kSplitGemvMaxRows;
+}
+
+void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
+                Epilogue ep, cudaStream_t s, bool accumulate) {
+  EPMOE_ASSERT(W.periodic && W.frag.data(), "split_gemv: needs a periodic split weight with its fragments packed");
+  EPMOE_ASSERT(T >= 1 && T <= kSplitGemvMaxRows, "split_gemv: " + std::to_string(T) + " rows (1.." +
+                                                     std::to_string(kSplitGemvMaxRows) + ")");
+  EPMOE_ASSERT(!accumulate || ep == Epilogue::Store, "split_gemv: accumulate needs the Store epilogue");
+  EPMOE_ASSERT(ep != Epilogue::SwiGLU || (W.N % 2 == 0 && !bias), "split_gemv: SwiGLU needs an even N and no bias");
+  const bool rows16 = T > 8;
+  const int halves = rows16 ? 2 : 1, nblk = W.K / 64;
+  // (xfrag is W's own: calls on the one stream run in order, so no two use it at once.)
+  launch_pdl(split_x_fragments_kernel, dim3(unsigned(blocks_for(int64_t(halves) * nblk * 256))), dim3(256), 0, s, x,
+             lda, int(T), W.K, halves, W.xfrag.data());
+  EPMOE_CUDA_LAUNCHED();
+  GemmArgs g;
+  g.B = W.frag.data();
+  g.N = W.N;
+  g.K = W.K;
+  g.M = int(T);
+  g.C = y;
+  g.ldc = ep == Epilogue::SwiGLU ? W.N / 2 : W.N;
+  g.bias = bias;
+  g.accumulate = accumulate;
+  const uint32_t* xf = W.xfrag.data();
+  const bool swiglu = ep == Epilogue::SwiGLU;
+  if (swiglu && rows16) launch_rows<true, true>(g, xf, int(T), s);
+  else if (swiglu) launch_rows<true, false>(g, xf, int(T), s);
+  else if (rows16) launch_rows<false, true>(g, xf, int(T), s);
+  else launch_rows<false, false>(g, xf, int(T), s);
+}
+
+}  // namespace epmoe::cuda
