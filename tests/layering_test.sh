@@ -3,7 +3,9 @@
 # sources and subfolders included), with no exemption:
 #   1. outside src/ep/ no code names an all-to-all backend: the MoE layer and the models must not
 #      be able to branch on which backend runs;
-#   2. a file under src/Y/ includes only Y itself and the layers Y may use (the table below).
+#   2. a file under src/Y/ includes only Y itself and the layers Y may use (the table below);
+#   3. only src/util/env.cc reads the environment (its table lists every variable), and
+#      docs/ARCHITECTURE.md names every variable of that table.
 # Every offence is printed as file:line with the rule it breaks; exit 1 on any.
 #
 # usage: layering_test.sh SRC_DIR           check
@@ -146,6 +148,22 @@ while IFS= read -r hit; do
   report "$f" "$line" "names a backend outside src/ep/ ($words)" "$text"
 done < <(grep -rnwE "$backend_words" "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
          grep -v "^$src/ep/")
+
+# ---- environment variables: read through util/env.cc's table only, every entry documented ----
+
+while IFS= read -r hit; do
+  [[ -z $hit ]] && continue
+  f=${hit%%:*} rest=${hit#*:}
+  report "$f" "${rest%%:*}" "reads the environment outside util/env.cc (add the variable to its table, read it with env_get)" "${rest#*:}"
+done < <(grep -rnE '\b(std::)?(getenv|secure_getenv)\(' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
+         grep -v "^$src/util/env.cc:")
+doc=$src/../docs/ARCHITECTURE.md
+if [[ -f $src/util/env.cc && -f $doc ]]; then
+  while IFS= read -r name; do
+    grep -q "\`$name\`" "$doc" ||
+      report "$src/util/env.cc" 0 "$name is in the table but docs/ARCHITECTURE.md (Environment variables) does not list it" ""
+  done < <(grep -oE '^\s*\{"[A-Z_]+",' "$src/util/env.cc" | grep -oE '[A-Z_]+')
+fi
 
 if ((fail)); then
   echo "layering broken: see the lines above (rules: tests/layering_test.sh)"

@@ -1,4 +1,5 @@
 #include "comm/mpi_group.h"
+#include "util/env.h"
 
 #include <mpi.h>
 
@@ -17,7 +18,7 @@ namespace {
 bool launched_by_mpirun() {
   // OpenMPI (and PMIx-based launchers) export these to every rank they start.
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
-    if (std::getenv(v)) return true;
+    if (env_get(v)) return true;
   return false;
 }
 

@@ -1,4 +1,5 @@
 #include "comm/nccl_group.h"
+#include "util/env.h"
 #include "comm/mpi_group.h"
 #include "comm/peer_verdict.h"
 #include "comm/test_fault.h"
@@ -29,10 +30,6 @@ using cuda::stream;
 
 ncclComm_t nc(void* c) { return static_cast<ncclComm_t>(c); }
 
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
 
 // Seconds since the epoch: comparable between the processes of a host (and, roughly, of hosts).
 double wall_seconds() {
@@ -60,20 +57,20 @@ NcclGroup::NcclGroup(double timeout_s) {
   // GPU is the local rank's, and the NCCL unique id travels through MPI: no shared file system, so
   // `mpirun -np 16 --host a:8,b:8 epmoe serve --device cuda` spans hosts.
   MpiGroup* mpi = nullptr;
-  if (!std::getenv("EPMOE_WORLD_SIZE")) {
+  if (!env_get("EPMOE_WORLD_SIZE")) {
     MpiGroup& m = MpiGroup::world();  // (a group of one, MPI never started, outside mpirun)
     if (m.size() > 1) mpi = &m;
   }
-  size_ = mpi ? mpi->size() : std::max(1, env_int("EPMOE_WORLD_SIZE", 1));
-  rank_ = mpi ? mpi->rank() : size_ > 1 ? env_int("EPMOE_RANK", 0) : 0;
+  size_ = mpi ? mpi->size() : std::max(1, int(env_int("EPMOE_WORLD_SIZE", 1)));
+  rank_ = mpi ? mpi->rank() : size_ > 1 ? int(env_int("EPMOE_RANK", 0)) : 0;
   if (rank_ < 0 || rank_ >= size_)
     throw InputError("EPMOE_RANK=" + std::to_string(rank_) + " outside 0.." + std::to_string(size_ - 1));
   if (timeout_s > 0) timeout_s_ = timeout_s;
-  else if (const char* t = std::getenv("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
+  else if (const char* t = env_get("EPMOE_COMM_TIMEOUT")) timeout_s_ = std::atof(t);
   // The test-only fault hook of the MPI group (comm/test_fault.h), at every wait of this group.
   if (const std::string error = arm_test_fault(); !error.empty()) throw InputError(error);
   // This host's GPU: the local rank's under mpirun (ranks of several hosts), else the rank's.
-  cuda::init_device(mpi ? env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("PMIX_LOCAL_RANK", rank_)) : rank_);
+  cuda::init_device(mpi ? int(env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("PMIX_LOCAL_RANK", rank_))) : rank_);
   if (size_ == 1) return;
   // NVLink multicast (NVLS) can take a shared host's GPUs out of service: always off.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
@@ -96,11 +93,11 @@ NcclGroup::NcclGroup(double timeout_s) {
     sizes[0] = sizeof(Bootstrap);
     mpi->allgatherv(&mine, rank_ == 0 ? sizeof(Bootstrap) : 0, &got, sizes);
     id = got.id;
-    const char* tmp = std::getenv("TMPDIR");
-    status_base_ = std::string(tmp && *tmp ? tmp : "/tmp") + "/epmoe-nccl-" + got.tag + ".rank";
+    const char* tmp = env_get("TMPDIR");
+    status_base_ = std::string(tmp ? tmp : "/tmp") + "/epmoe-nccl-" + got.tag + ".rank";
   } else {
-    const char* file = std::getenv("EPMOE_NCCL_ID_FILE");
-    if (!file || !*file)
+    const char* file = env_get("EPMOE_NCCL_ID_FILE");
+    if (!file)
       throw InputError("EPMOE_WORLD_SIZE > 1 needs EPMOE_NCCL_ID_FILE (scripts/gpu-launch.sh sets it); "
                        "or start the ranks with mpirun");
     const std::string path = file;

@@ -1,4 +1,5 @@
 #include "comm/test_fault.h"
+#include "util/env.h"
 
 #include <chrono>
 #include <csignal>
@@ -20,8 +21,8 @@ struct TestFault {
 TestFault g_fault;
 
 bool parse_test_fault(TestFault& f) {
-  const char* v = std::getenv("EPMOE_TEST_FAULT");
-  if (!v || !*v) return true;
+  const char* v = env_get("EPMOE_TEST_FAULT");
+  if (!v) return true;
   const std::string s = v;
   const size_t a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
   if (b == std::string::npos) return false;
@@ -43,7 +44,7 @@ bool parse_test_fault(TestFault& f) {
 
 std::string arm_test_fault() {
   if (parse_test_fault(g_fault)) return "";
-  return std::string("error: EPMOE_TEST_FAULT='") + std::getenv("EPMOE_TEST_FAULT") +
+  return std::string("error: EPMOE_TEST_FAULT='") + env_get("EPMOE_TEST_FAULT") +
          "': expected ACTION:RANK:OP with ACTION throw, kill or hang";
 }
 

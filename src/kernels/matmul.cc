@@ -1,4 +1,5 @@
 #include "kernels/matmul.h"
+#include "util/env.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,8 +25,8 @@ ComputeMode g_mode = ComputeMode::F32;
 // paths in one binary; a bit-equality check between machines). Unset or "auto": the best the CPU
 // has. A path the CPU lacks falls back to the next one down, as Auto would.
 KernelPath path_from_env() {
-  const char* e = std::getenv("EPMOE_KERNELS");
-  if (e == nullptr || *e == 0 || std::string(e) == "auto") return KernelPath::Auto;
+  const char* e = env_get("EPMOE_KERNELS");
+  if (e == nullptr || std::string(e) == "auto") return KernelPath::Auto;
   if (std::string(e) == "generic") return KernelPath::Generic;
   if (std::string(e) == "avx2") return KernelPath::Avx2;
   if (std::string(e) == "avx512") return KernelPath::Avx512;

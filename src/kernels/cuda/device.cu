@@ -1,5 +1,6 @@
 // The process's device and stream, the CUDA error path, and the device's properties.
 #include "kernels/cuda/device.h"
+#include "util/env.h"
 
 #include "kernels/cuda/common.cuh"
 
@@ -55,8 +56,7 @@ void set_stream_wait(void (*fn)(void*, const char*), void* ctx) {
 
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("EPMOE_PDL");
-    return !(e && std::string(e) == "0");
+    return !env_off("EPMOE_PDL");
   }();
   return on;
 }

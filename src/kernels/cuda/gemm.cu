@@ -1,4 +1,5 @@
 #include "kernels/cuda/gemm.cuh"
+#include "util/env.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -324,8 +325,7 @@ void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
 // mma.sync tile kernel: EPMOE_DENSE_WGMMA=1 (for measuring; the bits are the same).
 bool dense_decode_wgmma() {
   static const bool on = [] {
-    const char* e = std::getenv("EPMOE_DENSE_WGMMA");
-    return e && std::string(e) == "1";
+    return env_int("EPMOE_DENSE_WGMMA", 0) == 1;
   }();
   return on;
 }

@@ -1,4 +1,5 @@
 #include "model/cuda/attention.cuh"
+#include "util/env.h"
 
 #include <cstdlib>
 #include <string>
@@ -701,8 +702,7 @@ static void raise_decode_smem() {
 // blocks enough. EPMOE_ATTN_DECODE=N sets it (0: never; for measuring the kernels against each other).
 static int64_t decode_max_tokens() {
   static const int64_t n = [] {
-    const char* e = std::getenv("EPMOE_ATTN_DECODE");
-    return e && *e ? std::atoll(e) : int64_t(32);
+    return int64_t(env_int("EPMOE_ATTN_DECODE", 32));
   }();
   return n;
 }
@@ -731,8 +731,7 @@ void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
   EPMOE_ASSERT(a.Hkv >= 1 && a.Hq % a.Hkv == 0, "gpu attention: q heads a multiple of kv heads");
   // EPMOE_ATTN_TILED=0: attention_kernel everywhere (for measuring what the tiles are worth).
   static const bool tiled_on = [] {
-    const char* e = std::getenv("EPMOE_ATTN_TILED");
-    return !(e && std::string(e) == "0");
+    return !env_off("EPMOE_ATTN_TILED");
   }();
   AttnKernel kind = a.kernel;
   if (kind == AttnKernel::Auto)

@@ -1,6 +1,7 @@
 // The decoder on one GPU (model/cuda/gpu_model.h): GpuModel<T> implements LanguageModel with T the
 // activation type of --compute (bf16 or float).
 #include "model/cuda/gpu_model.h"
+#include "util/env.h"
 
 #include <algorithm>
 #include <cmath>
@@ -310,8 +311,7 @@ struct GpuModel final : LanguageModel {
   GpuGraphStats gstats;
 
   void init_shapes(const ModelConfig& c, const Placement& p, int r) {
-    const char* g = std::getenv("EPMOE_CUDA_GRAPH");
-    graphs_on = !(g && std::string(g) == "0");
+    graphs_on = !env_off("EPMOE_CUDA_GRAPH");
     cfg = c;
     placement = p;
     rank = r;

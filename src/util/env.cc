@@ -1,0 +1,60 @@
+#include "util/env.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace epmoe {
+
+const std::vector<EnvVar>& env_table() {
+  static const std::vector<EnvVar> table = {
+      // CPU kernels
+      {"EPMOE_KERNELS", "auto | generic | avx2 | avx512",
+       "caps the CPU kernel path for the process (comparing paths in one binary, bit-equality checks between "
+       "machines); a path the CPU lacks falls back to the next one down"},
+      // GPU kernel paths (each measured against the default in docs/gpu.md)
+      {"EPMOE_PDL", "1 | 0", "0 launches every kernel the ordinary way instead of with programmatic dependent launch"},
+      {"EPMOE_CUDA_GRAPH", "1 | 0", "0 runs decode steps kernel by kernel instead of replaying a CUDA graph"},
+      {"EPMOE_ATTN_TILED", "1 | 0", "0 uses the per-(token, head) attention kernel instead of the shared-K/V tiles"},
+      {"EPMOE_ATTN_DECODE", "32 | N", "decode steps of up to N sequences use the decode attention kernel (0: never)"},
+      {"EPMOE_DENSE_WGMMA", "0 | 1", "1 runs dense GEMMs of up to 16 rows on the wgmma kernel (same bits; slower)"},
+      {"EPMOE_SPLIT_GEMV", "1 | 0",
+       "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
+       "fragment copy of their weights"},
+      // Launchers
+      {"EPMOE_WORLD_SIZE", "unset | N", "ranks of a GPU run started by scripts/gpu-launch.sh (unset: mpirun's, or 1)"},
+      {"EPMOE_RANK", "0 | r", "this process's rank under scripts/gpu-launch.sh"},
+      {"EPMOE_NCCL_ID_FILE", "path", "where rank 0 leaves the NCCL unique id for the others (scripts/gpu-launch.sh)"},
+      {"EPMOE_COMM_TIMEOUT", "seconds", "the GPU group's wait limit when no --comm-timeout is given"},
+      {"OMPI_COMM_WORLD_SIZE", "(mpirun)", "set by OpenMPI's mpirun: the process runs as one rank of an MPI group"},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "(mpirun)", "the rank on its host: which GPU it takes"},
+      {"PMIX_RANK", "(launcher)", "set by PMIx launchers: the process runs under one"},
+      {"PMIX_LOCAL_RANK", "(launcher)", "the rank on its host under a PMIx launcher: which GPU it takes"},
+      {"PMI_SIZE", "(launcher)", "set by PMI launchers: the process runs under one"},
+      {"TMPDIR", "/tmp", "where the GPU group's per-rank status files go"},
+      // Tests
+      {"EPMOE_TEST_FAULT", "unset | spec", "test-only: a fault injected at a rank's group waits (comm/test_fault.h)"},
+  };
+  return table;
+}
+
+const char* env_get(const char* name) {
+  bool known = false;
+  for (const EnvVar& v : env_table()) known |= std::strcmp(v.name, name) == 0;
+  EPMOE_ASSERT(known, std::string("environment variable ") + name + " is not in util/env.cc's table");
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+bool env_off(const char* name) {
+  const char* v = env_get(name);
+  return v && std::strcmp(v, "0") == 0;
+}
+
+long long env_int(const char* name, long long dflt) {
+  const char* v = env_get(name);
+  return v ? std::atoll(v) : dflt;
+}
+
+}  // namespace epmoe
