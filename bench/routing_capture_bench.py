@@ -6,6 +6,7 @@ its routing computes its whole prompt -- no prefix reuse -- which these random p
 anyway.) Printed, never asserted.
 
   python3 bench/routing_capture_bench.py --epmoe build/epmoe --model DIR [--levels 1,32] [--requests 64]
+      [--serve-args '--device cuda']
 """
 import argparse
 import concurrent.futures
@@ -28,9 +29,10 @@ def main():
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--serve-args", default="", help="more flags for epmoe serve, e.g. '--device cuda'")
     a = ap.parse_args()
     proc, url = start_serve([a.epmoe, "serve", "--model", a.model, "--port", "0",
-                             "--enable-return-routed-experts", "--no-prefix-cache"])
+                             "--enable-return-routed-experts", "--no-prefix-cache"] + a.serve_args.split())
     try:
         vocab = httpx.get(url + "/model_info", timeout=60).json()["vocab_size"]
         for level in [int(x) for x in a.levels.split(",")]:
