@@ -48,6 +48,7 @@ def main():
                         if capture:
                             body["return_routed_experts"] = True
                         d = httpx.post(url + "/generate", json=body, timeout=3600).json()
+                        assert "output_ids" in d, d
                         assert len(d["output_ids"]) == a.tokens and (not capture or "routed_experts" in d["meta_info"])
                     t0 = time.time()
                     with concurrent.futures.ThreadPoolExecutor(level) as ex:

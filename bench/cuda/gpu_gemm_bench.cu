@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/mma_ptx.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/split_linear.cuh"
 
@@ -55,6 +56,27 @@ double read_bandwidth() {
   return double(bytes) / (best * 1e-3);
 }
 
+// One warp's chain of dependent mma.sync m16n8k16 bf16 steps (the chain every output of the
+// split projections is): cycles per step, from the SM clock.
+__global__ void mma_chain_kernel(int n, float* sink, long long* cycles) {
+  uint32_t a[4] = {1u, 3u, 5u, 7u};
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  const long long t0 = clock64();
+  for (int i = 0; i < n; i++) ptx::mma_bf16(d, a, uint32_t(i), uint32_t(i) ^ 0x5555u);
+  const long long t1 = clock64();
+  sink[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
+  if (threadIdx.x == 0) *cycles = t1 - t0;
+}
+
+double mma_chain_cycles() {
+  DeviceArray<float> sink(32);
+  DeviceArray<long long> cycles(1);
+  const int n = 4096;
+  for (int rep = 0; rep < 2; rep++) mma_chain_kernel<<<1, 32, 0, stream()>>>(n, sink.data(), cycles.data());
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return double(cycles.download(1)[0]) / n;
+}
+
 struct Shape {
   const char* name;
   int N, K;
@@ -82,7 +104,8 @@ int main(int argc, char** argv) {
   }
   try {
     const double bw = read_bandwidth();
-    std::printf("HBM read %.0f GB/s\n\n", bw / 1e9);
+    std::printf("HBM read %.0f GB/s; one dependent mma.sync m16n8k16 bf16 step: %.1f cycles\n\n", bw / 1e9,
+                mma_chain_cycles());
     // split_gemv's choices: (depth, warps per CTA); the first is the default.
     const std::pair<int, int> gemv_cfgs[] = {{8, 4}, {4, 4}, {16, 4}, {8, 1}, {8, 2}, {4, 1}};
     std::printf("| projection | N x K | rows | tile kernel us (GB/s) | wgmma kernel us (GB/s) | split_gemv us (GB/s) | "

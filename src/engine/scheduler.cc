@@ -41,8 +41,6 @@ size_t Scheduler::submit(GenerateRequest r) {
       throw InputError(what + ": token_ids_logprob: token " + std::to_string(id) + " is outside the vocabulary");
   if (r.params.prior_output < 0 || size_t(r.params.prior_output) > r.prompt.size())
     throw InputError(what + ": prior_output " + std::to_string(r.params.prior_output) + " outside the prompt");
-  if (r.params.routed_experts && model_.device() != Device::Cpu)
-    throw InputError(what + ": the routed experts (return_routed_experts) are recorded on CPU models only for now");
   // The blocks the request may need in an empty pool (admit's promise without a cached prefix).
   KvPool& pool = model_.kv_pool();
   const int64_t P = int64_t(r.prompt.size()), M = r.params.max_new_tokens, B = pool.block_tokens();

@@ -46,7 +46,7 @@ struct RequestParams {
   std::vector<int32_t> logprob_ids;
   // Routing replay (R3, sglang's return_routed_experts): record the routing of every token the
   // sample's sequence feeds (its whole prompt -- never from the prefix cache -- and every
-  // generated token but the last). CPU models only (submit refuses it elsewhere).
+  // generated token but the last). Both devices.
   bool routed_experts = false;
   // Penalties, logit bias, a minimum length (engine/sampling.h): what the draws see, never the
   // log-probs reported.

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "kernels/cuda/mma_ptx.cuh"
+#include "util/env.h"
 #include "kernels/cuda/split_linear.cuh"
 
 namespace epmoe::cuda {
@@ -41,12 +42,13 @@ __device__ inline uint32_t pack_bf16(bf16 lo_k, bf16 hi_k) {
 // B words b0 = w[r][16 s + 2t .. +1] and b1 = w[r][16 s + 8 + 2t .. +1]; word 2 s + h of its 8.
 __device__ inline int frag_k(int lane, int word) { return 16 * (word >> 1) + 8 * (word & 1) + 2 * (lane & 3); }
 
-// frag[g][j][lane][w] = the B word w of lane for rows 8g.. and block j (zero past N).
+// frag[g][j][q][lane][4] = the B words 4q .. 4q + 3 of lane for rows 8g.. and block j (zero past
+// N): each of a warp's two 16-byte loads of a block reads 512 contiguous bytes.
 __global__ void pack_fragments_kernel(const bf16* w, int N, int K, uint32_t* frag) {
   const int nblk = K / 64;
   const int64_t n = int64_t((N + 7) / 8) * nblk * 32 * 8;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int word = int(i & 7), lane = int((i >> 3) & 31);
+    const int lane = int((i >> 2) & 31), word = int(i & 3) + 4 * int((i >> 7) & 1);
     const int64_t gj = i >> 8;
     const int j = int(gj % nblk), g = int(gj / nblk);
     const int row = 8 * g + (lane >> 2), k = 64 * j + frag_k(lane, word);
@@ -92,14 +94,14 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
     return;
   }
   const int nblk = p.K / 64;
-  const uint4* wp = static_cast<const uint4*>(p.B) + (int64_t(g) * nblk * 32 + lane) * 2;  // block j: + 64 j
+  const uint4* wp = static_cast<const uint4*>(p.B) + int64_t(g) * nblk * 64 + lane;  // block j: + 64 j, + 32
   // The weights depend on no earlier kernel: the first DEPTH blocks are requested before the wait.
   uint4 bq[DEPTH][2];
 #pragma unroll
   for (int d = 0; d < DEPTH; d++)
     if (d < nblk) {
       bq[d][0] = __ldcs(wp + 64 * d);
-      bq[d][1] = __ldcs(wp + 64 * d + 1);
+      bq[d][1] = __ldcs(wp + 64 * d + 32);
     }
   pdl_wait();
   const int r = lane >> 2;
@@ -108,6 +110,16 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
   const uint4* xhi = xlo + int64_t(nblk) * 128;
   const uint4 z = make_uint4(0, 0, 0, 0);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // x's fragments one block ahead (an L1/L2 hit is not free: it would sit on the MMA chain).
+  uint4 xa_next[4], xb_next[4];
+  auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
+      xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
+    }
+  };
+  load_x(0, xa_next, xb_next);
   for (int j0 = 0; j0 < nblk; j0 += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; d++) {
@@ -116,14 +128,12 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
       const uint4 b01 = bq[d][0], b23 = bq[d][1];
       if (j + DEPTH < nblk) {  // the register pair is free again: the block DEPTH ahead
         bq[d][0] = __ldcs(wp + 64 * (j + DEPTH));
-        bq[d][1] = __ldcs(wp + 64 * (j + DEPTH) + 1);
+        bq[d][1] = __ldcs(wp + 64 * (j + DEPTH) + 32);
       }
       uint4 xa[4], xb[4];
 #pragma unroll
-      for (int q = 0; q < 4; q++) {
-        xa[q] = ok_lo ? __ldg(xlo + 128 * j + q) : z;
-        xb[q] = ok_hi ? __ldg(xhi + 128 * j + q) : z;
-      }
+      for (int q = 0; q < 4; q++) xa[q] = xa_next[q], xb[q] = xb_next[q];
+      load_x(j + 1, xa_next, xb_next);
       const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
       // The tile kernel's b_k_twice chain: xh's k-tile of block j, then xl's, k16 steps in order.
 #pragma unroll
@@ -175,8 +185,7 @@ void launch_rows(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
 
 bool enabled_by_env() {
   static const bool on = [] {
-    const char* e = std::getenv("EPMOE_SPLIT_GEMV");
-    return !(e && std::string(e) == "0");
+    return !env_off("EPMOE_SPLIT_GEMV");
   }();
   return on;
 }

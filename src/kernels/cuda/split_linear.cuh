@@ -41,7 +41,7 @@ struct SplitWeight {
   // MMA fragments read them (per 8 rows and 64-wide k-block, 32 B per lane), and room for x's
   // split in the same order. ~the weight's bytes again; asynchronous on s.
   void pack_fragments(cudaStream_t s);
-  DeviceArray<uint32_t> frag;   // [ceil(N / 8)][K / 64][32 lanes][8 words]
+  DeviceArray<uint32_t> frag;   // [ceil(N / 8)][K / 64][2][32 lanes][4 words]
   mutable DeviceArray<uint32_t> xfrag;  // [2 row halves][K / 64][32 lanes][16 words]: x split (split_gemv)
 
  private:
