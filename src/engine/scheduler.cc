@@ -39,6 +39,10 @@ size_t Scheduler::submit(GenerateRequest r) {
   for (int32_t id : r.params.logprob_ids)
     if (id < 0 || id >= model_.config().vocab_size)
       throw InputError(what + ": token_ids_logprob: token " + std::to_string(id) + " is outside the vocabulary");
+  if (r.params.sampling_mask && r.params.sampling.temperature > 0.0f &&
+      !(r.params.sampling.top_k > 0 && r.params.sampling.top_k <= kMaxSamplingMaskIds))
+    throw InputError(what + ": return_sampling_mask with temperature > 0 needs top_k in 1.." +
+                     std::to_string(kMaxSamplingMaskIds) + " (without it the support can be the whole vocabulary)");
   if (r.params.prior_output < 0 || size_t(r.params.prior_output) > r.prompt.size())
     throw InputError(what + ": prior_output " + std::to_string(r.params.prior_output) + " outside the prompt");
   // The blocks the request may need in an empty pool (admit's promise without a cached prefix).
@@ -194,6 +198,7 @@ struct Scheduler::StepPlan {
     float logprob = 0;
     std::vector<std::pair<int32_t, float>> top;
     std::vector<float> ids;  // logprob_ids' log-probs
+    std::vector<int32_t> mask;  // sampling_mask: the draw's support
   };
   std::vector<Sequence*> active;
   std::vector<std::vector<int32_t>> tokens;
@@ -287,11 +292,11 @@ Scheduler::StepPlan Scheduler::plan() {
     }
     const RequestParams& p = e.req.params;
     sp.host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0 || p.processing.active() ||
-                      !p.logprob_ids.empty();
+                      !p.logprob_ids.empty() || p.sampling_mask;
     // The device draws what needs no sorted order and no history: no masks, no top-N, no penalties.
     const SamplingParams& s = p.sampling;
     sp.device_draws &= s.top_k <= 0 && s.top_p >= 1.0f && s.min_p <= 0.0f && p.top_logprobs == 0 &&
-                       !p.processing.active() && p.logprob_ids.empty();
+                       !p.processing.active() && p.logprob_ids.empty() && !p.sampling_mask;
   }
   sp.device_draws &= sp.host_logits && !sp.all_logits;
   // Routing replay: the step's routing is captured when a request in it records its own.
@@ -438,8 +443,10 @@ void Scheduler::apply(StepPlan& sp, StepOutput& out) {
         process_logits(seen.data(), V, p.processing, e.req.prompt, p.prior_output, e.out[size_t(pk.j)].tokens,
                        p.stop_ids);
         pk.token = sample_token(seen.data(), V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
+        if (p.sampling_mask) pk.mask = kept_ids(seen.data(), V, p.sampling);
       } else {
         pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
+        if (p.sampling_mask) pk.mask = kept_ids(row, V, p.sampling);
       }
       if (p.logprobs || p.top_logprobs > 0 || !p.logprob_ids.empty()) {
         const RowLogprobs lp(row, V, p.sampling.temperature);
@@ -453,6 +460,8 @@ void Scheduler::apply(StepPlan& sp, StepOutput& out) {
   for (StepPlan::Pick& pk : sp.picks_todo) {
     if (!entries_[pk.h].req.params.logprob_ids.empty())
       entries_[pk.h].out[size_t(pk.j)].ids_logprobs.push_back(std::move(pk.ids));
+    if (entries_[pk.h].req.params.sampling_mask)
+      entries_[pk.h].out[size_t(pk.j)].sampling_mask.push_back(std::move(pk.mask));
     choose(pk.h, pk.j, pk.token, pk.logprob, std::move(pk.top));
     finish_if_done(entries_[pk.h]);
   }

@@ -48,6 +48,11 @@ struct RequestParams {
   // sample's sequence feeds (its whole prompt -- never from the prefix cache -- and every
   // generated token but the last). Both devices.
   bool routed_experts = false;
+  // The sampling mask (sglang's / vLLM's return_sampling_mask): with each generated token, the ids
+  // its draw could have picked -- kept_ids of the row the draw saw (top_k, top_p, min_p; greedy:
+  // the one id) -- so a trainer can renormalise its log-probs over the same support. A sampled
+  // request must bound the support with top_k <= kMaxSamplingMaskIds (submit refuses otherwise).
+  bool sampling_mask = false;
   // Penalties, logit bias, a minimum length (engine/sampling.h): what the draws see, never the
   // log-probs reported.
   LogitProcessing processing;
@@ -88,7 +93,12 @@ struct Generation {
   // logical experts and their fp32 weights: [fed][moe layers][top_k] (StepRouting's layout).
   std::vector<int32_t> routed_experts;
   std::vector<float> routed_weights;
+  // With sampling_mask: [tokens][ids of the support, ascending].
+  std::vector<std::vector<int32_t>> sampling_mask;
 };
+
+// The most ids a sampling mask may hold (the top_k a sampled request that asks for one must set).
+constexpr int kMaxSamplingMaskIds = 1024;
 
 struct SchedulerOptions {
   ForwardOptions forward;

@@ -37,6 +37,7 @@ struct SampleProgress {
   std::vector<float> logprobs;                              // when asked
   std::vector<std::vector<std::pair<int32_t, float>>> top;  // when asked
   std::vector<std::vector<float>> ids_logprobs;             // token_ids_logprob: [tokens][ids]
+  std::vector<std::vector<int32_t>> sampling_mask;          // return_sampling_mask: [tokens][support ids]
   std::string text;               // text safe to send: never a prefix of a stop string still growing
   std::vector<int64_t> text_offset;  // per token: characters of `text` before the token's own text
   bool done = false;

@@ -159,7 +159,7 @@ constexpr FieldRule kGenerateFields[] = {
     {"return_routed_experts", I}, {"routed_experts_start_len", I}, {"return_routed_expert_weights", I},
     {"no_logs", N, "epmoe logs no request contents"},
     {"token_ids_logprob", I},
-    {"return_sampling_mask", R, "is not supported"},
+    {"return_sampling_mask", I},
     {"return_flat_raw_top_logprobs", R, "is not supported: log-probs come as [logprob, id, text] lists"},
     {"return_flat_raw_top_logprobs_b64", R, "is not supported: log-probs come as [logprob, id, text] lists"},
     {"return_hidden_states", R, kNoHidden},
@@ -355,6 +355,7 @@ struct SamplingSpec {
   int top_logprobs = 0;
   int input_from = -1;
   bool routed_experts = false;
+  bool sampling_mask = false;  // return_sampling_mask
   LogitProcessing processing;  // penalties, logit_bias, min_new_tokens (engine/sampling.h)
   std::vector<int32_t> logprob_ids;  // token_ids_logprob
   std::string min_field = "min_new_tokens";  // the minimum's field, for its message
@@ -465,6 +466,7 @@ ServeRequest make_request(std::vector<int32_t> prompt, const std::string& prompt
   r.params.top_logprobs = s.top_logprobs;
   r.params.input_logprobs_from = s.input_from;
   r.params.routed_experts = s.routed_experts;
+  r.params.sampling_mask = s.sampling_mask;
   const bool sampled = s.temperature > 0;
   r.seed = s.seed ? *s.seed : sampled ? fresh_seed() : 0;
   r.seed_reported = sampled || s.seed.has_value();
@@ -611,6 +613,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
   call.return_routed_experts = f.boolean("return_routed_experts").value_or(false);
   call.return_routed_expert_weights = f.boolean("return_routed_expert_weights").value_or(false);
   call.routed_experts_start_len = int(f.integer("routed_experts_start_len", 0, INT32_MAX).value_or(0));
+  call.return_sampling_mask = f.boolean("return_sampling_mask").value_or(false);
   call.return_text_in_logprobs = f.boolean("return_text_in_logprobs").value_or(false);
   if (call.return_text_in_logprobs && !m.tokenizer)
     bad("return_text_in_logprobs", "this model has no tokenizer files: log-probs carry ids only");
@@ -689,6 +692,11 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
     s.top_logprobs = call.return_logprob ? call.top_logprobs_num : 0;
     s.input_from = call.return_logprob ? call.logprob_start_len : -1;
     s.routed_experts = call.return_routed_experts || call.return_routed_expert_weights;
+    s.sampling_mask = call.return_sampling_mask;
+    if (s.sampling_mask && s.temperature > 0.0 && !(s.top_k > 0 && s.top_k <= kMaxSamplingMaskIds))
+      bad("return_sampling_mask", "with temperature > 0 needs sampling_params.top_k in 1.." +
+                                      std::to_string(kMaxSamplingMaskIds) +
+                                      " (without it the support can be the whole vocabulary)");
     // token_ids_logprob: one list for every prompt, or (a batch) one list per prompt.
     if (const json* tl = f.get("token_ids_logprob"); tl && !tl->is_null()) {
       if (!tl->is_array()) bad("token_ids_logprob", "must be a list of token ids (or one list per prompt)");
@@ -809,6 +817,12 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
     if (call.return_routed_experts) meta["routed_experts"] = routed_experts_b64(s, call.routed_experts_start_len, m);
     if (call.return_routed_expert_weights)
       meta["routed_expert_weights"] = routed_weights_b64(s, call.routed_experts_start_len, m);
+  }
+  // The sampling mask: per output token, the ids its draw could have picked (ascending).
+  if (call.return_sampling_mask) {
+    json masks = json::array();
+    for (size_t i = 0; i < s.sampling_mask.size() && i < s.tokens.size(); i++) masks.push_back(s.sampling_mask[i]);
+    meta["sampling_mask"] = std::move(masks);
   }
   json out;
   out["text"] = s.text;

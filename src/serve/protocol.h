@@ -63,6 +63,9 @@ struct NativeCall {
   bool return_routed_experts = false;
   bool return_routed_expert_weights = false;
   int routed_experts_start_len = 0;
+  // sglang's / vLLM's return_sampling_mask: meta_info.sampling_mask, per output token the ids its
+  // draw could have picked (RequestParams::sampling_mask).
+  bool return_sampling_mask = false;
   // sglang's return_text_in_logprobs: each [logprob, id, text] entry carries the token's text
   // (the tokenizer's decode of that one id, as sglang's detokenizer gives it) instead of null.
   bool return_text_in_logprobs = false;

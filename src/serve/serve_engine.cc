@@ -22,7 +22,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SamplingParams, temperature, top_k, top_p, mi
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LogitProcessing, logit_bias, frequency_penalty, presence_penalty,
                                    repetition_penalty, min_new_tokens)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestParams, max_new_tokens, stop_ids, sampling, logprobs, top_logprobs,
-                                   input_logprobs_from, logprob_ids, routed_experts, processing, prior_output)
+                                   input_logprobs_from, logprob_ids, routed_experts, sampling_mask, processing,
+                                   prior_output)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GenerateRequest, id, prompt, seed, n, params)
 
 namespace {
@@ -107,6 +108,17 @@ std::vector<std::vector<float>> rows_of(const json& a) {
   return out;
 }
 
+json id_rows_json(const std::vector<std::vector<int32_t>>& rows) {
+  json out = json::array();
+  for (const auto& r : rows) out.push_back(blob(r));
+  return out;
+}
+std::vector<std::vector<int32_t>> id_rows_of(const json& a) {
+  std::vector<std::vector<int32_t>> out;
+  for (const json& r : a) out.push_back(unblob<int32_t>(r));
+  return out;
+}
+
 json generations_json(const std::vector<Generation>& gs) {
   json a = json::array();
   for (const Generation& g : gs) {
@@ -120,7 +132,8 @@ json generations_json(const std::vector<Generation>& gs) {
                  {"cached", g.cached_tokens},
                  {"input_logprobs", blob(g.input_logprobs)},
                  {"routed_experts", blob(g.routed_experts)},
-                 {"routed_weights", blob(g.routed_weights)}});
+                 {"routed_weights", blob(g.routed_weights)},
+                 {"sampling_mask", id_rows_json(g.sampling_mask)}});
   }
   return a;
 }
@@ -139,6 +152,7 @@ std::vector<Generation> generations_of(const json& a) {
     g.input_logprobs = unblob<float>(j.at("input_logprobs"));
     g.routed_experts = unblob<int32_t>(j.at("routed_experts"));
     g.routed_weights = unblob<float>(j.at("routed_weights"));
+    g.sampling_mask = id_rows_of(j.at("sampling_mask"));
     out.push_back(std::move(g));
   }
   return out;
@@ -173,9 +187,10 @@ void ServeEngine::make_scheduler() {
   // Each token chosen goes into this turn's report, with its log-prob and top-N when asked.
   sched_->on_token = [this](size_t h, int j, int32_t t) {
     const Generation& g = sched_->results(h)[size_t(j)];
-    json ev = {key_of_.at(h), j, t, nullptr, nullptr, nullptr};
+    json ev = {key_of_.at(h), j, t, nullptr, nullptr, nullptr, nullptr};
     if (!g.logprobs.empty()) ev[3] = g.logprobs.back();
     if (!g.ids_logprobs.empty()) ev[5] = blob(g.ids_logprobs.back());
+    if (!g.sampling_mask.empty()) ev[6] = blob(g.sampling_mask.back());
     if (!g.top.empty()) {
       json top = json::array();
       for (const auto& [id, lp] : g.top.back()) top.push_back({id, lp});
@@ -359,8 +374,10 @@ void ServeEngine::take_reports(const std::vector<std::string>& reports) {
           for (const json& t : ev.at(4)) top.push_back({t.at(0).get<int32_t>(), t.at(1).get<float>()});
         std::vector<float> ids;
         if (!ev.at(5).is_null()) ids = unblob<float>(ev.at(5));
+        std::vector<int32_t> mask;
+        if (!ev.at(6).is_null()) mask = unblob<int32_t>(ev.at(6));
         on_token(ev.at(0).get<uint64_t>(), ev.at(1).get<int>(), ev.at(2).get<int32_t>(),
-                 ev.at(3).is_null() ? nullptr : &lp, std::move(top), std::move(ids));
+                 ev.at(3).is_null() ? nullptr : &lp, std::move(top), std::move(ids), std::move(mask));
       }
     if (rep.contains("fin"))
       for (const json& e : rep["fin"]) finish_piece_of(e.at(0).get<uint64_t>(), generations_of(e.at(1)));
@@ -406,7 +423,8 @@ void ServeEngine::on_refused(uint64_t key, const std::string& why) {
 }
 
 void ServeEngine::on_token(uint64_t key, int j, int32_t t, const float* logprob,
-                           std::vector<std::pair<int32_t, float>> top, std::vector<float> ids) {
+                           std::vector<std::pair<int32_t, float>> top, std::vector<float> ids,
+                           std::vector<int32_t> mask) {
   auto it = live_.find(key);
   if (it == live_.end()) return;
   Live& L = it->second;
@@ -421,6 +439,7 @@ void ServeEngine::on_token(uint64_t key, int j, int32_t t, const float* logprob,
     if (r.params.logprobs && logprob) sp.logprobs.push_back(*logprob);
     if (r.params.top_logprobs > 0) sp.top.push_back(std::move(top));
     if (!r.params.logprob_ids.empty()) sp.ids_logprobs.push_back(std::move(ids));
+    if (r.params.sampling_mask) sp.sampling_mask.push_back(std::move(mask));
     if (tok_) {
       std::string& raw = L.text->raw[size_t(js)];
       sp.text_offset.push_back(utf8_chars(raw));

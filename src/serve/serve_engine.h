@@ -174,7 +174,7 @@ class ServeEngine {
   void on_accepted(uint64_t key);
   void on_refused(uint64_t key, const std::string& why);
   void on_token(uint64_t key, int sample, int32_t token, const float* logprob,
-                std::vector<std::pair<int32_t, float>> top, std::vector<float> ids);
+                std::vector<std::pair<int32_t, float>> top, std::vector<float> ids, std::vector<int32_t> mask);
   void finish_piece_of(uint64_t key, const std::vector<Generation>& res);
   void retracted_piece(uint64_t key, const std::vector<Generation>& res);
   void resume_retracted();

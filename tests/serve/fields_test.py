@@ -117,7 +117,8 @@ RESPONSES = {
 # any other field means it was ignored. Some implemented fields are refused in some contexts.
 IMPLEMENTED_GENERATE = {"rid", "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
                         "top_logprobs_num", "return_text_in_logprobs", "stream", "routed_experts_start_len",
-                        "return_routed_experts", "return_routed_expert_weights", "no_logs", "token_ids_logprob"}
+                        "return_routed_experts", "return_routed_expert_weights", "no_logs", "token_ids_logprob",
+                        "return_sampling_mask"}
 IMPLEMENTED_SAMPLING = {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "n",
                         "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
                         "sampling_seed", "frequency_penalty", "presence_penalty", "repetition_penalty",
@@ -180,6 +181,9 @@ def generate_effects(s):
         "rid": lambda r: meta(r)["id"] == "fields-r1" or "meta_info.id %s" % meta(r)["id"],
         "return_logprob": lambda r: len(meta(r)["output_token_logprobs"]) == meta(r)["completion_tokens"],
         "top_logprobs_num": lambda r: True,  # (needs return_logprob: tested with it below)
+        # (greedy here: each token's support is the token; tests/serve/sampling_fields_test.py samples)
+        "return_sampling_mask": lambda r: meta(r)["sampling_mask"] == [[t] for t in r.json()["output_ids"]] or
+        "sampling_mask %s" % meta(r).get("sampling_mask"),
         "stream": lambda r: r.text.startswith("data: ") and r.text.rstrip().endswith("data: [DONE]"),
         "sampling_params.max_new_tokens": lambda r: meta(r)["completion_tokens"] == 3 or meta(r)["finish_reason"][
             "type"] == "stop",

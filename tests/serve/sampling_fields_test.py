@@ -8,10 +8,14 @@ reported, and keep the sampling guarantee. Checked with the text model:
   * the log-probs reported are the model's: re-scoring prompt + output gives the same bits;
   * the same bits alone and among 16 concurrent requests, on 1 rank and on 3 (alltoall);
   * token_ids_logprob and input_top_logprobs at every position, agreeing with the other log-probs;
+  * return_sampling_mask: per token the ids its draw could pick -- greedy: the token; top_k: the k
+    most likely (the top-N list); top_k + top_p: the shortest prefix of them reaching top_p; a
+    forced token alone -- holding the drawn token; refused without a bound on the support;
   * bad values are refused naming the field.
 """
 import collections
 import concurrent.futures
+import math
 import os
 import struct
 import sys
@@ -110,6 +114,40 @@ def main():
         r = httpx.post(url + "/generate", json={"input_ids": pids, "token_ids_logprob": [5]}, timeout=30)
         check(r.status_code == 400 and "token_ids_logprob" in r.text, "token_ids_logprob without return_logprob: 400")
 
+        # The sampling mask: what each draw could have picked.
+        d = gen(url, {"input_ids": pids, "return_sampling_mask": True,
+                      "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+        check(d["meta_info"]["sampling_mask"] == [[t] for t in d["output_ids"]],
+              "sampling mask, greedy: the token itself at each of 6 steps")
+        d = gen(url, {"input_ids": pids, "return_sampling_mask": True, "return_logprob": True, "top_logprobs_num": 5,
+                      "sampling_params": {"max_new_tokens": 8, "temperature": 0.9, "top_k": 5, "sampling_seed": 4}})
+        masks, tops = d["meta_info"]["sampling_mask"], d["meta_info"]["output_top_logprobs"]
+        check(len(masks) == 8 and all(m == sorted(t[1] for t in top) and tok in m
+                                      for m, top, tok in zip(masks, tops, d["output_ids"])),
+              "sampling mask, top_k 5: the 5 most likely ids (the top-5 list), the drawn token among them")
+        d = gen(url, {"input_ids": pids, "return_sampling_mask": True, "return_logprob": True, "top_logprobs_num": 20,
+                      "sampling_params": {"max_new_tokens": 8, "temperature": 0.05, "top_k": 20, "top_p": 0.5,
+                                          "sampling_seed": 5}})
+        masks, tops = d["meta_info"]["sampling_mask"], d["meta_info"]["output_top_logprobs"]
+        ok, sizes = len(masks) == 8, []
+        for m, top, tok in zip(masks, tops, d["output_ids"]):
+            n = len(m)
+            sizes.append(n)
+            mass = [math.exp(t[0]) for t in top]  # (log-probs at the request's temperature, as the masks)
+            ok &= tok in m and sorted(t[1] for t in top[:n]) == m
+            ok &= n == 20 or (sum(mass[:n]) >= 0.5 - 1e-5 and sum(mass[:n - 1]) < 0.5 + 1e-5)
+        check(ok and min(sizes) < 20, "sampling mask, top_k 20 + top_p 0.5: the shortest prefix of the top 20 "
+                                      "reaching 0.5 (sizes %s), the drawn token in it" % sizes)
+        d = gen(url, {"input_ids": pids, "return_sampling_mask": True,
+                      "sampling_params": {"max_new_tokens": 3, "temperature": 0.7, "top_k": 50, "top_p": 0.9,
+                                          "logit_bias": {"7": 100}}})
+        check(d["meta_info"]["sampling_mask"] == [[7]] * 3, "sampling mask with token 7 forced by its bias, top_p 0.9: "
+                                                            "[7] (the row the draw saw): %s" % d["meta_info"]["sampling_mask"])
+        r = httpx.post(url + "/generate", json={"input_ids": pids, "return_sampling_mask": True,
+                                                "sampling_params": {"temperature": 0.8}}, timeout=30)
+        check(r.status_code == 400 and "return_sampling_mask" in r.text and "top_k" in r.text,
+              "return_sampling_mask sampled without top_k: 400 naming it (%s)" % r.text[:160])
+
         # Refusals name the field.
         for sp, field in (({"frequency_penalty": 3}, "frequency_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
                           ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
@@ -127,11 +165,16 @@ def main():
               "logit_bias": {str(3 + i): 2.5, str(EOS): 1.0}}
         if i % 4 == 1:
             sp["n"] = 2
-        reqs.append({"text": "the %s %s" % (["cat", "mat", "dog"][i % 3], "ran " * (i % 5)), "sampling_params": sp,
-                     "return_logprob": True})
+        body = {"text": "the %s %s" % (["cat", "mat", "dog"][i % 3], "ran " * (i % 5)), "sampling_params": sp,
+                "return_logprob": True}
+        if i % 4 == 2:  # and the sampling mask (top_k bounds it)
+            sp["top_k"] = 6 + i % 3
+            body["return_sampling_mask"] = True
+        reqs.append(body)
 
     def results(d):
-        return [(x["output_ids"], bits(x)) for x in (d if isinstance(d, list) else [d])]
+        return [(x["output_ids"], bits(x), x["meta_info"].get("sampling_mask"))
+                for x in (d if isinstance(d, list) else [d])]
 
     with h.Server(model) as s:
         alone = [results(gen(s.url, b)) for b in reqs]
