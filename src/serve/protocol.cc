@@ -219,6 +219,7 @@ constexpr FieldRule kSamplingFields[] = {
        R"({"type": "text"})"},                                                                                   \
       {"return_hidden_states", R, kNoHidden},                                                                   \
       {"return_routed_experts", I}, {"routed_experts_start_len", I}, {"return_routed_expert_weights", I},        \
+      {"return_sampling_mask", I},                                                                              \
       {"return_cached_tokens_details", R, "is not supported: usage.prompt_tokens_details.cached_tokens only"},  \
       {"lora_path", R, kNoLora}, {"session_id", R, kNoSession}, {"session_params", R, kNoSession},              \
       {"custom_params", R, kNoCustomLogits}, {"custom_logit_processor", R, kNoCustomLogits},                    \
@@ -360,6 +361,14 @@ struct SamplingSpec {
   std::vector<int32_t> logprob_ids;  // token_ids_logprob
   std::string min_field = "min_new_tokens";  // the minimum's field, for its message
 };
+
+// return_sampling_mask (both APIs): a sampled request must bound its support with top_k.
+void sampling_mask_of(bool asked, SamplingSpec& s) {
+  s.sampling_mask = asked;
+  if (asked && s.temperature > 0.0 && !(s.top_k > 0 && s.top_k <= kMaxSamplingMaskIds))
+    bad("return_sampling_mask", "with temperature > 0 needs top_k in 1.." + std::to_string(kMaxSamplingMaskIds) +
+                                    " (without it the support can be the whole vocabulary)");
+}
 
 // Standard base64 of raw bytes (OpenSSL's encoder; sglang sends routed_experts this way).
 std::string base64(const void* data, size_t n) {
@@ -692,11 +701,7 @@ NativeCall parse_generate(const json& body, const ServedModel& m) {
     s.top_logprobs = call.return_logprob ? call.top_logprobs_num : 0;
     s.input_from = call.return_logprob ? call.logprob_start_len : -1;
     s.routed_experts = call.return_routed_experts || call.return_routed_expert_weights;
-    s.sampling_mask = call.return_sampling_mask;
-    if (s.sampling_mask && s.temperature > 0.0 && !(s.top_k > 0 && s.top_k <= kMaxSamplingMaskIds))
-      bad("return_sampling_mask", "with temperature > 0 needs sampling_params.top_k in 1.." +
-                                      std::to_string(kMaxSamplingMaskIds) +
-                                      " (without it the support can be the whole vocabulary)");
+    sampling_mask_of(call.return_sampling_mask, s);
     // token_ids_logprob: one list for every prompt, or (a batch) one list per prompt.
     if (const json* tl = f.get("token_ids_logprob"); tl && !tl->is_null()) {
       if (!tl->is_array()) bad("token_ids_logprob", "must be a list of token ids (or one list per prompt)");
@@ -887,6 +892,7 @@ void stream_options(const Fields& f, OpenAICall& call) {
   call.return_routed_experts = f.boolean("return_routed_experts").value_or(false);
   call.return_routed_expert_weights = f.boolean("return_routed_expert_weights").value_or(false);
   call.routed_experts_start_len = int(f.integer("routed_experts_start_len", 0, INT32_MAX).value_or(0));
+  call.return_sampling_mask = f.boolean("return_sampling_mask").value_or(false);
   if (const json* so = f.get("stream_options")) {
     Fields o(*so, "stream_options.");
     check_fields(*so, "stream_options.", kStreamOptionsFields, "stream_options");
@@ -900,6 +906,7 @@ void routing_of(const OpenAICall& call, const ServedModel& m, SamplingSpec& s) {
     bad(call.return_routed_experts ? "return_routed_experts" : "return_routed_expert_weights",
         "the server records routed experts only when started with --enable-return-routed-experts");
   s.routed_experts = call.return_routed_experts || call.return_routed_expert_weights;
+  sampling_mask_of(call.return_sampling_mask, s);
 }
 
 }  // namespace
@@ -1234,6 +1241,11 @@ void add_routing(json& c, const OpenAICall& call, const SampleProgress& s, const
   if (call.return_routed_experts) c["routed_experts"] = routed_experts_b64(s, call.routed_experts_start_len, m);
   if (call.return_routed_expert_weights)
     c["routed_expert_weights"] = routed_weights_b64(s, call.routed_experts_start_len, m);
+  if (call.return_sampling_mask) {
+    json masks = json::array();
+    for (size_t i = 0; i < s.sampling_mask.size() && i < s.tokens.size(); i++) masks.push_back(s.sampling_mask[i]);
+    c["sampling_mask"] = std::move(masks);
+  }
 }
 
 json openai_usage(const std::vector<JobPtr>& jobs) {

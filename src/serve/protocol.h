@@ -91,6 +91,9 @@ struct OpenAICall {
   // `routed_expert_weights`, on the response and on a stream's last chunk of the choice.
   bool return_routed_experts = false, return_routed_expert_weights = false;
   int routed_experts_start_len = 0;
+  // vLLM's sampling mask: each choice's `sampling_mask`, per token the ids its draw could have
+  // picked (RequestParams::sampling_mask), on the response and on a stream's last chunk.
+  bool return_sampling_mask = false;
   std::string model;
   std::string id;         // cmpl-... / chatcmpl-...
   int64_t created = 0;
@@ -115,7 +118,8 @@ bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s);
 // the fp32 weights in the same layout.
 std::string routed_experts_b64(const SampleProgress& s, int start, const ServedModel& m);
 std::string routed_weights_b64(const SampleProgress& s, int start, const ServedModel& m);
-// Adds a finished choice's routed_experts / routed_expert_weights where the call asked for them.
+// Adds a finished choice's routed_experts / routed_expert_weights / sampling_mask where the call
+// asked for them.
 void add_routing(nlohmann::json& choice, const OpenAICall& call, const SampleProgress& s, const ServedModel& m);
 // The whole (non-streamed) response of finished jobs, choice index = prompt * n + sample.
 nlohmann::json openai_response(const OpenAICall& call, const std::vector<JobPtr>& jobs, const ServedModel& m);

@@ -15,6 +15,7 @@ reported, and keep the sampling guarantee. Checked with the text model:
 """
 import collections
 import concurrent.futures
+import json
 import math
 import os
 import struct
@@ -125,6 +126,18 @@ def main():
         check(len(masks) == 8 and all(m == sorted(t[1] for t in top) and tok in m
                                       for m, top, tok in zip(masks, tops, d["output_ids"])),
               "sampling mask, top_k 5: the 5 most likely ids (the top-5 list), the drawn token among them")
+        # The OpenAI routes (vLLM's per-choice sampling_mask): the same masks for the same draw, streamed
+        # on the choice's last chunk.
+        body = {"prompt": pids, "max_tokens": 8, "temperature": 0.9, "top_k": 5, "seed": 4,
+                "return_sampling_mask": True, "return_token_ids": True}
+        c = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+        check(c["sampling_mask"] == masks and c["token_ids"] == d["output_ids"],
+              "/v1/completions sampling_mask == /generate's for the same draw")
+        with httpx.stream("POST", url + "/v1/completions", json=dict(body, stream=True), timeout=60) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        streamed = [ch["choices"][0]["sampling_mask"] for ch in chunks
+                    if ch.get("choices") and "sampling_mask" in ch["choices"][0]]
+        check(streamed == [masks], "streamed: the masks once, on the last chunk of the choice")
         d = gen(url, {"input_ids": pids, "return_sampling_mask": True, "return_logprob": True, "top_logprobs_num": 20,
                       "sampling_params": {"max_new_tokens": 8, "temperature": 0.05, "top_k": 20, "top_p": 0.5,
                                           "sampling_seed": 5}})
