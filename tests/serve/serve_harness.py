@@ -107,6 +107,9 @@ class Server:
         return self
 
     def __exit__(self, *exc):
+        if exc[0] is not None:  # the client failed: what the server said is half of the story
+            sys.stderr.write("epmoe serve's last lines (%s):\n%s" % (
+                "still running" if self.alive() else "exited with %s" % self.proc.returncode, "".join(self.log[-40:])))
         self.stop(check=exc[0] is None)
 
     def start(self):
