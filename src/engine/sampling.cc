@@ -215,16 +215,26 @@ std::vector<int32_t> kept_ids(const float* logits, int64_t V, const SamplingPara
   return ids;
 }
 
-int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t seed, int64_t position) {
-  if (p.temperature <= 0.0f) return greedy(logits, V);
+int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t seed, int64_t position,
+                     std::vector<int32_t>* support) {
+  if (p.temperature <= 0.0f) {
+    const int32_t t = greedy(logits, V);
+    if (support) *support = {t};
+    return t;
+  }
   // argmax(l/T + g) with g = -log(E), E = -log(u), is argmin(E * exp(m - l/T)) (m: the largest
   // l/T): an exponential race, one log fewer per id. And since E = -log(u) >= 1 - u, an id whose
   // (1 - u) * w already reaches the best key cannot win: most ids are decided by a hash and an
   // exp, without a log.
   const bool masked = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
-  if (!masked) return race(logits, V, nullptr, V, p.temperature, seed, position);
-  const std::vector<int32_t> ids = kept_ids(logits, V, p);
-  return race(logits, V, ids.data(), int64_t(ids.size()), p.temperature, seed, position);
+  if (!masked) {
+    if (support) *support = kept_ids(logits, V, p);
+    return race(logits, V, nullptr, V, p.temperature, seed, position);
+  }
+  std::vector<int32_t> ids = kept_ids(logits, V, p);
+  const int32_t t = race(logits, V, ids.data(), int64_t(ids.size()), p.temperature, seed, position);
+  if (support) *support = std::move(ids);
+  return t;
 }
 
 uint64_t fresh_seed() {

@@ -68,7 +68,9 @@ void process_logits(float* row, int64_t V, const LogitProcessing& p, const std::
 
 // The token drawn from a logits row [V] at absolute position `position` of a sequence sampled
 // with `seed`.
-int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t seed, int64_t position);
+// With `support`: also the ids the draw chose among (kept_ids; greedy: the token), computed once.
+int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t seed, int64_t position,
+                     std::vector<int32_t>* support = nullptr);
 
 // log_softmax(logits / T) of one row (T = 1 when temperature is 0), its normaliser computed once
 // in fp32 over the full row in id order: at(id) is then one subtraction, so a step that reports a

@@ -442,11 +442,11 @@ void Scheduler::apply(StepPlan& sp, StepOutput& out) {
         std::vector<float> seen(row, row + V);
         process_logits(seen.data(), V, p.processing, e.req.prompt, p.prior_output, e.out[size_t(pk.j)].tokens,
                        p.stop_ids);
-        pk.token = sample_token(seen.data(), V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
-        if (p.sampling_mask) pk.mask = kept_ids(seen.data(), V, p.sampling);
+        pk.token = sample_token(seen.data(), V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position,
+                                p.sampling_mask ? &pk.mask : nullptr);
       } else {
-        pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position);
-        if (p.sampling_mask) pk.mask = kept_ids(row, V, p.sampling);
+        pk.token = sample_token(row, V, p.sampling, e.req.seed + uint64_t(pk.j), pk.position,
+                                p.sampling_mask ? &pk.mask : nullptr);
       }
       if (p.logprobs || p.top_logprobs > 0 || !p.logprob_ids.empty()) {
         const RowLogprobs lp(row, V, p.sampling.temperature);

@@ -823,12 +823,7 @@ json native_result(const Job& job, size_t j, const NativeCall& call, const Serve
     if (call.return_routed_expert_weights)
       meta["routed_expert_weights"] = routed_weights_b64(s, call.routed_experts_start_len, m);
   }
-  // The sampling mask: per output token, the ids its draw could have picked (ascending).
-  if (call.return_sampling_mask) {
-    json masks = json::array();
-    for (size_t i = 0; i < s.sampling_mask.size() && i < s.tokens.size(); i++) masks.push_back(s.sampling_mask[i]);
-    meta["sampling_mask"] = std::move(masks);
-  }
+  if (call.return_sampling_mask) meta["sampling_mask"] = sampling_mask_json(s);
   json out;
   out["text"] = s.text;
   out["output_ids"] = s.tokens;
@@ -1227,6 +1222,13 @@ bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s) {
   return false;
 }
 
+// The sampling mask (both APIs): per output token, the ids its draw could have picked (ascending).
+json sampling_mask_json(const SampleProgress& s) {
+  json masks = json::array();
+  for (size_t i = 0; i < s.sampling_mask.size() && i < s.tokens.size(); i++) masks.push_back(s.sampling_mask[i]);
+  return masks;
+}
+
 std::string routed_experts_b64(const SampleProgress& s, int start, const ServedModel& m) {
   const size_t per = size_t(m.moe_layers) * size_t(m.top_k);
   const size_t from = std::min(s.routed_experts.size(), size_t(start) * per);
@@ -1241,11 +1243,7 @@ void add_routing(json& c, const OpenAICall& call, const SampleProgress& s, const
   if (call.return_routed_experts) c["routed_experts"] = routed_experts_b64(s, call.routed_experts_start_len, m);
   if (call.return_routed_expert_weights)
     c["routed_expert_weights"] = routed_weights_b64(s, call.routed_experts_start_len, m);
-  if (call.return_sampling_mask) {
-    json masks = json::array();
-    for (size_t i = 0; i < s.sampling_mask.size() && i < s.tokens.size(); i++) masks.push_back(s.sampling_mask[i]);
-    c["sampling_mask"] = std::move(masks);
-  }
+  if (call.return_sampling_mask) c["sampling_mask"] = sampling_mask_json(s);
 }
 
 json openai_usage(const std::vector<JobPtr>& jobs) {

@@ -117,6 +117,8 @@ bool sample_ends_at_last_token(const ServeRequest& r, const SampleProgress& s);
 // A finished sample's routing from token `start` on, base64 (sglang's routed_experts layout), and
 // the fp32 weights in the same layout.
 std::string routed_experts_b64(const SampleProgress& s, int start, const ServedModel& m);
+// The sampling mask of a sample (return_sampling_mask): per output token its support, ascending.
+nlohmann::json sampling_mask_json(const SampleProgress& s);
 std::string routed_weights_b64(const SampleProgress& s, int start, const ServedModel& m);
 // Adds a finished choice's routed_experts / routed_expert_weights / sampling_mask where the call
 // asked for them.

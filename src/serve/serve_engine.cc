@@ -97,25 +97,16 @@ std::vector<std::vector<std::pair<int32_t, float>>> tops_of(const json& a) {
   }
   return out;
 }
-json rows_json(const std::vector<std::vector<float>>& rows) {
+template <class T>
+json rows_json(const std::vector<std::vector<T>>& rows) {
   json out = json::array();
   for (const auto& r : rows) out.push_back(blob(r));
   return out;
 }
-std::vector<std::vector<float>> rows_of(const json& a) {
-  std::vector<std::vector<float>> out;
-  for (const json& r : a) out.push_back(unblob<float>(r));
-  return out;
-}
-
-json id_rows_json(const std::vector<std::vector<int32_t>>& rows) {
-  json out = json::array();
-  for (const auto& r : rows) out.push_back(blob(r));
-  return out;
-}
-std::vector<std::vector<int32_t>> id_rows_of(const json& a) {
-  std::vector<std::vector<int32_t>> out;
-  for (const json& r : a) out.push_back(unblob<int32_t>(r));
+template <class T>
+std::vector<std::vector<T>> rows_of(const json& a) {
+  std::vector<std::vector<T>> out;
+  for (const json& r : a) out.push_back(unblob<T>(r));
   return out;
 }
 
@@ -133,7 +124,7 @@ json generations_json(const std::vector<Generation>& gs) {
                  {"input_logprobs", blob(g.input_logprobs)},
                  {"routed_experts", blob(g.routed_experts)},
                  {"routed_weights", blob(g.routed_weights)},
-                 {"sampling_mask", id_rows_json(g.sampling_mask)}});
+                 {"sampling_mask", rows_json(g.sampling_mask)}});
   }
   return a;
 }
@@ -145,14 +136,14 @@ std::vector<Generation> generations_of(const json& a) {
     g.logprobs = unblob<float>(j.at("logprobs"));
     g.top = tops_of(j.at("top"));
     g.input_top = tops_of(j.at("input_top"));
-    g.ids_logprobs = rows_of(j.at("ids_logprobs"));
-    g.input_ids_logprobs = rows_of(j.at("input_ids_logprobs"));
+    g.ids_logprobs = rows_of<float>(j.at("ids_logprobs"));
+    g.input_ids_logprobs = rows_of<float>(j.at("input_ids_logprobs"));
     g.finish = FinishReason(j.at("finish").get<int>());
     g.cached_tokens = j.at("cached").get<int64_t>();
     g.input_logprobs = unblob<float>(j.at("input_logprobs"));
     g.routed_experts = unblob<int32_t>(j.at("routed_experts"));
     g.routed_weights = unblob<float>(j.at("routed_weights"));
-    g.sampling_mask = id_rows_of(j.at("sampling_mask"));
+    g.sampling_mask = rows_of<int32_t>(j.at("sampling_mask"));
     out.push_back(std::move(g));
   }
   return out;
