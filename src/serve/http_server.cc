@@ -8,7 +8,9 @@
 
 #include <sys/socket.h>
 
+#include "io/safetensors.h"
 #include "serve/http_util.h"
+#include "tensor/ipc_import.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -200,6 +202,7 @@ void HttpServer::routes() {
       {M::Post, "/continue_generation", &H::continue_generation},
       {M::Post, "/update_weights_from_safetensors", &H::update_weights_from_safetensors},
       {M::Post, "/update_weights_from_disk", &H::update_weights_from_disk},
+      {M::Post, "/update_weights_from_tensor", &H::update_weights_from_tensor},
       {M::Get, "/metrics", &H::metrics},
       // ---- sglang native ----
       {M::Post, "/generate", &H::generate},
@@ -376,6 +379,46 @@ void HttpServer::update_weights_from_safetensors(const Req& req, Res& res, const
   const ControlReply r = engine_.update_weights_from_bytes(std::move(body), commit == "true", version);
   if (!r.ok) throw HttpError(400, "body", r.message);
   send_json(res, 200, {{"success", true}, {"message", r.message}, {"weight_version", engine_.weight_version()}});
+}
+
+// A colocated trainer's tensors by CUDA IPC handle (protocol.h UpdateFromTensor): their bytes
+// copied from its GPU memory into one safetensors bucket here, which then takes the path of
+// /update_weights_from_safetensors (checked against the loaded model, staged or committed, sent to
+// every rank). The trainer's memory is read before this answers and never after.
+void HttpServer::update_weights_from_tensor(const Req& req, Res& res) {
+  const UpdateFromTensor u = parse_update_from_tensor(parse_body(req));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<TensorLayout> layout;
+  size_t total = 0;
+  for (const SharedTensor& t : u.tensors) {
+    layout.push_back({t.name, t.dtype, t.shape});
+    total += t.bytes();
+  }
+  std::string bucket = u.tensors.empty() ? std::string() : safetensors_prefix(layout);
+  const size_t data_at = bucket.size();
+  bucket.resize(data_at + total);
+  std::vector<IpcSlice> slices;
+  size_t at = data_at;
+  for (size_t i = 0; i < u.tensors.size(); i++) {
+    const SharedTensor& t = u.tensors[i];
+    slices.push_back({t.handle, t.offset, t.bytes(), bucket.data() + at,
+                      "named_tensors[" + std::to_string(i) + "] '" + t.name + "'"});
+    at += t.bytes();
+  }
+  // HTTP runs on rank 0, whose GPU is device 0 (rank mod the visible devices, kernels/cuda/device.cu);
+  // the trainer shares from the same GPU (or one with peer access).
+  try {
+    read_ipc_slices(0, slices);
+  } catch (const InputError& e) {
+    throw HttpError(400, "named_tensors", std::string("named_tensors: ") + e.what());
+  }
+  const double copy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (u.abort_all_requests) engine_.abort_all();
+  const ControlReply r = engine_.update_weights_from_bytes(std::move(bucket), u.commit, u.weight_version);
+  if (!r.ok) throw HttpError(400, "named_tensors", "named_tensors: " + r.message);
+  const double all_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  send_json(res, 200, {{"success", true}, {"message", r.message}, {"weight_version", engine_.weight_version()},
+                       {"bytes", total}, {"copy_seconds", copy_s}, {"seconds", all_s}});
 }
 
 // New weights from a checkpoint folder, checked against the loaded model before they serve.

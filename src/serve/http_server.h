@@ -57,6 +57,7 @@ class HttpServer {
   void continue_generation(const Req& req, Res& res);
   void update_weights_from_safetensors(const Req& req, Res& res, const httplib::ContentReader& read);
   void update_weights_from_disk(const Req& req, Res& res);
+  void update_weights_from_tensor(const Req& req, Res& res);
   void metrics(const Req& req, Res& res);
   // sglang native and the tokenizer (http_server.cc)
   void generate(const Req& req, Res& res);

@@ -6,11 +6,14 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <random>
+#include <set>
 #include <span>
 
 #include "engine/sampling.h"
 #include "io/json_util.h"
+#include "tensor/ipc_import.h"
 #include "util/error.h"
 
 namespace epmoe {
@@ -308,6 +311,17 @@ constexpr FieldRule kUpdateFromDiskFields[] = {
     {"token_step", R, "is not supported"},
 };
 
+constexpr FieldRule kUpdateFromTensorFields[] = {
+    {"named_tensors", I}, {"weight_version", I}, {"abort_all_requests", I}, {"commit", I},
+    {"flush_cache", N, "the new weights start with an empty prefix cache either way"},
+    {"serialized_named_tensors", R,
+     "is not readable here: sglang's form is torch-pickled (MultiprocessingSerializer); send named_tensors, each "
+     "tensor's CUDA IPC handle, dtype, shape and offset (docs/serve.md, \"Weight sync from the trainer\")"},
+    {"load_format", R, "is not supported: only cuda_ipc (named_tensors)", R"(["cuda_ipc"])"},
+};
+
+constexpr FieldRule kSharedTensorFields[] = {{"name", I}, {"dtype", I}, {"shape", I}, {"ipc_handle", I}, {"offset", I}};
+
 bool is_neutral(const FieldRule& r, const json& v) {
   if (v.is_null()) return true;
   if (r.neutral) {
@@ -545,6 +559,85 @@ UpdateFromDisk parse_update_from_disk(const json& body) {
   u.weight_version = f.string("weight_version").value_or("");
   u.abort_all_requests = f.boolean("abort_all_requests").value_or(false);
   f.boolean("flush_cache");  // (its type is still checked)
+  return u;
+}
+
+size_t SharedTensor::bytes() const {
+  size_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= size_t(d);
+  return n;
+}
+
+namespace {
+
+// A dtype as safetensors spells it ("BF16") or as torch prints it ("torch.bfloat16", "bfloat16").
+std::optional<DType> shared_dtype(std::string s) {
+  if (auto d = dtype_from_name(s)) return d;
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  static const std::map<std::string, DType> torch_names = {
+      {"float32", DType::F32}, {"float", DType::F32},    {"bfloat16", DType::BF16},       {"float16", DType::F16},
+      {"half", DType::F16},    {"float64", DType::F64},  {"float8_e4m3fn", DType::F8_E4M3}, {"int64", DType::I64},
+      {"int32", DType::I32},   {"int16", DType::I16},    {"int8", DType::I8},             {"uint8", DType::U8},
+      {"bool", DType::BOOL}};
+  auto it = torch_names.find(s);
+  return it == torch_names.end() ? std::nullopt : std::optional<DType>(it->second);
+}
+
+// Standard base64 (with padding) to bytes; nullopt when it is not base64.
+std::optional<std::string> unbase64(const std::string& s) {
+  if (s.size() % 4 != 0) return std::nullopt;
+  std::string out(s.size() / 4 * 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(s.data()), int(s.size()));
+  if (n < 0) return std::nullopt;
+  size_t len = size_t(n);
+  for (size_t i = s.size(); i > 0 && s[i - 1] == '='; i--) len--;  // (EVP counts the padding's zeros)
+  out.resize(len);
+  return out;
+}
+
+}  // namespace
+
+UpdateFromTensor parse_update_from_tensor(const json& body) {
+  Fields f(body, "");
+  check_fields(body, "", kUpdateFromTensorFields, "/update_weights_from_tensor");
+  UpdateFromTensor u;
+  u.weight_version = f.string("weight_version").value_or("");
+  u.abort_all_requests = f.boolean("abort_all_requests").value_or(false);
+  u.commit = f.boolean("commit").value_or(true);
+  f.boolean("flush_cache");  // (its type is still checked)
+  const json* list = f.get("named_tensors");
+  if (!list || !list->is_array()) bad("named_tensors", "a list of {name, dtype, shape, ipc_handle, offset} is required");
+  if (list->empty() && u.commit == false) bad("named_tensors", "an empty list stages nothing");
+  std::set<std::string> names;
+  for (size_t i = 0; i < list->size(); i++) {
+    const std::string at = "named_tensors[" + std::to_string(i) + "].";
+    Fields t((*list)[i], at);
+    check_fields((*list)[i], at, kSharedTensorFields, "a shared tensor");
+    SharedTensor st;
+    st.name = t.string("name").value_or("");
+    if (st.name.empty()) bad(at + "name", "a tensor name (string) is required");
+    if (!names.insert(st.name).second) bad(at + "name", "'" + st.name + "' is given twice");
+    const auto dt = t.string("dtype");
+    if (!dt) bad(at + "dtype", "a dtype (string, e.g. \"BF16\" or \"torch.bfloat16\") is required");
+    const auto d = shared_dtype(*dt);
+    if (!d) bad(at + "dtype", "'" + *dt + "' is not a dtype");
+    st.dtype = *d;
+    const json* shape = t.get("shape");
+    if (!shape || !shape->is_array()) bad(at + "shape", "a list of dimensions is required");
+    for (const json& x : *shape) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0) bad(at + "shape", "dimensions are integers >= 0, got " + shape->dump());
+      st.shape.push_back(x.get<int64_t>());
+    }
+    const auto h = t.string("ipc_handle");
+    if (!h) bad(at + "ipc_handle", "the base64 of the allocation's cudaIpcMemHandle_t is required");
+    const auto raw = unbase64(*h);
+    if (!raw || raw->size() != kIpcHandleBytes)
+      bad(at + "ipc_handle", "must be the base64 of " + std::to_string(kIpcHandleBytes) + " bytes");
+    st.handle = *raw;
+    st.offset = uint64_t(t.integer("offset", 0, INT64_MAX).value_or(0));
+    u.tensors.push_back(std::move(st));
+  }
   return u;
 }
 

@@ -18,6 +18,7 @@
 #include "io/json_util.h"  // json_fp32, dump_json: log-probs as the shortest fp32 decimals
 
 #include "serve/job.h"
+#include "tensor/dtype.h"
 #include "tokenizer/tokenizer.h"
 
 namespace epmoe {
@@ -156,6 +157,27 @@ struct UpdateFromDisk {
   bool abort_all_requests = false;  // the requests in flight end now instead of finishing first
 };
 UpdateFromDisk parse_update_from_disk(const nlohmann::json& body);
+
+// /update_weights_from_tensor, epmoe's form: a colocated trainer's tensors shared by CUDA IPC
+// handles (sglang's body is torch-pickled, which a C++ server cannot read as sent; docs/serve.md).
+// Each tensor: name, dtype (safetensors' spelling or torch's), shape, the base64 of the 64-byte
+// cudaIpcMemHandle_t of its allocation and its byte offset there (torch:
+// `t.untyped_storage()._share_cuda_()[1]`, `[3]` + `t.storage_offset() * t.element_size()`).
+struct SharedTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::string handle;  // the handle's 64 bytes
+  uint64_t offset = 0;
+  size_t bytes() const;
+};
+struct UpdateFromTensor {
+  std::vector<SharedTensor> tensors;
+  std::string weight_version;       // "" keeps the current one
+  bool commit = true;               // false: staged, as a bucket of /update_weights_from_safetensors
+  bool abort_all_requests = false;  // the requests in flight end now instead of finishing first
+};
+UpdateFromTensor parse_update_from_tensor(const nlohmann::json& body);
 
 // /tokenize {prompt: str | [str]} or {messages} (the chat template of /v1/chat/completions) ->
 // {tokens, count, max_model_len}; /detokenize {tokens: [id] | [[id]], skip_special_tokens} -> {text}.

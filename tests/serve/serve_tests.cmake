@@ -29,6 +29,9 @@ add_test(NAME serve.routing_replay COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/ro
 add_test(NAME serve.rl_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/rl_fields_test.py)
 # Weight sync from a trainer process without disk (/update_weights_from_safetensors), 1 and 3 ranks.
 add_test(NAME serve.weight_sync COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/weight_sync_test.py)
+# Weight sync from a colocated trainer by CUDA IPC handles (/update_weights_from_tensor): the body's
+# refusals everywhere; with torch and a GPU (EPMOE_SERVE_DEVICE=cuda) the trainer's update itself.
+add_test(NAME serve.weight_sync_ipc COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/weight_sync_ipc_test.py)
 # /pause_generation mode retract: continued requests == never paused (bits), 1 and 3 ranks.
 add_test(NAME serve.retract COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/retract_test.py)
 # Issue 38: every field of sglang's and OpenAI's request schemas implemented or refused by name;
@@ -43,5 +46,5 @@ add_test(NAME serve.dp_attention COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/dp_a
 add_test(NAME serve.sampling_fields COMMAND ${EPMOE_PYTHON} ${EPMOE_SERVE_DIR}/sampling_fields_test.py)
 
 set_tests_properties(serve.openai_client serve.ai_sdk serve.dp_attention serve.sampling_fields serve.rl_clients serve.guarantee serve.hostile serve.rank_failure
-  serve.routing_replay serve.rl_fields serve.weight_sync serve.retract serve.fields
+  serve.routing_replay serve.rl_fields serve.weight_sync serve.weight_sync_ipc serve.retract serve.fields
   PROPERTIES ENVIRONMENT "${EPMOE_SERVE_TEST_ENV}" TIMEOUT 600 LABELS serve)
