@@ -2,14 +2,17 @@
 // split_linear (bf16 mode's fp32-grade products of bf16 weights: [xh | xl] against the weights
 // read once) at T = 1, 8 and 16 rows for q/k/v (5120 x 2048), o (2048 x 4096) and the lm_head
 // (151936 x 2048), split_rows then the GEMM on the mma.sync tile kernel and on the wgmma kernel,
-// and split_gemv (the split fused, one kernel; every depth x warps choice) -- all the same bits. Each call alone, weights rotated over copies larger than L2 (none cached from
-// the call before), median of the calls; GB/s of weight bytes, and the share of the HBM read rate
+// and split_gemv (the split fused: v4's shared-memory ring chosen per weight, at each ring size x
+// warps, and v3's register prefetch) -- all the same bits. Calls timed 16 at a time between two
+// events (each on other weights, rotated over copies larger than L2: none cached from the call
+// before), median over --iters batches; GB/s of weight bytes, and the share of the HBM read rate
 // this bench measures first. Printed, never asserted.
 //   gpu_gemm_bench [--iters N (50)] [--rows LIST (1,8,16)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -107,9 +110,11 @@ int main(int argc, char** argv) {
     std::printf("HBM read %.0f GB/s; one dependent mma.sync m16n8k16 bf16 step: %.1f cycles\n\n", bw / 1e9,
                 mma_chain_cycles());
     // split_gemv's choices: (depth, warps per CTA); the first is the default.
-    const std::pair<int, int> gemv_cfgs[] = {{8, 4}, {4, 4}, {16, 4}, {8, 1}, {8, 2}, {4, 1}};
+    // (depth, warps, ring): v4 chosen per weight (the default), v4 at each ring x warps, v3 (ring 0).
+    const std::tuple<int, int, int> gemv_cfgs[] = {{8, 1, -1}, {8, 1, 16}, {8, 2, 32}, {8, 4, 32}, {8, 4, 8},
+                                                   {8, 4, 0}, {16, 4, 0}};
     std::printf("| projection | N x K | rows | tile kernel us (GB/s) | wgmma kernel us (GB/s) | split_gemv us (GB/s) | "
-                "gemv / tile | best of HBM | split_gemv depth x warps: us |\n"
+                "gemv / tile | best of HBM | split_gemv variants: us |\n"
                 "|---|---|---|---|---|---|---|---|---|\n");
     const Shape shapes[] = {{"q/k/v", 5120, 2048}, {"o", 2048, 4096}, {"lm_head", 151936, 2048}};
     cudaEvent_t e0, e1;
@@ -131,14 +136,17 @@ int main(int argc, char** argv) {
         auto time = [&](auto&& call) {
           for (int i = 0; i < 3; i++) call(i);
           std::vector<float> t;
+          // kBatch calls between the events (each on other weights): a call's time is then what it
+          // takes among its neighbours, as in a decode step, not ~10 us of event overhead each.
+          constexpr int kBatch = 16;
           for (int i = 0; i < iters; i++) {
             EPMOE_CUDA_CHECK(cudaEventRecord(e0, stream()));
-            call(i);
+            for (int b = 0; b < kBatch; b++) call(i * kBatch + b);
             EPMOE_CUDA_CHECK(cudaEventRecord(e1, stream()));
             EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
             float ms = 0;
             EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1e3f);
+            t.push_back(ms * 1e3f / kBatch);
           }
           std::sort(t.begin(), t.end());
           return double(t[t.size() / 2]);
@@ -165,14 +173,18 @@ int main(int argc, char** argv) {
         std::string cfg_cells;
         double gemv_us = 0;
         if (T <= kSplitGemvMaxRows)
-          for (auto [depth, warps] : gemv_cfgs) {
-            set_split_gemv_config({true, depth, warps});
+          for (auto [depth, warps, ring] : gemv_cfgs) {
+            set_split_gemv_config({true, depth, warps, ring});
             const double u = time([&](int i) {
               split_gemv(ws[size_t(i % copies)], x.data(), sh.K, T, y.data(), nullptr, Epilogue::Store, stream());
             });
             if (gemv_us == 0) gemv_us = u;
-            char cell[48];
-            std::snprintf(cell, sizeof cell, "%s%dx%d: %.1f", cfg_cells.empty() ? "" : ", ", depth, warps, u);
+            char cell[64];
+            if (ring != 0)
+              std::snprintf(cell, sizeof cell, "%sring %s x %d: %.1f", cfg_cells.empty() ? "" : ", ",
+                            ring < 0 ? "auto" : std::to_string(ring).c_str(), warps, u);
+            else
+              std::snprintf(cell, sizeof cell, "%sv3 %dx%d: %.1f", cfg_cells.empty() ? "" : ", ", depth, warps, u);
             cfg_cells += cell;
           }
         set_split_gemv_config(saved);

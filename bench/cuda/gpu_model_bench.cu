@@ -18,6 +18,7 @@
 //   gpu_model_bench [--out FILE.tsv] [--layers N (48)] [--batches LIST (1,8,64,256)] [--prefill 0|1 (1)]
 //                   [--steps N (32)] [--peak-tflops F (989)] [--profile-step 0|1 (0)]
 //                   [--kv-cache-dtype bf16|fp32 (bf16: what serve gives a bf16 checkpoint)]
+//                   [--split-gemv-ring -1|0|8|16|32 (-1: split_gemv v4 as the model chooses; 0: v3)]
 // --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
 // between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (scripts/gpu-decode-profile.sh).
@@ -36,6 +37,7 @@
 
 #include "comm/nccl_group.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/split_linear.cuh"
 #include "ep/backend.h"
 #include "model/cuda/gpu_model.h"
 #include "model/language_model.h"
@@ -161,10 +163,17 @@ int main(int argc, char** argv) {
         profile_step = v != "0";
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
+      } else if (k == "--split-gemv-ring") {
+        // The decode projections' split_gemv: -1 v4 chosen per weight (default), 8/16/32 v4's ring
+        // (one warp per CTA), 0 v3 (register prefetch) -- the same bits, to compare in one process.
+        cuda::SplitGemvConfig c = cuda::split_gemv_config();
+        c.ring = std::stoi(v);
+        c.warps = c.ring > 0 ? 1 : c.warps;
+        cuda::set_split_gemv_config(c);
       } else {
         throw std::runtime_error("unknown flag " + k +
                                  " (flags: --out, --layers, --batches, --prefill, --steps, --peak-tflops, --profile-step, "
-                                 "--kv-cache-dtype)");
+                                 "--kv-cache-dtype, --split-gemv-ring)");
       }
     }
     const double read_bw = measure_read_bandwidth();

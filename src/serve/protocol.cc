@@ -631,9 +631,23 @@ UpdateFromTensor parse_update_from_tensor(const json& body) {
     }
     const auto h = t.string("ipc_handle");
     if (!h) bad(at + "ipc_handle", "the base64 of the allocation's cudaIpcMemHandle_t is required");
-    const auto raw = unbase64(*h);
+    // The handle's 64 bytes, or torch's form of them (`_share_cuda_()[1]`, CUDACachingAllocator's
+    // shareIpcHandle): a format-version byte, a kind byte ('c' for a cudaMalloc'd block, 'e' for an
+    // expandable segment, whose handle is of another kind), then the handle itself.
+    auto raw = unbase64(*h);
+    const auto torch_kind = [&]() -> char {
+      if (!raw || raw->size() != kIpcHandleBytes + 2) return 0;
+      return (*raw)[1];
+    }();
+    if (torch_kind == 'c') raw->erase(0, 2);
+    if (torch_kind == 'e')
+      bad(at + "ipc_handle", "is torch's handle of an expandable segment, which CUDA IPC handles cannot open: share "
+                             "tensors allocated without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
     if (!raw || raw->size() != kIpcHandleBytes)
-      bad(at + "ipc_handle", "must be the base64 of " + std::to_string(kIpcHandleBytes) + " bytes");
+      bad(at + "ipc_handle", "must be the base64 of a " + std::to_string(kIpcHandleBytes) +
+                                 "-byte cudaIpcMemHandle_t (or torch's " + std::to_string(kIpcHandleBytes + 2) +
+                                 "-byte form: version, 'c', handle); got " +
+                                 (raw ? std::to_string(raw->size()) + " bytes" : std::string("invalid base64")));
     st.handle = *raw;
     st.offset = uint64_t(t.integer("offset", 0, INT64_MAX).value_or(0));
     u.tensors.push_back(std::move(st));

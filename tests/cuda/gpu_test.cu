@@ -1538,8 +1538,12 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
           g.path = GemmPath::Tiled;
           gemm<bf16, float>(g, ep, stream());
           const auto r = ref.download(size_t(T) * NC);
-          for (auto [depth, warps] : {std::pair{4, 1}, std::pair{8, 2}, std::pair{16, 4}}) {
-            set_split_gemv_config({true, depth, warps});
+          // v3 (registers: ring 0) at each depth, v4 (the shared-memory ring) chosen per weight and
+          // at each ring size x warps.
+          for (auto [depth, warps, ring] : {std::tuple{4, 1, 0}, std::tuple{8, 2, 0}, std::tuple{16, 4, 0},
+                                             std::tuple{8, 4, -1}, std::tuple{8, 1, 8}, std::tuple{8, 2, 16},
+                                             std::tuple{8, 4, 32}}) {
+            set_split_gemv_config({true, depth, warps, ring});
             if (acc) got.upload(y0);
             else EPMOE_CUDA_CHECK(cudaMemset(got.data(), 0xff, sizeof(float) * size_t(T) * NC));
             if (!split_gemv_fits(sw, T)) check(false, "split_gemv fits a periodic weight at " + std::to_string(T) + " rows");
@@ -1553,6 +1557,7 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
               check(false, "split_gemv == split_rows + tile gemm (bits): T " + std::to_string(T) + " N " +
                                std::to_string(N) + " K " + std::to_string(K) + " variant " + std::to_string(variant) +
                                " depth " + std::to_string(depth) + " warps " + std::to_string(warps) +
+                               " ring " + std::to_string(ring) +
                                (finite ? "" : " (an output left unwritten)"));
           }
         }

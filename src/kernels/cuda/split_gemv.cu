@@ -14,6 +14,15 @@
 //     block's A fragments are four 16-byte loads from L1;
 //   - one warp per 8 output columns: 640 warps for q/k/v instead of 320.
 //
+// v4 (issue 33, the default): the weight blocks come through a ring of RING blocks per warp in
+// shared memory (cp.async), not registers. A register prefetch held at most 8 blocks (8 KB) in
+// flight per warp -- the o projection's 256 warps kept ~2 MB in flight, short of what HBM's latency
+// needs -- and depth 16 spilled. The ring holds 32 KB per warp without a register, and its first
+// RING blocks are requested before pdl_wait, while the kernel before still runs (the weights depend
+// on no kernel). Each lane copies and reads back only its own 32 bytes of a block: no barrier.
+// x's fragments come from L2 XA blocks ahead in registers (one block ahead left an L2 round trip on
+// the MMA chain). SplitGemvConfig::ring = 0 keeps v3 (registers, `depth` blocks) for comparison.
+//
 // The bits: every output is the tile kernel's b_k_twice chain -- per 64-wide weight block j, the
 // four k16 MMAs with xh's columns of that block, then the four with xl's, in ascending j, from
 // zero -- with the same mma.sync instruction and the same fragment values (x split as
@@ -31,6 +40,7 @@ namespace epmoe::cuda {
 
 namespace {
 
+using ptx::smem_u32;
 using ptx::mma_bf16;
 using ptx::store_pair;
 
@@ -156,7 +166,109 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
   if (ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
 }
 
-SplitGemvConfig g_config;  // (set_split_gemv_config: benchmarks and tests)
+
+// The ring's copies and waits with a compiler memory barrier each: the ring is read by plain loads
+// with no __syncthreads between (each lane reads what it copied), so nothing may move a read of a
+// slot above the wait for it, or below the copy that refills it.
+__device__ inline void ring_copy(uint4* smem, const uint4* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+__device__ inline void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ inline void ring_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// v4: the weight blocks through a shared-memory ring of RING blocks per warp (cp.async), x's
+// fragments XA blocks ahead in registers; the same MMA chain as v3, so the same bits.
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmArgs p, const uint32_t* xf, int T) {
+  extern __shared__ uint4 ring_smem[];
+  constexpr int XA = ROWS16 ? 2 : 4;  // (x ring registers: 16 per block ahead and row half)
+  pdl_trigger();  // (the next kernel may request its weights meanwhile)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = int(blockIdx.x) * WARPS + warp;
+  if (8 * g >= p.N) {
+    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
+    return;
+  }
+  const int nblk = p.K / 64;
+  const uint4* wp = static_cast<const uint4*>(p.B) + int64_t(g) * nblk * 64 + lane;  // block j: + 64 j, + 32
+  uint4* ring = ring_smem + int64_t(warp) * RING * 64 + lane;                         // slot s: + 64 s, + 32
+  // The weights depend on no earlier kernel: the ring is filled before the wait. One commit group
+  // per block (empty past the last), so that waiting for all but RING - 1 groups means block j.
+#pragma unroll 1
+  for (int b = 0; b < RING; b++) {
+    if (b < nblk) {
+      ring_copy(ring + 64 * b, wp + 64 * b);
+      ring_copy(ring + 64 * b + 32, wp + 64 * b + 32);
+    }
+    ring_commit();
+  }
+  pdl_wait();
+  const int r = lane >> 2;
+  const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
+  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
+  const uint4* xhi = xlo + int64_t(nblk) * 128;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 xr[XA][4], xr8[XA][4];
+  auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
+      xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
+    }
+  };
+#pragma unroll
+  for (int a = 0; a < XA; a++) load_x(a, xr[a], xr8[a]);
+  for (int j0 = 0; j0 < nblk; j0 += XA) {
+#pragma unroll
+    for (int d = 0; d < XA; d++) {
+      const int j = j0 + d;
+      if (j >= nblk) break;
+      const int slot = j % RING;
+      ring_wait<RING - 1>();
+      const uint4 b01 = ring[64 * slot], b23 = ring[64 * slot + 32];
+      uint4 xa[4], xb[4];
+#pragma unroll
+      for (int q = 0; q < 4; q++) xa[q] = xr[d][q], xb[q] = xr8[d][q];
+      load_x(j + XA, xr[d], xr8[d]);
+      const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+#pragma unroll
+      for (int part = 0; part < 2; part++) {
+        const uint32_t r0[8] = {xa[2 * part].x, xa[2 * part].y, xa[2 * part].z, xa[2 * part].w,
+                                xa[2 * part + 1].x, xa[2 * part + 1].y, xa[2 * part + 1].z, xa[2 * part + 1].w};
+        const uint32_t r8[8] = {xb[2 * part].x, xb[2 * part].y, xb[2 * part].z, xb[2 * part].w,
+                                xb[2 * part + 1].x, xb[2 * part + 1].y, xb[2 * part + 1].z, xb[2 * part + 1].w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+          const uint32_t a[4] = {r0[2 * s], r8[2 * s], r0[2 * s + 1], r8[2 * s + 1]};
+          mma_bf16(acc, a, b[2 * s], b[2 * s + 1]);
+        }
+      }
+      // The slot again, for block j + RING: after the MMAs, which needed its values read (a lane
+      // overwrites only what it read itself).
+      if (j + RING < nblk) {
+        ring_copy(ring + 64 * slot, wp + 64 * (j + RING));
+        ring_copy(ring + 64 * slot + 32, wp + 64 * (j + RING) + 32);
+      }
+      ring_commit();
+    }
+  }
+  ring_wait<0>();  // (nothing of this warp's left in flight at exit)
+  const int col = 8 * g + 2 * (lane & 3);
+  if (ok_lo) store_pair<float, SWIGLU>(p, r, col, acc[0], acc[1]);
+  if (ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
+}
+
+// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3: the register-prefetch version)
+SplitGemvConfig g_config = [] {
+  SplitGemvConfig c;
+  const char* v = env_get("EPMOE_SPLIT_GEMV");
+  if (v && std::string(v) == "v3") c.ring = 0;
+  return c;
+}();
 
 template <bool SWIGLU, bool ROWS16, int DEPTH, int WARPS>
 void launch_depth_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
@@ -183,6 +295,44 @@ void launch_rows(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
   }
 }
 
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  auto kernel = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
+  constexpr size_t smem = size_t(WARPS) * RING * 1024;
+  // (Raised once, at the first call: an eager step, before any graph captures this kernel.)
+  static const bool raised = [&] {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)raised;
+  const dim3 grid(unsigned(ceil_div(g.N, 8 * WARPS)));
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template <bool SWIGLU, bool ROWS16, int RING>
+void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
+  switch (warps) {
+    case 1: return launch_ring_warps<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
+    case 2: return launch_ring_warps<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
+    default: return launch_ring_warps<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
+  }
+}
+
+// v4's shape for a weight: a ring of 32 blocks (16 for K < 2048) and one warp per CTA, unless
+// set_split_gemv_config chose: 32 KB per CTA lets six CTAs share an SM, so every warp of the q/k/v
+// (640) and o (256) projections is resident at once with its ring in flight.
+template <bool SWIGLU, bool ROWS16>
+void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  const int ring = g_config.ring > 0 ? g_config.ring : (g.K >= 2048 ? 32 : 16);
+  const int warps = g_config.ring > 0 ? g_config.warps : 1;
+  switch (ring) {
+    case 8: return launch_ring<SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
+    case 16: return launch_ring<SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
+    default: return launch_ring<SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
+  }
+}
+
 bool enabled_by_env() {
   static const bool on = [] {
     return !env_off("EPMOE_SPLIT_GEMV");
@@ -204,8 +354,10 @@ void SplitWeight::pack_fragments(cudaStream_t s) {
 }
 
 void set_split_gemv_config(SplitGemvConfig c) {
-  EPMOE_ASSERT((c.depth == 4 || c.depth == 8 || c.depth == 16) && (c.warps == 1 || c.warps == 2 || c.warps == 4),
-               "split_gemv: depth 4/8/16 and warps 1/2/4, got " + std::to_string(c.depth) + "/" + std::to_string(c.warps));
+  EPMOE_ASSERT((c.depth == 4 || c.depth == 8 || c.depth == 16) && (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
+                   (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32),
+               "split_gemv: depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32, got " + std::to_string(c.depth) + "/" +
+                   std::to_string(c.warps) + "/" + std::to_string(c.ring));
   g_config = c;
 }
 
@@ -241,6 +393,13 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   g.accumulate = accumulate;
   const uint32_t* xf = W.xfrag.data();
   const bool swiglu = ep == Epilogue::SwiGLU;
+  if (g_config.ring != 0) {
+    if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s);
+    else if (swiglu) launch_rows_ring<true, false>(g, xf, int(T), s);
+    else if (rows16) launch_rows_ring<false, true>(g, xf, int(T), s);
+    else launch_rows_ring<false, false>(g, xf, int(T), s);
+    return;
+  }
   if (swiglu && rows16) launch_rows<true, true>(g, xf, int(T), s);
   else if (swiglu) launch_rows<true, false>(g, xf, int(T), s);
   else if (rows16) launch_rows<false, true>(g, xf, int(T), s);

@@ -73,8 +73,11 @@ void split_linear_grouped(const SplitWeight& W, int G, const float* x, int64_t l
 constexpr int kSplitGemvMaxRows = 16;
 struct SplitGemvConfig {
   bool enabled = true;
-  int depth = 8;  // 64-wide weight blocks each warp keeps in flight: 4, 8 or 16
-  int warps = 4;  // warps (of 8 columns each) per CTA: 1, 2 or 4
+  int depth = 8;  // v3 (ring 0): 64-wide weight blocks each warp keeps in flight in registers: 4, 8 or 16
+  int warps = 4;  // warps (of 8 columns each) per CTA: 1, 2 or 4 (v4: with ring > 0 only)
+  // v4's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight (32, or 16
+  // for K < 2048, one warp per CTA), 8 / 16 / 32 (with `warps`); 0 runs v3 (registers, `depth`).
+  int ring = -1;
 };
 void set_split_gemv_config(SplitGemvConfig c);  // benchmarks and tests: every choice has the same bits
 SplitGemvConfig split_gemv_config();
