@@ -12,11 +12,13 @@ in buckets of about --bucket-mb (a colocated trainer, the RL frameworks' usual l
 own copy time (GPU -> host) is printed beside the whole.
 
   python3 bench/weight_sync_bench.py --epmoe build/epmoe --model OLD --new NEW [--bucket-mb 512] [--ranks 1] [--ipc]
+      [--serve-args "--device cuda"]
 """
 import argparse
 import http.client
 import json
 import os
+import shlex
 import struct
 import sys
 import time
@@ -60,10 +62,12 @@ def main():
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--ipc", action="store_true", help="torch CUDA tensors by IPC handle (--device cuda)")
+    ap.add_argument("--serve-args", default="", help="more `epmoe serve` flags, e.g. \"--device cuda\"")
     a = ap.parse_args()
     cmd = [a.epmoe, "serve", "--model", a.model, "--port", "0", "--max-body-mb", str(2 * a.bucket_mb + 64)]
     if a.ipc:
         return ipc(a, cmd + ["--device", "cuda"])
+    cmd += shlex.split(a.serve_args)
     if a.ranks > 1:
         cmd = ["mpirun", "--oversubscribe", "-np", str(a.ranks)] + cmd + ["--threads", "1"]
     proc, url = start_serve(cmd)
