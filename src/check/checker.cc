@@ -115,11 +115,7 @@ CheckResult run_check(const CheckOptions& o) {
   for (size_t i = 0; i < names.size(); i++) {
     CheckRow row;
     row.backend = names[i];
-    AuditOptions ao;
-    ao.H = cfg.hidden_size;
-    ao.K = cfg.routing.top_k;
-    ao.tokens_per_rank = eo.backend_options.max_dispatch_tokens_per_rank + 5;  // bounded backends need a second round
-    ao.exact = res.exact;
+    const AuditOptions ao = make_audit_options(cfg.hidden_size, cfg.routing.top_k, eo.backend_options, R);
     row.audit = run_audit(group, device, place, *backends[i], ao);
     row.stats = compare_backend(*model, *backends[i], group, ref, gen, ctx.forward);
     row.pass = row_passes(row, res.exact);
