@@ -16,8 +16,9 @@ namespace epmoe {
 namespace {
 
 [[noreturn]] void no_cuda() {
-  throw InputError("--device cuda: this epmoe was built without CUDA (configure with -DEPMOE_CUDA=ON on a machine "
-                   "with nvcc and NCCL)");
+  throw InputError(std::string("--device ") + device_name(Device::Cuda) +
+                   ": this epmoe was built without CUDA (configure with -DEPMOE_CUDA=ON on a machine with nvcc and "
+                   "NCCL)");
 }
 
 }  // namespace
