@@ -7,7 +7,7 @@
 //     W_UV per head;
 //   - per head (what an engine without absorption caches): k = [k_nope | k_rope] and v per head
 //     per token (heads x (qk_head_dim + v_head_dim) floats), scores over k, context over v.
-// The latent form is model.cc's own code (latent_attention, the absorption and W_UV matmuls); the
+// The latent form is the model's own code (kernels/latent_attention.h, the absorption and W_UV matmuls); the
 // per-head form is a plain loop per head with the same vector kernels (kernels/vec.h dot and
 // axpy), as model.cc's standard attention runs. Both caches fp32. Printed: KV bytes per token and layer, time per decode step, and the ratio.
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/latent_attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/vec.h"

@@ -16,42 +16,27 @@ own copy time (GPU -> host) is printed beside the whole.
 """
 import argparse
 import http.client
-import json
 import os
 import shlex
-import struct
 import sys
 import time
 
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import safetensors_bytes  # noqa: E402
 from serve_process import start_serve  # noqa: E402
 
 
 def read_tensors(folder):
-    out = {}
-    for fname in sorted(os.listdir(folder)):
-        if fname.endswith(".safetensors"):
-            with open(os.path.join(folder, fname), "rb") as f:
-                raw = f.read()
-            n = struct.unpack("<Q", raw[:8])[0]
-            header = json.loads(raw[8:8 + n])
-            view = memoryview(raw)[8 + n:]
-            out.update({k: (v["dtype"], v["shape"], view[v["data_offsets"][0]:v["data_offsets"][1]])
-                        for k, v in header.items() if k != "__metadata__"})
-    return out
+    """{name: (dtype, shape, raw)}, raw a view into its file's bytes (no copy per tensor)."""
+    return safetensors_bytes.read_tensors(folder, view=True)
 
 
 def bucket(tensors):
-    header, off, blobs = {}, 0, []
-    for name, (dtype, shape, raw) in tensors:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    hj = json.dumps(header).encode()
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    return b"".join([struct.pack("<Q", len(hj)), hj] + [bytes(b) for b in blobs])
+    """A safetensors file's bytes for (name, (dtype, shape, raw)) pairs."""
+    return safetensors_bytes.safetensors_bytes(tensors)
 
 
 def main():

@@ -8,6 +8,7 @@
 #include "check/probe.h"
 #include "moe/moe_layer.h"
 #include "tensor/device_buffer.h"
+#include "util/error.h"
 
 namespace epmoe {
 
@@ -51,6 +52,21 @@ std::string diagnose(const float* x, const float* y, int H, double c_ok, double 
 }
 
 }  // namespace
+
+AuditOptions make_audit_options(int hidden_size, int top_k, const BackendOptions& bo, int ranks) {
+  AuditOptions ao;
+  ao.H = hidden_size;
+  ao.K = top_k;
+  ao.tokens_per_rank = int64_t(bo.max_dispatch_tokens_per_rank) + 5;
+  if (bo.max_tokens_per_rank > 0)
+    ao.tokens_per_rank = std::min<int64_t>(ao.tokens_per_rank, int64_t(bo.max_tokens_per_rank) - 3 * (ranks - 1));
+  if (ao.tokens_per_rank < 1)
+    throw InputError("--audit with --max-batch-tokens " + std::to_string(bo.max_tokens_per_rank) +
+                     ": too few tokens a step for the audit's " + std::to_string(ranks) + " ranks (at least " +
+                     std::to_string(3 * ranks - 2) + ")");
+  ao.exact = bo.combine == CombineMode::Deterministic;
+  return ao;
+}
 
 AuditTokens make_audit_tokens(const Placement& p, int me, int R, const AuditOptions& opt) {
   AuditTokens tok;

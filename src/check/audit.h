@@ -26,6 +26,14 @@ struct AuditOptions {
   bool exact = true;  // deterministic combine: bit-identical to the local formula; fast: ~1e-6
 };
 
+// The audit every command runs (`--audit`, `epmoe check`): the model's hidden size and top-k, and
+// tokens_per_rank = max_dispatch_tokens_per_rank + 5 so that a bounded-capacity backend needs
+// a second round; under a bound on a call's tokens (bo.max_tokens_per_rank > 0) the audit keeps to
+// it too, since rank r audits tokens_per_rank + 3r tokens. Exact under the deterministic combine.
+// InputError when the bound leaves the last of `ranks` ranks no token (it names --max-batch-tokens,
+// the flag that sets the bound).
+AuditOptions make_audit_options(int hidden_size, int top_k, const BackendOptions& bo, int ranks);
+
 struct AuditResult {
   bool pass = false;
   std::string verdict;                    // "ok" or what went wrong, with token counts

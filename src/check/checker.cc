@@ -5,7 +5,6 @@
 
 #include "engine/lockstep.h"
 #include "io/safetensors.h"
-#include "model/weights.h"
 #include "util/error.h"
 #include "util/token_ids.h"
 
@@ -62,36 +61,42 @@ std::vector<std::string> parse_backend_list(const std::string& spec, Device devi
 }
 
 CheckResult run_check(const CheckOptions& o) {
-  const EngineOptions& eo = o.engine;
-  const Device device = eo.device;
+  const Device device = o.engine.device;
   const std::vector<std::string> names = o.backends.empty() ? backend_names(device) : o.backends;
-  Group& group = start_group(device, eo.comm_timeout);
-  EngineOptions ctx = eo;
-  ctx.compute = resolve_compute(device, eo.compute);
-  apply_run_context(ctx);
+  if (names.empty()) throw InputError("--moe-a2a-backend: no backend to check");
+  const bool local_reference = o.reference == "local";
+
+  // The checked runtime through make_runtime's steps, as every command builds its own (each run
+  // option acts as there); the backends after the first over its group and placement. Every name
+  // and pair is refused here (InputError) before any weight is read.
+  EngineOptions eo = o.engine;
+  eo.backend = names[0];
+  // The local reference loads every expert: its --check-weights scan covers this rank's.
+  if (local_reference) eo.check_weights = false;
+  Runtime rt = prepare_runtime(eo);
+  Group& group = *rt.group;
+  std::vector<std::unique_ptr<A2ABackend>> backends;
+  backends.push_back(std::move(rt.backend));
+  for (size_t i = 1; i < names.size(); i++)
+    backends.push_back(make_backend(names[i], device, group, rt.placement, eo.backend_options));
+
   CheckResult res;
-  res.cfg = load_model_config(eo.model_dir);
+  res.cfg = rt.cfg;
   const ModelConfig& cfg = res.cfg;
-  Checkpoint ckpt(eo.model_dir);
-  const int R = group.size(), me = group.rank(), E = cfg.routing.num_experts;
+  const int R = group.size(), me = group.rank();
   res.rank = me, res.ranks = R;
   res.exact = eo.backend_options.combine == CombineMode::Deterministic;
-  const Placement place = make_placement(eo, E, R);
-  if (eo.check_weights)  // the local reference loads every expert on every rank
-    check_weights_finite(cfg, ckpt, o.reference == "local" ? Placement::make_default(E, 1, 0).logical_owned_by(0)
-                                                           : place.logical_owned_by(me));
-  std::vector<std::unique_ptr<A2ABackend>> backends;
-  for (auto& n : names)  // InputError on a bad name or pair, before any weight is read
-    backends.push_back(make_backend(n, device, group, place, eo.backend_options));
+  const ForwardOptions& fwd = rt.options.forward;
 
-  // The reference: this rank's sequences (prompt i on rank i mod R) with every expert local and
-  // no communication, on the same device.
+  // The reference: this rank's sequences (prompt i on rank i mod R) on a second runtime, solo:
+  // every expert local and no communication, on the same device with the same run options. It
+  // goes (with its model's memory) before the checked model is loaded.
   int gen = o.gen_tokens;
   ReferenceRun ref;
-  if (o.reference == "local") {
-    const Placement solo = Placement::make_default(E, 1, 0);
-    auto ref_model = make_model(device, cfg, ckpt, solo, 0, ctx.compute, ctx.kv, ctx.fp8_compute, ctx.lm_head);
-    auto local = make_local_backend(device, solo);
+  if (local_reference) {
+    EngineOptions ro = o.engine;
+    ro.solo = true;
+    const Runtime solo = make_runtime(ro);
     std::mt19937_64 rng(o.seed);
     std::vector<uint64_t> ids;
     std::vector<std::vector<int32_t>> prompts;
@@ -103,25 +108,19 @@ CheckResult run_check(const CheckOptions& o) {
         prompts.push_back(p);
       }
     }
-    ref = run_reference(*ref_model, *local, group, ids, prompts, gen, ctx.forward);
+    ref = run_reference(*solo.model, *solo.backend, group, ids, prompts, gen, solo.options.forward);
   } else {
     ref = reference_from_file(o.reference, cfg, me);
     gen = 0;
   }
 
-  // Every run option acts here as in the other commands (the reference above takes the same): the
-  // KV pool, the lm_head form and --check-numerics reach both models and every forward.
-  auto model = make_model(device, cfg, ckpt, place, me, ctx.compute, ctx.kv, ctx.fp8_compute, ctx.lm_head);
+  load_model(rt);
   for (size_t i = 0; i < names.size(); i++) {
     CheckRow row;
     row.backend = names[i];
-    AuditOptions ao;
-    ao.H = cfg.hidden_size;
-    ao.K = cfg.routing.top_k;
-    ao.tokens_per_rank = eo.backend_options.max_dispatch_tokens_per_rank + 5;  // bounded backends need a second round
-    ao.exact = res.exact;
-    row.audit = run_audit(group, device, place, *backends[i], ao);
-    row.stats = compare_backend(*model, *backends[i], group, ref, gen, ctx.forward);
+    const AuditOptions ao = make_audit_options(cfg.hidden_size, cfg.routing.top_k, eo.backend_options, R);
+    row.audit = run_audit(group, device, rt.placement, *backends[i], ao);
+    row.stats = compare_backend(*rt.model, *backends[i], group, ref, gen, fwd);
     row.pass = row_passes(row, res.exact);
     res.rows.push_back(row);
   }

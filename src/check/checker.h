@@ -2,6 +2,8 @@
 // the device the engine runs (CPUs under mpirun, GPUs under scripts/gpu-launch.sh). For each
 // backend: the reduction audit with probe experts (check/audit.h), then the log-probabilities,
 // bits and greedy tokens of real sequences (check/differential.h). The CLI prints the result.
+// The models come from the engine (engine/runtime.h) as in every command, the reference from a
+// second runtime on the solo placement: a run option acts here as in generate, or is refused.
 #pragma once
 
 #include <cstdint>

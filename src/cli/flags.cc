@@ -41,7 +41,7 @@ void add_run_options(CLI::App& cmd, RunOptions& o, bool with_backend = true) {
   cmd.add_option("--device", o.device,
                  "cpu (MPI ranks: mpirun -np R), or cuda: one process per GPU (several GPUs through "
                  "scripts/gpu-launch.sh R; needs a build with -DEPMOE_CUDA=ON)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->check(CLI::IsMember(device_names()))
       ->capture_default_str();
   cmd.add_option("--threads", o.threads, "Worker threads per rank on the CPU (0: the cores available to this rank)")
       ->check(CLI::NonNegativeNumber);

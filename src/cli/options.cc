@@ -36,19 +36,8 @@ EngineOptions engine_options(const RunOptions& o) {
 Runtime start_runtime(const RunOptions& o) {
   Runtime rt = make_runtime(engine_options(o));
   if (o.audit) {
-    AuditOptions ao;
-    ao.H = rt.cfg.hidden_size;
-    ao.K = rt.cfg.routing.top_k;
-    ao.tokens_per_rank = o.max_dispatch_tokens_per_rank + 5;
-    // Under a bound on the tokens of a call, the audit keeps to it too (rank r audits
-    // tokens_per_rank + 3r tokens).
-    if (o.max_tokens_per_call > 0)
-      ao.tokens_per_rank = std::min<int64_t>(ao.tokens_per_rank, o.max_tokens_per_call - 3 * (rt.group->size() - 1));
-    if (ao.tokens_per_rank < 1)
-      throw InputError("--audit with --max-batch-tokens " + std::to_string(o.max_tokens_per_call) +
-                       ": too few tokens a step for the audit's " + std::to_string(rt.group->size()) +
-                       " ranks (at least " + std::to_string(3 * rt.group->size() - 2) + ")");
-    ao.exact = rt.options.backend_options.combine == CombineMode::Deterministic;
+    const AuditOptions ao =
+        make_audit_options(rt.cfg.hidden_size, rt.cfg.routing.top_k, rt.options.backend_options, rt.group->size());
     AuditResult a = run_audit(*rt.group, rt.device, rt.placement, *rt.backend, ao);
     if (!a.pass) throw CheckError("reduction audit of --moe-a2a-backend " + o.backend + " failed: " + a.verdict);
     if (rt.group->rank() == 0)

@@ -8,13 +8,14 @@
 
 #include "engine/runtime.h"
 #include "io/hf_config.h"
+#include "tensor/device.h"
 #include "util/token_ids.h"
 
 namespace epmoe {
 
 struct RunOptions {
   std::string model_dir;
-  std::string device = "cpu";  // cpu | cuda
+  std::string device = device_name(Device::Cpu);  // a name of tensor/device.h device_names()
   std::string backend = "none";
   std::string combine = "deterministic";
   int redundant_experts = 0;

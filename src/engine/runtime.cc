@@ -16,8 +16,9 @@ namespace epmoe {
 namespace {
 
 [[noreturn]] void no_cuda() {
-  throw InputError("--device cuda: this epmoe was built without CUDA (configure with -DEPMOE_CUDA=ON on a machine "
-                   "with nvcc and NCCL)");
+  throw InputError(std::string("--device ") + device_name(Device::Cuda) +
+                   ": this epmoe was built without CUDA (configure with -DEPMOE_CUDA=ON on a machine with nvcc and "
+                   "NCCL)");
 }
 
 }  // namespace
@@ -112,7 +113,7 @@ std::unique_ptr<LanguageModel> make_model(Device device, const ModelConfig& cfg,
   throw Error("make_model: unknown device");
 }
 
-Runtime make_runtime(const EngineOptions& o) {
+Runtime prepare_runtime(const EngineOptions& o) {
   if (!device_compiled(o.device)) no_cuda();
   Runtime rt;
   rt.options = o;
@@ -122,12 +123,30 @@ Runtime make_runtime(const EngineOptions& o) {
   apply_run_context(rt.options);
   rt.cfg = load_model_config(o.model_dir);
   rt.ckpt = std::make_unique<Checkpoint>(o.model_dir);
-  const int E = rt.cfg.routing.num_experts, R = rt.group->size(), me = rt.group->rank();
+  const int E = rt.cfg.routing.num_experts, R = rt.group->size();
+  if (o.solo) {
+    rt.placement = Placement::make_default(E, 1, 0);
+    rt.model_rank = 0;
+    rt.backend = make_local_backend(o.device, rt.placement);
+    return rt;
+  }
   rt.placement = make_placement(o, E, R);
+  rt.model_rank = rt.group->rank();
   // The backend before the weights: a bad name or an unsupported pair costs no loading.
   rt.backend = make_backend(o.backend, o.device, *rt.group, rt.placement, o.backend_options);
-  if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(me));
-  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, me, rt.options.compute, o.kv, o.fp8_compute, o.lm_head);
+  return rt;
+}
+
+void load_model(Runtime& rt) {
+  const EngineOptions& o = rt.options;
+  if (o.check_weights) check_weights_finite(rt.cfg, *rt.ckpt, rt.placement.logical_owned_by(rt.model_rank));
+  rt.model = make_model(o.device, rt.cfg, *rt.ckpt, rt.placement, rt.model_rank, o.compute, o.kv, o.fp8_compute,
+                        o.lm_head);
+}
+
+Runtime make_runtime(const EngineOptions& o) {
+  Runtime rt = prepare_runtime(o);
+  load_model(rt);
   return rt;
 }
 

@@ -37,6 +37,11 @@ struct EngineOptions {
   int threads = 0;      // CPU worker threads per rank (0: the cores available)
   ForwardOptions forward;
   KvOptions kv;         // the paged KV cache's pool (--kv-cache-tokens)
+  // The single-process reference of `epmoe check`: every expert on this rank (the placement of one
+  // rank, whatever the group's size) behind the local backend with its default options -- no
+  // communication, no injected fault, so the reference cannot share a backend's bug. `backend`,
+  // `backend_options` and the placement options are unused; every other option acts as in a run.
+  bool solo = false;
 };
 
 // The compute mode a device runs with for `compute` ("" -> its default); InputError otherwise.
@@ -68,10 +73,16 @@ struct Runtime {
   std::unique_ptr<LanguageModel> model;
   std::unique_ptr<A2ABackend> backend;
   EngineOptions options;
+  int model_rank = 0;  // whose experts the model holds: the group's rank, 0 for a solo runtime
 };
 
-// Builds everything a model-running command needs, in the order that reports input errors
-// (unknown backend, unsupported pair, bad placement file) before any weight is read.
+// Everything a model-running command needs, in the order that reports input errors (unknown
+// backend, unsupported pair, bad placement file) before any weight is read: make_runtime is
+// prepare_runtime (group, config, checkpoint, placement, backend; no weight read) then load_model
+// (--check-weights, then the model and its KV pool). `check` takes the two steps apart to make
+// every backend and the reference before the checked model takes its memory.
 Runtime make_runtime(const EngineOptions& o);
+Runtime prepare_runtime(const EngineOptions& o);
+void load_model(Runtime& rt);
 
 }  // namespace epmoe

@@ -14,10 +14,18 @@ const char* device_name(Device d) {
 
 std::vector<Device> all_devices() { return {Device::Cpu, Device::Cuda}; }
 
+std::vector<std::string> device_names() {
+  std::vector<std::string> names;
+  for (Device d : all_devices()) names.emplace_back(device_name(d));
+  return names;
+}
+
 Device parse_device(const std::string& name, const std::string& what) {
   for (Device d : all_devices())
     if (name == device_name(d)) return d;
-  throw InputError(what + " '" + name + "': unknown device (choose cpu or cuda)");
+  std::string choices;
+  for (const std::string& n : device_names()) choices += (choices.empty() ? "" : " or ") + n;
+  throw InputError(what + " '" + name + "': unknown device (choose " + choices + ")");
 }
 
 bool device_compiled(Device d) {

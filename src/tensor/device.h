@@ -15,6 +15,8 @@ const char* device_name(Device d);
 Device parse_device(const std::string& name, const std::string& what);
 // Every device, in the order docs and messages list them.
 std::vector<Device> all_devices();
+// Their names, in that order: what --device accepts (the CLI's choices) and messages list.
+std::vector<std::string> device_names();
 // Whether this build can run on d (cuda: built with -DEPMOE_CUDA=ON).
 bool device_compiled(Device d);
 

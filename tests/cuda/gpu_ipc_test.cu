@@ -294,8 +294,7 @@ int run_rank(const std::string& dir, int me) {
         bo.chunk_tokens = v.chunk;
         bo.fault = f;
         auto be = make_ipc_backend(v.name, g, fault_dev, pl, bo);
-        AuditOptions ao;
-        ao.H = 64, ao.K = 4;
+        AuditOptions ao = make_audit_options(64, 4, bo, R);
         ao.tokens_per_rank = 8;  // more than a lowlatency round (3) and a fused chunk (3)
         const AuditResult a = run_audit(g, Device::Cuda, pl, *be, ao);
         const bool applies = f != Fault::DropOverflow || v.name == "lowlatency";

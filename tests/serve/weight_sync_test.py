@@ -11,7 +11,6 @@ commits, ?weight_version names the weights). On 1 rank and on 3 ranks (mpirun, a
   * a bucket with a tensor of another shape, a name the model does not have, or a truncated body
     is refused with a 400 naming it, drops what was staged, and the old weights keep serving.
 """
-import json
 import os
 import struct
 import sys
@@ -20,6 +19,8 @@ import threading
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import safetensors_bytes  # noqa: E402
 import serve_harness as h  # noqa: E402
 
 MODEL = os.path.join(h.DATA, "qwen3moe-tiny")
@@ -29,30 +30,12 @@ PROMPTS = [[5, 17, 42, 99, 3], [7, 7, 200, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
 
 def read_tensors(folder):
     """{name: (dtype, shape, raw bytes)} of every safetensors file of a checkpoint folder."""
-    out = {}
-    for fname in sorted(os.listdir(folder)):
-        if not fname.endswith(".safetensors") or fname.startswith("golden"):
-            continue
-        with open(os.path.join(folder, fname), "rb") as f:
-            raw = f.read()
-        n = struct.unpack("<Q", raw[:8])[0]
-        header = json.loads(raw[8:8 + n])
-        data = raw[8 + n:]
-        out.update({k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
-                    for k, v in header.items() if k != "__metadata__"})
-    return out
+    return safetensors_bytes.read_tensors(folder, skip_prefix="golden")
 
 
 def bucket(tensors):
     """A safetensors file's bytes for {name: (dtype, shape, raw)} (header padded to 8 bytes)."""
-    header, off, blobs = {}, 0, []
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    hj = json.dumps(header).encode()
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    return struct.pack("<Q", len(hj)) + hj + b"".join(blobs)
+    return safetensors_bytes.safetensors_bytes(tensors)
 
 
 def send(url, tensors, parts, version):
