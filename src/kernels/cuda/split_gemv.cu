@@ -93,6 +93,38 @@ __global__ void split_x_fragments_kernel(const float* x, int64_t lda, int T, int
   }
 }
 
+// One 64-wide k block of a warp's 8 columns, shared by v3 and v4 (so both run one chain):
+// lane's x fragments of block j (rows r and r + 8; zeros past T or past the last block) ...
+__device__ __forceinline__ void load_x_block(const uint4* xlo, const uint4* xhi, int j, int nblk, bool ok_lo,
+                                             bool ok_hi, uint4 (&xa)[4], uint4 (&xb)[4]) {
+  const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
+    xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
+  }
+}
+
+// ... and its MMAs: the tile kernel's b_k_twice chain, xh's k-tile of the block then xl's, k16
+// steps in order (b01 / b23: the lane's weight fragments of the block).
+__device__ __forceinline__ void mma_block(float (&acc)[4], const uint4 (&xa)[4], const uint4 (&xb)[4], uint4 b01,
+                                          uint4 b23) {
+  const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+#pragma unroll
+  for (int part = 0; part < 2; part++) {
+    // (row r's words, row r + 8's words)
+    const uint32_t r0[8] = {xa[2 * part].x, xa[2 * part].y, xa[2 * part].z, xa[2 * part].w,
+                            xa[2 * part + 1].x, xa[2 * part + 1].y, xa[2 * part + 1].z, xa[2 * part + 1].w};
+    const uint32_t r8[8] = {xb[2 * part].x, xb[2 * part].y, xb[2 * part].z, xb[2 * part].w,
+                            xb[2 * part + 1].x, xb[2 * part + 1].y, xb[2 * part + 1].z, xb[2 * part + 1].w};
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const uint32_t a[4] = {r0[2 * s], r8[2 * s], r0[2 * s + 1], r8[2 * s + 1]};
+      mma_bf16(acc, a, b[2 * s], b[2 * s + 1]);
+    }
+  }
+}
+
 // One warp per 8 output columns (group g), WARPS warps per CTA; p.B = the packed fragments.
 template <bool SWIGLU, bool ROWS16, int DEPTH, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p, const uint32_t* xf, int T) {
@@ -118,16 +150,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
   const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
   const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
   const uint4* xhi = xlo + int64_t(nblk) * 128;
-  const uint4 z = make_uint4(0, 0, 0, 0);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // x's fragments one block ahead (an L1/L2 hit is not free: it would sit on the MMA chain).
   uint4 xa_next[4], xb_next[4];
   auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
-      xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
-    }
+    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
   };
   load_x(0, xa_next, xb_next);
   for (int j0 = 0; j0 < nblk; j0 += DEPTH) {
@@ -144,21 +171,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
 #pragma unroll
       for (int q = 0; q < 4; q++) xa[q] = xa_next[q], xb[q] = xb_next[q];
       load_x(j + 1, xa_next, xb_next);
-      const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
-      // The tile kernel's b_k_twice chain: xh's k-tile of block j, then xl's, k16 steps in order.
-#pragma unroll
-      for (int part = 0; part < 2; part++) {
-        // (row r's words, row r + 8's words)
-        const uint32_t r0[8] = {xa[2 * part].x, xa[2 * part].y, xa[2 * part].z, xa[2 * part].w,
-                                xa[2 * part + 1].x, xa[2 * part + 1].y, xa[2 * part + 1].z, xa[2 * part + 1].w};
-        const uint32_t r8[8] = {xb[2 * part].x, xb[2 * part].y, xb[2 * part].z, xb[2 * part].w,
-                                xb[2 * part + 1].x, xb[2 * part + 1].y, xb[2 * part + 1].z, xb[2 * part + 1].w};
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-          const uint32_t a[4] = {r0[2 * s], r8[2 * s], r0[2 * s + 1], r8[2 * s + 1]};
-          mma_bf16(acc, a, b[2 * s], b[2 * s + 1]);
-        }
-      }
+      mma_block(acc, xa, xb, b01, b23);
     }
   }
   const int col = 8 * g + 2 * (lane & 3);
@@ -210,15 +223,10 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmA
   const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
   const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
   const uint4* xhi = xlo + int64_t(nblk) * 128;
-  const uint4 z = make_uint4(0, 0, 0, 0);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xr[XA][4], xr8[XA][4];
   auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
-      xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
-    }
+    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
   };
 #pragma unroll
   for (int a = 0; a < XA; a++) load_x(a, xr[a], xr8[a]);
@@ -234,19 +242,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmA
 #pragma unroll
       for (int q = 0; q < 4; q++) xa[q] = xr[d][q], xb[q] = xr8[d][q];
       load_x(j + XA, xr[d], xr8[d]);
-      const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
-#pragma unroll
-      for (int part = 0; part < 2; part++) {
-        const uint32_t r0[8] = {xa[2 * part].x, xa[2 * part].y, xa[2 * part].z, xa[2 * part].w,
-                                xa[2 * part + 1].x, xa[2 * part + 1].y, xa[2 * part + 1].z, xa[2 * part + 1].w};
-        const uint32_t r8[8] = {xb[2 * part].x, xb[2 * part].y, xb[2 * part].z, xb[2 * part].w,
-                                xb[2 * part + 1].x, xb[2 * part + 1].y, xb[2 * part + 1].z, xb[2 * part + 1].w};
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-          const uint32_t a[4] = {r0[2 * s], r8[2 * s], r0[2 * s + 1], r8[2 * s + 1]};
-          mma_bf16(acc, a, b[2 * s], b[2 * s + 1]);
-        }
-      }
+      mma_block(acc, xa, xb, b01, b23);
       // The slot again, for block j + RING: after the MMAs, which needed its values read (a lane
       // overwrites only what it read itself).
       if (j + RING < nblk) {
