@@ -115,10 +115,10 @@ CheckResult run_check(const CheckOptions& o) {
   }
 
   load_model(rt);
+  const AuditOptions ao = make_audit_options(cfg.hidden_size, cfg.routing.top_k, eo.backend_options, R);
   for (size_t i = 0; i < names.size(); i++) {
     CheckRow row;
     row.backend = names[i];
-    const AuditOptions ao = make_audit_options(cfg.hidden_size, cfg.routing.top_k, eo.backend_options, R);
     row.audit = run_audit(group, device, rt.placement, *backends[i], ao);
     row.stats = compare_backend(*rt.model, *backends[i], group, ref, gen, fwd);
     row.pass = row_passes(row, res.exact);

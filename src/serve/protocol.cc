@@ -635,10 +635,7 @@ UpdateFromTensor parse_update_from_tensor(const json& body) {
     // shareIpcHandle): a format-version byte, a kind byte ('c' for a cudaMalloc'd block, 'e' for an
     // expandable segment, whose handle is of another kind), then the handle itself.
     auto raw = unbase64(*h);
-    const auto torch_kind = [&]() -> char {
-      if (!raw || raw->size() != kIpcHandleBytes + 2) return 0;
-      return (*raw)[1];
-    }();
+    const char torch_kind = raw && raw->size() == kIpcHandleBytes + 2 ? (*raw)[1] : 0;
     if (torch_kind == 'c') raw->erase(0, 2);
     if (torch_kind == 'e')
       bad(at + "ipc_handle", "is torch's handle of an expandable segment, which CUDA IPC handles cannot open: share "

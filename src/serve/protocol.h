@@ -162,8 +162,8 @@ UpdateFromDisk parse_update_from_disk(const nlohmann::json& body);
 // handles (sglang's body is torch-pickled, which a C++ server cannot read as sent; docs/serve.md).
 // Each tensor: name, dtype (safetensors' spelling or torch's), shape, the base64 of the 64-byte
 // cudaIpcMemHandle_t of its allocation (or torch's 66-byte form: a version byte, the kind 'c',
-// then the handle) and its byte offset there (torch: `t.untyped_storage()._share_cuda_()[1]`, and `[3]` +
-// `t.storage_offset() * t.element_size()`).
+// then the handle) and its byte offset there (torch: `t.untyped_storage()._share_cuda_()[1]`,
+// and `[3]` + `t.storage_offset() * t.element_size()`).
 struct SharedTensor {
   std::string name;
   DType dtype = DType::F32;
