@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Do two epmoe binaries compute the same bits on the GPU? Every fixture of tests/data, in bf16 and
-# f32 compute: `epmoe score --device cuda` writes the logits of a 40-token sequence; the two
+# f32 compute: `epmoe score --device cuda` (DEVICE=cpu: cpu) writes the logits of a 40-token sequence; the two
 # files must be byte for byte equal. Then `epmoe generate` (greedy, the device argmax) on two
 # fixtures must print the same tokens. For kernel work that claims to keep the bits (docs/gpu.md,
 # issue 18): run the binary from before the change against the one after, on one GPU.
 #   scripts/gpu-same-bits.sh OLD/epmoe NEW/epmoe        exit 0 when everything is identical
+# DEVICE=cpu runs the same comparison on the CPU (for refactors that claim to keep the CPU's bits).
 # NEW_ARGS: flags for the new binary only, where a change of default is the only difference meant
 # (e.g. NEW_ARGS="--kv-cache-dtype fp32" after the GPU's KV cache became bf16 for bf16 models).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -eq 2 ]] || { echo "usage: scripts/gpu-same-bits.sh OLD_EPMOE NEW_EPMOE" >&2; exit 2; }
 old=$1 new=$2
-source scripts/gpu-env.sh
+device=${DEVICE:-cuda}
+[[ $device == cuda ]] && source scripts/gpu-env.sh
 ids=3,17,5,9,22,31,4,8,15,2,11,27,6,13,19,1,25,7,30,12,9,9,14,3,28,16,21,10,24,5,18,29,2,26,20,23,11,4,7,1
 tmp=$(mktemp -d)
 same=0 differ=0 failed=0
@@ -20,7 +22,7 @@ for cfg in tests/data/*/config.json; do
   for compute in bf16 f32; do
     for side in old new; do
       bin=$old extra=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-}
-      if ! timeout 120 "$bin" score --device cuda --compute $compute --model "$dir" --ids $ids $extra \
+      if ! timeout 120 "$bin" score --device $device --compute $compute --model "$dir" --ids $ids $extra \
           --out "$tmp/$side.$name.$compute.safetensors" > "$tmp/$side.log" 2>&1; then
         echo "$name $compute: the $side binary failed: $(tail -1 "$tmp/$side.log")"
         failed=$((failed + 1))
@@ -39,7 +41,7 @@ echo "logits files identical: $same, different: $differ, failed: $failed"
 for name in qwen3moe-tiny deepseek-v3-tiny; do
   for side in old new; do
     bin=$old extra=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-}
-    timeout 120 "$bin" generate --device cuda --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
+    timeout 120 "$bin" generate --device $device --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
       2>/dev/null | tail -2 > "$tmp/gen.$side"
   done
   if cmp -s "$tmp/gen.old" "$tmp/gen.new"; then echo "generate $name: same tokens"

@@ -55,6 +55,13 @@ put model/cuda/decoder.cuh '#pragma once' '#include "moe/layer.h"' '#include "mo
 put model/cuda/attn.cuh '#pragma once' '#include "kernels/matmul.h"'
 put engine/loop.cc '#include "model/cuda/decoder.cuh"' '#include "comm/group.h"'
 put cli/main.cc '#include "engine/loop.cc"' '// all-to-all is a word of the prose, not a backend'
+# The one decoder loop and the one MoE block, where they belong; a loop over the layers that
+# calls neither (weight loading) anywhere.
+put model/decoder.h '#pragma once' 'template <class Ops> void run(Ops& ops) {' \
+  '  for (int l = 0; l < cfg.num_layers; l++) {' '    ops.attention(l);' '    ops.moe(l);' '  }' '}'
+put moe/moe_block.h '#pragma once' '#include "ep/backend.h"' 'backend.run(ops.tokens(), ops.experts(), ops.routed());'
+put moe/cuda/ops.cuh '#pragma once' '#include "ep/backend.h"' 'MoeTokens tokens() const;'
+put model/weights.cc 'void load() {' '  for (int l = 0; l < c.num_layers; l++) {' '    L.attn = read(l);' '    L.moe = read(l);' '  }' '}'
 
 run "$src"
 expect "a tree that keeps the rules" 0 "layering ok"
@@ -72,6 +79,9 @@ put kernels/cuda/reduce.cuh '#include "comm/group.h"'                           
 put cli/gpu.cc '#include "cuda/run.h"'                                                      # not a layer
 put cuda/run.h '#pragma once'
 put check/pick.cc 'auto b = make_mpi_lowlatency_backend();' 'if (name == "x") traits_of(x);'   # backend, lines 1-2
+put model/cuda/step.cu 'void body() {' '  for (int l = 0; l < cfg.num_layers; l++) {' '    norm(l);' \
+  '    attention_block(l);' '    mlp(l, T, backend);' '  }' '}'                              # a second loop, line 2
+put model/cuda/mlp.cu 'void mlp() {' '  MoeTokens tok;' '  backend.run(tok, *L.runner, out);' '}'  # MoE block, lines 2-3
 
 run "$src"
 expect "a tree that breaks the rules" 1 \
@@ -83,9 +93,12 @@ expect "a tree that breaks the rules" 1 \
   "src/cli/gpu.cc:1: cli includes src/cuda/, which is not a layer" \
   "src/cuda/run.h:1: src/cuda/ is not a layer" \
   "src/check/pick.cc:1: names a backend outside src/ep/ (make_mpi_lowlatency_backend)" \
-  "src/check/pick.cc:2: names a backend outside src/ep/ (traits_of)"
+  "src/check/pick.cc:2: names a backend outside src/ep/ (traits_of)" \
+  "src/model/cuda/step.cu:2: a second decoder layer loop" \
+  "src/model/cuda/mlp.cu:2: builds the backend's input outside src/ep/, src/check/, src/moe/" \
+  "src/model/cuda/mlp.cu:3: runs a backend outside the one MoE block"
 offences=$(grep -c '^src/' <<<"$out")
-[[ $offences == 9 ]] || { echo "FAIL: $offences offences reported, expected 9:"; echo "$out"; failures=$((failures + 1)); }
+[[ $offences == 12 ]] || { echo "FAIL: $offences offences reported, expected 12:"; echo "$out"; failures=$((failures + 1)); }
 
 run --graph "$src"
 expect "--graph of the broken tree" 0 "kernels -> moe" "model -> comm" "cuda"

@@ -5,7 +5,11 @@
 #      be able to branch on which backend runs;
 #   2. a file under src/Y/ includes only Y itself and the layers Y may use (the table below);
 #   3. only src/util/env.cc reads the environment (its table lists every variable), and
-#      docs/ARCHITECTURE.md names every variable of that table.
+#      docs/ARCHITECTURE.md names every variable of that table;
+#   4. one decoder loop and one MoE block for every device: a loop over the layers that calls an
+#      attention phase and an MLP/MoE phase lives in src/model/decoder.h only; the backend's input
+#      (MoeTokens) is named only in src/ep/, src/check/ and src/moe/, and a backend is run with it
+#      only in src/moe/moe_block.h.
 # Every offence is printed as file:line with the rule it breaks; exit 1 on any.
 #
 # usage: layering_test.sh SRC_DIR           check
@@ -164,6 +168,36 @@ if [[ -f $src/util/env.cc && -f $doc ]]; then
       report "$src/util/env.cc" 0 "$name is in the table but docs/ARCHITECTURE.md (Environment variables) does not list it" ""
   done < <(grep -oE '^\s*\{"[A-Z_]+",' "$src/util/env.cc" | grep -oE '[A-Z_]+')
 fi
+
+# ---- one decoder loop, one MoE block ----
+
+# A `for` over num_layers whose next 12 lines call both an attention phase and an MLP/MoE phase.
+while IFS= read -r hit; do
+  [[ -z $hit ]] && continue
+  report "${hit%%:*}" "$(cut -d: -f2 <<<"$hit")" "a second decoder layer loop (the one loop is run_decoder_layers in src/model/decoder.h; give it this device's phases)" "$(cut -d: -f3- <<<"$hit")"
+done < <(sources | grep -v "^$src/model/decoder.h$" | while IFS= read -r f; do
+  awk -v f="$f" '
+    /for[[:space:]]*\(.*num_layers/ { start = FNR; text = $0; att = 0; mlp = 0 }
+    start && FNR - start <= 12 {
+      if (tolower($0) ~ /[a-z_]*attention[a-z_]*[[:space:]]*\(/) att = 1
+      if (tolower($0) ~ /[a-z_]*(mlp|moe)[a-z_]*[[:space:]]*\(/) mlp = 1
+      if (att && mlp) { print f ":" start ":" text; start = 0 }
+    }' "$f"
+done)
+
+while IFS= read -r hit; do
+  [[ -z $hit ]] && continue
+  f=${hit%%:*} rest=${hit#*:}
+  report "$f" "${rest%%:*}" "builds the backend's input outside src/ep/, src/check/, src/moe/ (the MoE block is src/moe/moe_block.h's)" "${rest#*:}"
+done < <(grep -rnw 'MoeTokens' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
+         grep -vE "^$src/(ep|check|moe)/")
+
+while IFS= read -r hit; do
+  [[ -z $hit ]] && continue
+  f=${hit%%:*} rest=${hit#*:}
+  report "$f" "${rest%%:*}" "runs a backend outside the one MoE block (src/moe/moe_block.h run_moe_block)" "${rest#*:}"
+done < <(grep -rnE '\brun\((.*tokens\(\)|[[:space:]]*tok\b)' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
+         grep -vE "^$src/(ep|check)/|^$src/moe/moe_block.h:")
 
 if ((fail)); then
   echo "layering broken: see the lines above (rules: tests/layering_test.sh)"

@@ -9,6 +9,7 @@
 #include "kernels/latent_attention.h"
 #include "kernels/matmul.h"
 #include "kernels/vec.h"
+#include "model/decoder.h"
 #include "model/model_rope.h"
 #include "moe/moe_layer.h"
 #include "util/error.h"
@@ -285,46 +286,65 @@ void Model::mlp(int l, int moe, const float* x, int64_t T, const uint64_t* gids,
   }
 }
 
+// The CPU's phases of model/decoder.h on the step's host buffers: x the residual stream, hn the
+// normalised rows, tmp a block's output before it is added into x.
+struct Model::StepOps {
+  Model& m;
+  const DecoderStep& st;
+  const std::vector<Sequence*>& seqs;
+  A2ABackend& backend;
+  const ForwardOptions& opt;
+  int64_t T, H;
+  float *x, *hn, *tmp;
+  const uint64_t* gids;
+
+  void norm(const std::vector<float>& w) {
+    StageScope stage(Stage::Norm);
+    rmsnorm(x, T, H, w, m.cfg_.rms_norm_eps, hn);
+  }
+  void add_block_output() {
+    StageScope stage(Stage::Residual);
+    for (int64_t i = 0; i < T * H; i++) x[i] += tmp[i];
+  }
+  const LayerWeights& layer(int l) const { return m.w_.layers[size_t(l)]; }
+
+  void attention_norm(int l) { norm(layer(l).input_norm); }
+  void attention(int l) {
+    if (m.cfg_.mla.enabled()) m.mla_attention(l, seqs, st.offsets, hn, T, tmp);
+    else m.attention(l, seqs, st.offsets, hn, T, tmp);
+    add_block_output();
+  }
+  void mlp_norm(int l) { norm(layer(l).post_attention_norm); }
+  void moe(int l, int moe_index) {
+    m.mlp(l, moe_index, hn, T, gids, backend, tmp, opt);
+    add_block_output();
+  }
+  void dense_mlp(int l) {
+    m.mlp(l, -1, hn, T, gids, backend, tmp, opt);
+    add_block_output();
+  }
+  void layer_done(int l) {
+    if (opt.check_numerics)
+      check_finite(x, T * H, "layer " + std::to_string(l) + (layer(l).sparse ? " (MoE)" : " (dense)"));
+  }
+};
+
 std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seqs,
                                                const std::vector<std::vector<int32_t>>& tokens,
                                                A2ABackend& backend, bool all_logits, const ForwardOptions& opt) {
-  EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
   ComputeModeScope scope(compute_);
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  std::vector<int64_t> offsets{0};
-  for (auto& t : tokens) offsets.push_back(offsets.back() + int64_t(t.size()));
-  const int64_t T = offsets.back();
-
   std::optional<StageScope> embed(std::in_place, Stage::Embed);
-  uint64_t* gids = buf_.gids.get(size_t(T));
+  const DecoderStep st = plan_decoder_step(cfg_, seqs, tokens, all_logits);
+  const int64_t T = st.T();
   float* x = buf_.x.get(size_t(T * H));
-  for (size_t s = 0; s < seqs.size(); s++)
-    for (size_t i = 0; i < tokens[s].size(); i++) {
-      const int32_t id = tokens[s][i];
-      if (id < 0 || id >= V)
-        throw InputError("token id " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
-      const int64_t pos = seqs[s]->len + int64_t(i);
-      if (pos >= cfg_.max_position_embeddings)
-        throw InputError("sequence " + std::to_string(seqs[s]->id) + " reaches position " + std::to_string(pos) +
-                         ", beyond max_position_embeddings (" + std::to_string(cfg_.max_position_embeddings) + ")");
-      const int64_t t = offsets[s] + int64_t(i);
-      gids[t] = token_gid(seqs[s]->id, uint64_t(pos));
-      TensorView row = w_.embed.slice_rows(id, 1);
-      for (int64_t h = 0; h < H; h++) x[t * H + h] = row.at(h);
-    }
+  for (int64_t t = 0; t < T; t++) {
+    TensorView row = w_.embed.slice_rows(st.ids[size_t(t)], 1);
+    for (int64_t h = 0; h < H; h++) x[t * H + h] = row.at(h);
+  }
   append_step_tokens(*pool_, seqs, tokens);
   embed.reset();
 
-  float* hn = buf_.hn.get(size_t(T * H));
-  float* tmp = buf_.tmp.get(size_t(T * H));
-  auto norm = [&](const float* in, const std::vector<float>& w) {
-    StageScope stage(Stage::Norm);
-    rmsnorm(in, T, H, w, cfg_.rms_norm_eps, hn);
-  };
-  auto residual = [&] {
-    StageScope stage(Stage::Residual);
-    for (int64_t i = 0; i < T * H; i++) x[i] += tmp[i];
-  };
   if (opt.capture) {
     StepRouting& c = *opt.capture;
     c.moe_layers = cfg_.num_sparse_layers();
@@ -332,26 +352,18 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
     c.ids.assign(size_t(T) * size_t(c.moe_layers) * size_t(c.K), -1);
     c.weights.assign(c.ids.size(), 0.0f);
   }
-  for (int l = 0, moe = 0; l < cfg_.num_layers; l++) {
-    const LayerWeights& L = w_.layers[size_t(l)];
-    norm(x, L.input_norm);
-    if (cfg_.mla.enabled()) mla_attention(l, seqs, offsets, hn, T, tmp);
-    else attention(l, seqs, offsets, hn, T, tmp);
-    residual();
-    norm(x, L.post_attention_norm);
-    mlp(l, moe, hn, T, gids, backend, tmp, opt);
-    moe += L.sparse ? 1 : 0;
-    residual();
-    if (opt.check_numerics) check_finite(x, T * H, "layer " + std::to_string(l) + (L.sparse ? " (MoE)" : " (dense)"));
-  }
+  StepOps ops{*this, st, seqs, backend, opt, T, H, x, buf_.hn.get(size_t(T * H)), buf_.tmp.get(size_t(T * H)),
+              st.gids.data()};
+  run_decoder_layers(cfg_, ops);
   for (size_t s = 0; s < seqs.size(); s++) seqs[s]->len += int64_t(tokens[s].size());
 
+  // Each sequence's wanted rows (consecutive) through the final norm and lm_head.
+  float* hn = ops.hn;
   std::vector<std::vector<float>> logits(seqs.size());
   for (size_t s = 0; s < seqs.size(); s++) {
-    const int64_t n = int64_t(tokens[s].size());
-    if (n == 0) continue;
-    const int64_t first = all_logits ? offsets[s] : offsets[s + 1] - 1;
-    const int64_t rows = offsets[s + 1] - first;
+    const auto [at, rows] = st.logit_span[s];
+    if (rows == 0) continue;
+    const int64_t first = st.logit_rows[size_t(at)];
     {
       StageScope stage(Stage::Norm);
       rmsnorm(x + first * H, rows, H, w_.final_norm, cfg_.rms_norm_eps, hn + first * H);

@@ -49,6 +49,8 @@ class Model final : public LanguageModel {
   void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) override;
 
  private:
+  // The CPU's phases of the decoder's one layer loop (model/decoder.h), defined in model.cc.
+  struct StepOps;
   // mlp_block with routing replay: MoE layer number `moe` (0.. in layer order) of the step.
   void mlp(int layer, int moe, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y,
            const ForwardOptions& opt);

@@ -5,6 +5,7 @@
 
 #include "ep/cpu_expert_jobs.h"
 #include "kernels/matmul.h"
+#include "moe/moe_block.h"
 #include "util/error.h"
 #include "util/stage_clock.h"
 
@@ -23,12 +24,25 @@ void CpuExpertRunner::run(const ExpertJobs& jobs, void* out) {
                    static_cast<float*>(out));
 }
 
-void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y,
-                       const LayerRouting& io) const {
-  const int E = routing_.num_experts, K = routing_.top_k;
-  std::optional<StageScope> router(std::in_place, Stage::Router);
+// The CPU's phases of moe/moe_block.h, on host rows.
+struct MoeLayer::CpuOps {
+  const MoeLayer& m;
+  const float* x;
+  int64_t T;
+  int H;
+  const uint64_t* gids;
+  float* y;
+  const LayerRouting& io;
+  int E, K;
+  std::vector<float> logits;  // [T, E]
   Routing r;
-  if (io.replay) {  // the given choice instead of the router's (checked: ids of this model, T x K)
+  std::vector<int32_t> physical;
+  std::optional<CpuExpertRunner> runner;
+  std::vector<float> shared, gate;
+
+  bool replaying() const { return io.replay != nullptr; }
+  void replayed_route() {  // the given choice instead of the router's (checked: ids of this model, T x K)
+    StageScope stage(Stage::Router);
     const Routing& p = *io.replay;
     if (p.T != T || p.K != K || p.ids.size() != size_t(T * K) || p.weights.size() != size_t(T * K))
       throw InputError("routing replay: " + std::to_string(p.T) + " tokens x " + std::to_string(p.K) +
@@ -37,43 +51,62 @@ void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A
       if (e < 0 || e >= E)
         throw InputError("routing replay: expert id " + std::to_string(e) + " is outside 0.." + std::to_string(E - 1));
     r = p;
-  } else {
-    std::vector<float> logits(static_cast<size_t>(T * E));
-    matmul(x, T, w_.router, logits.data());
-    r = route(routing_, logits.data(), T, w_.correction_bias.empty() ? nullptr : w_.correction_bias.data());
+    choose_replicas();
   }
-  if (io.capture) *io.capture = r;
-
-  std::vector<int32_t> physical(static_cast<size_t>(T * K));
-  for (int64_t t = 0; t < T; t++)
-    for (int k = 0; k < K; k++)
-      physical[size_t(t * K + k)] = placement_.choose(r.ids[size_t(t * K + k)], gids[t], k);
-
-  MoeTokens tok;
-  tok.device = Device::Cpu;
-  tok.act = DType::F32;
-  tok.T = T;
-  tok.H = H;
-  tok.K = K;
-  tok.x = x;
-  tok.physical = physical.data();
-  tok.weights = r.weights.data();
-  CpuExpertRunner experts(w_, placement_, rank_, H);
-  router.reset();
-  backend.run(tok, experts, y);
-
-  if (!w_.shared.empty() && T > 0) {
-    StageScope shared(Stage::Dense);
-    std::vector<float> s(static_cast<size_t>(T * H));
-    swiglu_forward(w_.shared, x, T, s.data());
-    std::vector<float> gate(size_t(T), 1.0f);
-    if (!w_.shared_gate.empty()) {
-      matmul(x, T, w_.shared_gate, gate.data());
+  void router_logits() {
+    StageScope stage(Stage::Router);
+    logits.resize(static_cast<size_t>(T * E));
+    matmul(x, T, m.w_.router, logits.data());
+  }
+  void route() {
+    StageScope stage(Stage::Router);
+    r = epmoe::route(m.routing_, logits.data(), T, m.w_.correction_bias.empty() ? nullptr : m.w_.correction_bias.data());
+    choose_replicas();
+  }
+  void choose_replicas() {
+    if (io.capture) *io.capture = r;
+    physical.resize(static_cast<size_t>(T * K));
+    for (int64_t t = 0; t < T; t++)
+      for (int k = 0; k < K; k++)
+        physical[size_t(t * K + k)] = m.placement_.choose(r.ids[size_t(t * K + k)], gids[t], k);
+  }
+  MoeTokens tokens() const {
+    MoeTokens tok;
+    tok.device = Device::Cpu;
+    tok.act = DType::F32;
+    tok.T = T;
+    tok.H = H;
+    tok.K = K;
+    tok.x = x;
+    tok.physical = physical.data();
+    tok.weights = r.weights.data();
+    return tok;
+  }
+  ExpertRunner& experts() { return runner.emplace(m.w_, m.placement_, m.rank_, H); }
+  float* routed() { return y; }
+  bool has_shared_expert() const { return !m.w_.shared.empty() && T > 0; }
+  void shared_expert() {
+    StageScope stage(Stage::Dense);
+    shared.resize(static_cast<size_t>(T * H));
+    swiglu_forward(m.w_.shared, x, T, shared.data());
+    gate.assign(size_t(T), 1.0f);
+    if (!m.w_.shared_gate.empty()) {
+      matmul(x, T, m.w_.shared_gate, gate.data());
       for (auto& g : gate) g = 1.0f / (1.0f + std::exp(-g));
     }
-    for (int64_t t = 0; t < T; t++)
-      for (int h = 0; h < H; h++) y[t * H + h] += gate[size_t(t)] * s[size_t(t * H + h)];
   }
+  void output() {  // the backend wrote the routed sum into y already
+    if (shared.empty()) return;
+    StageScope stage(Stage::Dense);
+    for (int64_t t = 0; t < T; t++)
+      for (int h = 0; h < H; h++) y[t * H + h] += gate[size_t(t)] * shared[size_t(t * H + h)];
+  }
+};
+
+void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y,
+                       const LayerRouting& io) const {
+  CpuOps ops{*this, x, T, H, gids, y, io, routing_.num_experts, routing_.top_k, {}, {}, {}, {}, {}, {}};
+  run_moe_block(ops, backend);
 }
 
 }  // namespace epmoe

@@ -1,10 +1,7 @@
-// The CPU's MoE layer (the GPU's is GpuModel::mlp in model/cuda/gpu_model.cu: the same contract,
-// written once per device until issue 36 merges them). Every family runs through it; a family
-// shows up only as data: its routing strategy (RoutingConfig) and its shared-expert weights.
-//
-//   x[T, H] -> router logits -> route() -> placement (replica per token, slot)
-//           -> backend.run()  (dispatch, experts, combine: FINAL, reduced once)
-//           -> + shared expert(s) on the home rank
+// The CPU's MoE layer: its weights, and its phases of the one MoE block (moe/moe_block.h, which
+// orders them; the GPU supplies its own phases in model/cuda/gpu_model.cu). Every family runs
+// through it; a family shows up only as data: its routing strategy (RoutingConfig) and its
+// shared-expert weights.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +61,7 @@ class MoeLayer {
                const LayerRouting& io = {}) const;
 
  private:
+  struct CpuOps;  // its phases of moe/moe_block.h (moe_layer.cc)
   const RoutingConfig& routing_;
   const MoeLayerWeights& w_;
   const Placement& placement_;

@@ -22,10 +22,13 @@
 #include "kernels/ops.h"
 #include "model/cuda/attention.cuh"
 #include "model/cuda/sampling.cuh"
+#include "model/decoder.h"
 #include "model/model_rope.h"
 #include "model/weights.h"
 #include "moe/cuda/experts.cuh"
+#include "moe/cuda/moe_ops.cuh"
 #include "moe/cuda/routing.cuh"
+#include "moe/moe_block.h"
 #include "moe/moe_layer.h"
 #include "tensor/cuda/staged_upload.h"
 #include "tensor/dtype.h"
@@ -795,10 +798,13 @@ struct GpuModel final : LanguageModel {
       }
       return;
     }
-    // Router logits with fp32 accuracy (top-k choices are sensitive to rounding), then routing --
-    // or, replaying, the given choice (this layer's slice of rt_ids and wts) to physical slots.
+    const bool bf16_rows = kBf16 && !split_experts && !fp8_experts;
+    GpuMoeOps ops(L.router, *L.runner);
+    ops.shared_gate = L.has_shared_gate ? L.shared_gate.data() : nullptr;
+    ops.has_shared = !L.shared.empty();
+    ops.shared_swiglu = [&](float* y) { swiglu(L.shared, xin, T_, y); };
+    RouteArgs& ra = ops.ra;
     const int64_t slice = int64_t(moe_index[size_t(l)]) * T_ * K;
-    RouteArgs ra;
     ra.cfg = cfg.routing;
     ra.identity = identity_placement;
     ra.bias = L.has_corr_bias ? L.corr_bias.data() : nullptr;
@@ -806,56 +812,21 @@ struct GpuModel final : LanguageModel {
     ra.gids = st_gids;
     ra.rep_off = rep_off.data();
     ra.rep_list = rep_list.data();
-    ra.logical = rt_ids.data() + slice;
+    ra.logical = rt_ids.data() + slice;  // [moe layer][T][K]: a capture is a copy after the step
     ra.physical = phys.data();
     ra.weights = wts.data() + slice;
-    if (replaying_) {
-      replica_slots(ra, s);
-    } else {
-      const RouterGpu::Logits lg = L.router.run(hn_f.data(), T_, s);
-      ra.logits = lg.ptr;
-      ra.parts = lg.parts;
-      ra.part_stride = lg.stride;
-      route(ra, s);
-    }
-    MoeTokens tok;
-    tok.device = Device::Cuda;
-    const bool bf16_rows = kBf16 && !split_experts && !fp8_experts;
-    tok.act = bf16_rows ? DType::BF16 : DType::F32;
-    tok.T = T_;
-    tok.H = H;
-    tok.K = K;
-    tok.x = bf16_rows ? static_cast<const void*>(xin) : static_cast<const void*>(hn_f.data());
-    tok.physical = phys.data();
-    tok.weights = ra.weights;
-    backend.run(tok, *L.runner, routed.data());
-    const float* sh = nullptr;
-    const float* gl = nullptr;
-    if (!L.shared.empty() && T_ > 0) {
-      swiglu(L.shared, xin, T_, shared_out.data());
-      sh = shared_out.data();
-      if (L.has_shared_gate) {
-        GemmArgs gg;
-        gg.A = hn_f.data();
-        gg.lda = H;
-        gg.B = L.shared_gate.data();
-        gg.ldb = H;
-        gg.M = int(T_);
-        gg.N = 1;
-        gg.K = H;
-        gg.C = gate.data();
-        gg.ldc = 1;
-        gemm<float, float>(gg, Epilogue::Store, s);
-        gl = gate.data();
-      }
-    }
-    // Added into the residual x by the next layer's input norm (residual_rmsnorm, one launch fewer),
-    // or here where nothing of the kind follows.
-    if (accumulate && out == x.data()) {
-      pending_moe_ = MoeResidual{routed.data(), sh, gl};
-      return;
-    }
-    moe_output(routed.data(), sh, gl, T_, H, out, accumulate, s);
+    ops.replay = replaying_;
+    ops.T = T_, ops.H = H, ops.K = K;
+    ops.x_f32 = hn_f.data();
+    ops.rows = bf16_rows ? static_cast<const void*>(xin) : static_cast<const void*>(hn_f.data());
+    ops.act = bf16_rows ? DType::BF16 : DType::F32;
+    ops.routed_out = routed.data(), ops.shared_out = shared_out.data(), ops.gate_out = gate.data();
+    ops.s = s;
+    run_moe_block(ops, backend);
+    // Added into the residual x by the next layer's input norm (residual_rmsnorm, one launch
+    // fewer), or here where nothing of the kind follows.
+    if (accumulate && out == x.data()) pending_moe_ = ops.result;
+    else moe_output(ops.result.routed, ops.result.shared, ops.result.gate_logit, T_, H, out, accumulate, s);
   }
   // A MoE layer's output not yet added into x (routed is set): residual_rmsnorm adds it.
   MoeResidual pending_moe_;
@@ -1200,6 +1171,24 @@ struct GpuModel final : LanguageModel {
     return out;
   }
 
+  // The GPU's phases of the decoder's one layer loop (model/decoder.h): the residual stream x,
+  // the normalised rows hn_f / act(hn); the o projection and small dense MLPs add into x in their
+  // epilogue, a MoE output is added by the next norm.
+  struct StepOps {
+    GpuModel& m;
+    int64_t T_;
+    int max_ctx;
+    A2ABackend& backend;
+    void attention_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->in_norm, T_); }
+    void attention(int l) {
+      if (T_ > 0) m.attention_block(l, T_, max_ctx);  // (a rank without tokens still joins the MoE layers)
+    }
+    void mlp_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->post_norm, T_); }
+    void moe(int l, int) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
+    void dense_mlp(int l) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
+    void layer_done(int) {}  // (--check-numerics checks the logits on the GPU)
+  };
+
   // The kernels of a step: embedding, the layers, and (R > 0) the final norm of the rows st_sel
   // and lm_head into logits (reserved for R rows by the caller). Inputs through the st_ pointers;
   // no host synchronisation, no allocation once the buffers are sized: what a graph captures.
@@ -1211,12 +1200,8 @@ struct GpuModel final : LanguageModel {
       else embed<T>(st_ids, embed_w.data(), T_, H, x.data(), s);
       if (mla) head_major_rows(T_, Hq, hrows.data(), s);
     }
-    for (int l = 0; l < cfg.num_layers; l++) {
-      norm(x.data(), layers[size_t(l)]->in_norm, T_);
-      if (T_ > 0) attention_block(l, T_, max_ctx);
-      norm(x.data(), layers[size_t(l)]->post_norm, T_);
-      mlp(l, T_, backend, x.data(), /*accumulate=*/true);
-    }
+    StepOps ops{*this, T_, max_ctx, backend};
+    run_decoder_layers(cfg, ops);
     flush_moe(T_);  // (the final norm reads selected rows only)
     if (R == 0) return;
     // The rows whose logits are wanted (selected before the layers) are normalised, through lm_head.
@@ -1391,63 +1376,35 @@ struct GpuModel final : LanguageModel {
                                       const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
                                       bool all_logits, std::vector<int32_t>* greedy,
                                       const std::vector<DrawRequest>* draws = nullptr, std::vector<Drawn>* drawn = nullptr) {
-    EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
     EPMOE_ASSERT(backend.device() == Device::Cuda, "the GPU model runs a backend of the GPU, not " + backend.name());
-    std::vector<int64_t> off{0};
-    for (auto& t : tokens) off.push_back(off.back() + int64_t(t.size()));
-    const int64_t T_ = off.back();
+    const DecoderStep st = plan_decoder_step(cfg, seqs, tokens, all_logits);
+    const int64_t T_ = st.T();
     st_run = 1;
     for (auto& t : tokens) st_run = std::max(st_run, int(t.size()));
     reserve(T_);
-    std::vector<int32_t> ids_h(static_cast<size_t>(T_));
-    std::vector<uint64_t> gids_h(static_cast<size_t>(T_));
-    std::vector<TokenSlot> slots_h(static_cast<size_t>(T_));
-    std::vector<int32_t> tables_h;
-    int max_ctx = 1;
-    for (size_t s = 0; s < seqs.size(); s++) {
-      const Sequence& seq = *seqs[s];
-      for (size_t i = 0; i < tokens[s].size(); i++) {
-        const int32_t id = tokens[s][i];
-        if (id < 0 || id >= V)
-          throw InputError("token id " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
-        const int64_t pos = seq.len + int64_t(i);
-        if (pos >= cfg.max_position_embeddings)
-          throw InputError("sequence " + std::to_string(seq.id) + " reaches position " + std::to_string(pos) +
-                           ", beyond max_position_embeddings (" + std::to_string(cfg.max_position_embeddings) + ")");
-      }
-    }
     // (A copy on write is queued on the stream, before this step's kernels.)
     append_step_tokens(*pool_, seqs, tokens);
-    // Each token's position and its sequence's block table (the active sequences' tables, concatenated).
-    for (size_t s = 0; s < seqs.size(); s++) {
-      const Sequence& seq = *seqs[s];
-      const int64_t n = int64_t(tokens[s].size());
-      if (n == 0) continue;
-      const std::vector<int32_t>& bt = seq.kv->blocks();
+    // Each token's slot: its position and its sequence's block table (the active sequences'
+    // tables, concatenated).
+    std::vector<TokenSlot> slots_h(static_cast<size_t>(T_));
+    std::vector<int32_t> tables_h;
+    for (size_t q = 0; q < seqs.size(); q++) {
+      if (tokens[q].empty()) continue;
+      const std::vector<int32_t>& bt = seqs[q]->kv->blocks();
       const int table = int(tables_h.size());
       tables_h.insert(tables_h.end(), bt.begin(), bt.end());
-      for (int64_t i = 0; i < n; i++) {
-        const int64_t pos = seq.len + i;
-        const size_t t = size_t(off[s] + i);
-        ids_h[t] = tokens[s][size_t(i)];
-        gids_h[t] = token_gid(seq.id, uint64_t(pos));
-        slots_h[t] = {int(pos), table};
-        max_ctx = std::max<int>(max_ctx, int(pos + 1));
-      }
+      for (int64_t t = st.offsets[q]; t < st.offsets[q + 1]; t++) slots_h[size_t(t)] = {int(st.positions[size_t(t)]), table};
     }
-    // The rows whose logits are wanted. Every host-to-device copy of the step happens here, while
-    // the stream is idle: a synchronous copy behind the layers would wait on their collectives
-    // outside the group's deadline (a stopped peer would hang this rank instead of being named).
-    // (Only the copies on write of append above may be queued before them: local, no collective.)
-    std::vector<int32_t> sel_h;
-    std::vector<std::pair<int64_t, int64_t>> span(seqs.size(), {0, 0});
-    for (size_t q = 0; q < seqs.size(); q++) {
-      const int64_t n = int64_t(tokens[q].size());
-      if (n == 0) continue;
-      const int64_t first = all_logits ? off[q] : off[q + 1] - 1;
-      span[q] = {int64_t(sel_h.size()), off[q + 1] - first};
-      for (int64_t t = first; t < off[q + 1]; t++) sel_h.push_back(int32_t(t));
-    }
+    const int max_ctx = int(st.max_context);
+    const std::vector<int32_t>& ids_h = st.ids;
+    const std::vector<uint64_t>& gids_h = st.gids;
+    // The rows whose logits are wanted (st.logit_rows). Every host-to-device copy of the step
+    // happens here, while the stream is idle: a synchronous copy behind the layers would wait on
+    // their collectives outside the group's deadline (a stopped peer would hang this rank instead
+    // of being named). (Only the copies on write of append above may be queued before them:
+    // local, no collective.)
+    const std::vector<int32_t>& sel_h = st.logit_rows;
+    const std::vector<std::pair<int64_t, int64_t>>& span = st.logit_span;
     std::vector<DrawSpec> specs_h;
     if (draws)
       for (const DrawRequest& d : *draws) {
