@@ -61,26 +61,13 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
   if (!early_b) pdl_wait();
   pdl_trigger();
-  int row_begin, rows, group, m_first, m_end;
-  if (p.tiles) {  // exactly one m-tile
-    if (int(blockIdx.y) >= *p.num_tiles) {
-      if (early_b) pdl_wait();
-      return;
-    }
-    group = p.tiles[2 * blockIdx.y];
-    m_first = p.tiles[2 * blockIdx.y + 1] / BM;
-    m_end = m_first + 1;
-  } else {        // m-tiles blockIdx.z, + gridDim.z, ...
-    group = blockIdx.y;
-    m_first = blockIdx.z;
-    m_end = 0x7fffffff;
-  }
-  const int m_step = p.tiles ? 1 : int(gridDim.z);
-  group_range(p, group, row_begin, rows);
-  if (m_first * BM >= rows) {
+  ptx::CtaTiles ct;
+  if (!ptx::cta_tiles(p, BM, ct)) {
     if (early_b) pdl_wait();
     return;
   }
+  const int row_begin = ct.row_begin, rows = ct.rows, group = ct.group;
+  const int m_first = ct.m_first, m_end = ct.m_end, m_step = ct.m_step;
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = (K + BK - 1) / BK;
   const bf16* A = static_cast<const bf16*>(p.A);
@@ -154,72 +141,21 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
     };
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-      for (int j = 0; j < NI; j++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KT) {
-        if (b_in_flight) load_a(s, s);
-        else load_stage(s, s);
-      }
-      cp_async_commit();
-    }
+    ptx::zero_tile(acc);
+    // (With the first B stages in flight already, the prologue requests their A halves only.)
+    ptx::cp_async_mainloop<STAGES>(
+        KT, [&](int s) { b_in_flight ? load_a(s, s) : load_stage(s, s); }, load_stage,
+        [&](int stage, int) {
+          ptx::warp_tile_mmas<MI, NI, BK / 16>(
+              acc, reinterpret_cast<const unsigned char*>(sA + stage * BM * BK),
+              reinterpret_cast<const unsigned char*>(sB + stage * BN * BK), wm * TM, wn * TN, lane, ptx::swz_bytes,
+              ptx::mma_bf16);
+        });
     b_in_flight = false;
-    for (int kt = 0; kt < KT; kt++) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      const int nk = kt + STAGES - 1;
-      if (nk < KT) load_stage(nk % STAGES, nk);
-      cp_async_commit();
-      const bf16* a = sA + (kt % STAGES) * BM * BK;
-      const bf16* b = sB + (kt % STAGES) * BN * BK;
-#pragma unroll
-      for (int ks = 0; ks < BK / 16; ks++) {
-        uint32_t af[MI][4];
-        uint32_t bfr[NI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-          const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
-          ldmatrix_x4(af[mi], a + swz(r, c));
-        }
-#pragma unroll
-        for (int nj = 0; nj < NI / 2; nj++) {
-          const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-          uint32_t t[4];
-          ldmatrix_x4(t, b + swz(r, c));
-          bfr[2 * nj][0] = t[0];
-          bfr[2 * nj][1] = t[1];
-          bfr[2 * nj + 1][0] = t[2];
-          bfr[2 * nj + 1][1] = t[3];
-        }
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-          for (int ni = 0; ni < NI; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
-      }
-    }
     cp_async_wait<0>();
     __syncthreads();  // the next m-tile's copies overwrite these stages
 
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int lr = wm * TM + mi * 16 + (lane >> 2) + h * 8;
-        if (m0 + lr >= rows) continue;
-        const int r = row_begin + m0 + lr;
-        const int64_t orow = p.c_rows ? p.c_rows[r] : r;
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++) {
-          const int col = n0 + wn * TN + ni * 8 + (lane & 3) * 2;
-          store_pair<TC, SWIGLU>(p, orow, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-        }
-      }
+    ptx::store_warp_tile<TC, SWIGLU>(p, acc, row_begin, rows, m0, wm * TM, n0 + wn * TN, lane);
   }
 }
 

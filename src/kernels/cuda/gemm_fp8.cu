@@ -56,20 +56,10 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
   float* sSa = reinterpret_cast<float*>(sB + STAGES * BN * BK);  // [STAGES][BM]
   float* sSb = sSa + STAGES * BM;                                  // [STAGES][BN]
 
-  int row_begin, rows, group, m_first, m_end;
-  if (p.tiles) {
-    if (int(blockIdx.y) >= *p.num_tiles) return;
-    group = p.tiles[2 * blockIdx.y];
-    m_first = p.tiles[2 * blockIdx.y + 1] / BM;
-    m_end = m_first + 1;
-  } else {
-    group = blockIdx.y;
-    m_first = blockIdx.z;
-    m_end = 0x7fffffff;
-  }
-  const int m_step = p.tiles ? 1 : int(gridDim.z);
-  group_range(p, group, row_begin, rows);
-  if (m_first * BM >= rows) return;
+  ptx::CtaTiles ct;
+  if (!ptx::cta_tiles(p, BM, ct)) return;
+  const int row_begin = ct.row_begin, rows = ct.rows, group = ct.group;
+  const int m_first = ct.m_first, m_end = ct.m_end, m_step = ct.m_step;
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = K / BK;
   const uint8_t* A = static_cast<const uint8_t*>(p.A);
@@ -127,59 +117,13 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
     };
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-      for (int j = 0; j < NI; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KT) load_stage(s, s);
-      cp_async_commit();
-    }
-    for (int kt = 0; kt < KT; kt++) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      const int nk = kt + STAGES - 1;
-      if (nk < KT) load_stage(nk % STAGES, nk);
-      cp_async_commit();
-      const int st = kt % STAGES;
-      const uint8_t* a = sA + st * BM * BK;
-      const uint8_t* b = sB + st * BN * BK;
+    ptx::zero_tile(acc);
+    ptx::cp_async_mainloop<STAGES>(KT, [&](int s) { load_stage(s, s); }, load_stage, [&](int st, int) {
       // The block's products, accumulated from zero on the tensor cores.
       float blk[MI][NI][4];
-#pragma unroll
-      for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NI; j++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) blk[i][j][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < BK / 32; ks++) {
-        uint32_t af[MI][4];
-        uint32_t bfr[NI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-          const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
-          ldmatrix_x4(af[mi], a + swz8(r, c));
-        }
-#pragma unroll
-        for (int nj = 0; nj < NI / 2; nj++) {
-          const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-          uint32_t t[4];
-          ldmatrix_x4(t, b + swz8(r, c));
-          bfr[2 * nj][0] = t[0];
-          bfr[2 * nj][1] = t[1];
-          bfr[2 * nj + 1][0] = t[2];
-          bfr[2 * nj + 1][1] = t[3];
-        }
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-          for (int ni = 0; ni < NI; ni++) mma_e4m3(blk[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
-      }
+      ptx::zero_tile(blk);
+      ptx::warp_tile_mmas<MI, NI, BK / 32>(blk, sA + st * BM * BK, sB + st * BN * BK, wm * TM, wn * TN, lane, swz8,
+                                           mma_e4m3);
       // acc += blk * (sa * sw), in fp32, block after block.
       const float* sa = sSa + st * BM;
       const float* sb = sSb + st * BN;
@@ -199,31 +143,12 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) fp8_gemm_kernel(const 
 #pragma unroll
           for (int e = 0; e < 4; e++)
             acc[mi][ni][e] = fmaf(blk[mi][ni][e], __fmul_rn(ra[mi][e >> 1], rb[ni][e & 1]), acc[mi][ni][e]);
-    }
+    });
     cp_async_wait<0>();
     __syncthreads();  // the next m-tile's copies overwrite these stages
 
-    float* C = static_cast<float*>(p.C);
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int lr = wm * TM + mi * 16 + (lane >> 2) + h * 8;
-        if (m0 + lr >= rows) continue;
-        const int r = row_begin + m0 + lr;
-        const int64_t orow = p.c_rows ? p.c_rows[r] : r;
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++) {
-          const int col = n0 + wn * TN + ni * 8 + (lane & 3) * 2;
-          const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-          if constexpr (SWIGLU) {
-            if (col + 1 < p.N) C[orow * p.ldc + col / 2] = ptx::silu(v0) * v1;
-          } else {
-            if (col < p.N) C[orow * p.ldc + col] = v0;
-            if (col + 1 < p.N) C[orow * p.ldc + col + 1] = v1;
-          }
-        }
-      }
+    // (store_pair: Store or SwiGLU; gemm_fp8 refuses a bias and accumulate.)
+    ptx::store_warp_tile<float, SWIGLU>(p, acc, row_begin, rows, m0, wm * TM, n0 + wn * TN, lane);
   }
 }
 

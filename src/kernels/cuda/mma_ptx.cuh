@@ -1,6 +1,7 @@
 // Internal to the CUDA GEMMs: the pieces the tensor-core kernels share (gemm.cu's bf16 kernel,
 // gemm_wgmma.cu, gemm_fp8.cu's e4m3 kernel, moe/cuda/router.cu): asynchronous copies into shared
-// memory, ldmatrix, the bf16 MMA step, the swizzled tile layout, the epilogue pair and the row
+// memory, ldmatrix, the bf16 MMA step, the swizzled tile layout, the one mma.sync main loop (the
+// cp.async pipeline over k-tiles and a warp's MMAs over one tile), the epilogue pair and the row
 // range of a GEMM group. Written once so that the kernels stage tiles alike and, where they must,
 // compute the same bits.
 #pragma once
@@ -76,6 +77,94 @@ __device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, floa
   }
 }
 
+// ---- The mma.sync main loop (gemm.cu, gemm_fp8.cu, router.cu) ----
+
+// An MI x NI warp tile of m16n8 fp32 accumulators, zeroed.
+template <int MI, int NI>
+__device__ inline void zero_tile(float (&acc)[MI][NI][4]) {
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NI; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+}
+
+// The cp.async pipeline over KT k-tiles in STAGES shared-memory stages: `first(stage)` requests
+// k-tile `stage` of the first STAGES - 1 (the caller's prologue: some kernels have part of it in
+// flight already), one commit group each; then for every k-tile its stage is waited for, the tile
+// STAGES - 1 ahead is requested by `load(stage, kt)` (every thread's copies of it, one group), and
+// `compute(stage, kt)` runs on the waited one. The caller waits for the last (empty) groups.
+template <int STAGES, class First, class Load, class Compute>
+__device__ inline void cp_async_mainloop(int KT, First&& first, Load&& load, Compute&& compute) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) first(s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) load(nk % STAGES, nk);
+    cp_async_commit();
+    compute(kt % STAGES, kt);
+  }
+}
+
+// One warp's MMAs over one k-tile in shared memory: KSTEPS steps of 32 bytes of k (16 bf16 or 32
+// e4m3); per step the A fragments of rows a_row0 + [0, 16 MI) and the B fragments of rows
+// b_row0 + [0, 8 NI) by ldmatrix from tiles whose 16-byte chunk c of row r is at byte `at(r, c)`,
+// then mma(acc[mi][ni], a, b0, b1) for mi, then ni, in order: each accumulator's chain runs in
+// ascending k, which is what makes two kernels built on this loop agree bit for bit.
+template <int MI, int NI, int KSTEPS, class At, class Mma>
+__device__ inline void warp_tile_mmas(float (&acc)[MI][NI][4], const unsigned char* a, const unsigned char* b,
+                                      int a_row0, int b_row0, int lane, At&& at, Mma&& mma) {
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ks++) {
+    uint32_t af[MI][4];
+    uint32_t bfr[NI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) ldmatrix_x4(af[mi], a + at(a_row0 + mi * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; nj++) {
+      uint32_t t[4];
+      ldmatrix_x4(t, b + at(b_row0 + nj * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+      bfr[2 * nj][0] = t[0];
+      bfr[2 * nj][1] = t[1];
+      bfr[2 * nj + 1][0] = t[2];
+      bfr[2 * nj + 1][1] = t[3];
+    }
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int ni = 0; ni < NI; ni++) mma(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+  }
+}
+
+// The epilogue of an MI x NI warp tile (warp_tile_mmas' accumulators) of the m-tile at rows
+// m0 .. of a group whose rows start at row_begin (rows of them): every row that exists, scattered
+// by c_rows, through store_pair; the warp's first row and column in the tile are row0, col0.
+template <class TC, bool SWIGLU, int MI, int NI>
+__device__ inline void store_warp_tile(const GemmArgs& p, const float (&acc)[MI][NI][4], int row_begin, int rows, int m0,
+                                       int row0, int col0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int lr = row0 + mi * 16 + (lane >> 2) + h * 8;
+      if (m0 + lr >= rows) continue;
+      const int r = row_begin + m0 + lr;
+      const int64_t orow = p.c_rows ? p.c_rows[r] : r;
+#pragma unroll
+      for (int ni = 0; ni < NI; ni++)
+        store_pair<TC, SWIGLU>(p, orow, col0 + ni * 8 + (lane & 3) * 2, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    }
+}
+
+// swz's layout in bytes (bf16 tiles of 64 per row), for warp_tile_mmas.
+__device__ inline int swz_bytes(int r, int c) { return 2 * swz(r, c); }
+
 // The rows of group g: from the offsets, or G groups of M rows each (G = 1: a dense GEMM).
 __device__ inline void group_range(const GemmArgs& p, int g, int& begin, int& rows) {
   if (p.offsets) {
@@ -85,6 +174,31 @@ __device__ inline void group_range(const GemmArgs& p, int g, int& begin, int& ro
     begin = g * p.M;
     rows = p.M;
   }
+}
+
+
+// The m-tiles of BM rows a CTA of an mma.sync GEMM runs: with a tile list (p.tiles), exactly its
+// entry blockIdx.y; otherwise m-tiles blockIdx.z, + gridDim.z, ... of group blockIdx.y. False when
+// the CTA has none (an entry past the list's count, a first tile past the group's rows).
+struct CtaTiles {
+  int group = 0, row_begin = 0, rows = 0;
+  int m_first = 0, m_end = 0, m_step = 1;  // m-tiles m_first, + m_step, ... below m_end and rows
+};
+__device__ inline bool cta_tiles(const GemmArgs& p, int BM, CtaTiles& t) {
+  if (p.tiles) {
+    if (int(blockIdx.y) >= *p.num_tiles) return false;
+    t.group = p.tiles[2 * blockIdx.y];
+    t.m_first = p.tiles[2 * blockIdx.y + 1] / BM;
+    t.m_end = t.m_first + 1;
+    t.m_step = 1;
+  } else {
+    t.group = blockIdx.y;
+    t.m_first = blockIdx.z;
+    t.m_end = 0x7fffffff;
+    t.m_step = int(gridDim.z);
+  }
+  group_range(p, t.group, t.row_begin, t.rows);
+  return t.m_first * BM < t.rows;
 }
 
 }  // namespace epmoe::cuda::ptx

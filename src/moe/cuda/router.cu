@@ -70,26 +70,11 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   };
 
   float acc[MI][NI][4];
-#pragma unroll
-  for (int i = 0; i < MI; i++)
-#pragma unroll
-    for (int j = 0; j < NI; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
-
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
-    if (s < steps) load_stage(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < steps; kt++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (kt + STAGES - 1 < steps) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-    cp_async_commit();
+  ptx::zero_tile(acc);
+  ptx::cp_async_mainloop<STAGES>(steps, [&](int st) { load_stage(st, st); }, load_stage, [&](int stage, int kt) {
     // This k-tile's A' columns: x split into bf16 hi (sections 0 and 1 of K') or lo (section 2),
     // router_split's rounding; zero past the chunk, as the split GEMM's zero-filled loads.
-    const float* xs = sX + (kt % STAGES) * BM * BK;
+    const float* xs = sX + stage * BM * BK;
 #pragma unroll
     for (int q = 0; q < A_CH; q++) {
       const int idx = tid + q * NT, r = idx >> 3, c = idx & 7;
@@ -107,28 +92,10 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
       *reinterpret_cast<uint4*>(sA + swz(r, c)) = *reinterpret_cast<const uint4*>(o);
     }
     __syncthreads();
-    const bf16* b = sB + (kt % STAGES) * BN * BK;
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ks++) {
-      uint32_t af[MI][4], bfr[NI][2];
-#pragma unroll
-      for (int mi = 0; mi < MI; mi++) {
-        const int r = wm * TM + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
-        ldmatrix_x4(af[mi], sA + swz(r, c));
-      }
-#pragma unroll
-      for (int nj = 0; nj < NI / 2; nj++) {
-        const int r = wn * TN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-        uint32_t t[4];
-        ldmatrix_x4(t, b + swz(r, c));
-        bfr[2 * nj][0] = t[0], bfr[2 * nj][1] = t[1], bfr[2 * nj + 1][0] = t[2], bfr[2 * nj + 1][1] = t[3];
-      }
-#pragma unroll
-      for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
-    }
-  }
+    ptx::warp_tile_mmas<MI, NI, BK / 16>(acc, reinterpret_cast<const unsigned char*>(sA),
+                                         reinterpret_cast<const unsigned char*>(sB + stage * BN * BK), wm * TM, wn * TN,
+                                         lane, ptx::swz_bytes, mma_bf16);
+  });
   cp_async_wait<0>();
 
   float* out = p.out + int64_t(s) * p.T * p.E;
