@@ -5,13 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <compare>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <random>
-#include <set>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -21,6 +18,7 @@
 #include "ep/cuda/plan_combine.cuh"
 #include "kernels/ops.h"
 #include "model/cuda/attention.cuh"
+#include "model/cuda/decode_graphs.cuh"
 #include "model/cuda/sampling.cuh"
 #include "model/decoder.h"
 #include "model/model_rope.h"
@@ -268,53 +266,11 @@ struct GpuModel final : LanguageModel {
   const int32_t* st_sel = nullptr;
   int st_run = 1;  // the most tokens of one sequence in the step (AttnArgs::max_run)
 
-  // ---- Decode steps as CUDA graphs (docs/gpu.md, "Decode as one CUDA graph").
-  // A step of one token per sequence on a capturable backend is captured once per key and
-  // replayed: every kernel argument that changes from step to step (token ids, positions, block
-  // tables, the rows of the logits) is read from the entry's device buffer, refreshed by one
-  // cudaMemcpyAsync from pinned memory before the launch. What stays baked in: the batch size
-  // (launch shapes, tile choices), the context bucket (the attention kernel's shared memory is
-  // sized for the longest context of the step), the backend (its buffers) and the addresses of
-  // every scratch buffer. Those only grow (DeviceArray) and only when a step runs more tokens than
-  // before, so:
-  //   - the first step of a (backend, token count) runs eagerly (`seen`): it sizes every buffer the
-  //     graph will hold, so a capture allocates nothing;
-  //   - an eager step of a token count not run before may grow buffers inside the layers (routers,
-  //     expert plans and runners, the backend's slot rows), and a change of the model's own scratch
-  //     addresses is seen directly (scratch_layout): both bump `epoch`, and a graph of an older
-  //     epoch is captured again (cudaGraphExecUpdate into the same executable when it can) before
-  //     it is replayed.
-  struct GraphKey {
-    int64_t B = 0;       // sequences (= tokens) of the step
-    int ctx = 0;         // context bucket (ctx_bucket)
-    uintptr_t be = 0;    // the backend's uid (A2ABackend::uid): a graph of a destroyed backend never matches
-    auto operator<=>(const GraphKey&) const = default;
-  };
-  struct GraphEntry {
-    cudaGraphExec_t exec = nullptr;
-    uint64_t epoch = 0;  // the epoch it was captured in (0: never / its input buffer moved)
-    uint64_t last_use = 0;
-    size_t tables_cap = 0;  // block-table entries in_dev holds
-    // The step's inputs: [gids B][slots B][ids B][sel B][tables tables_cap].
-    DeviceArray<unsigned char> in_dev;
-    PinnedArray<unsigned char> in_host;
-    GraphEntry() = default;
-    GraphEntry(const GraphEntry&) = delete;
-    GraphEntry& operator=(const GraphEntry&) = delete;
-    ~GraphEntry() {
-      if (exec) cudaGraphExecDestroy(exec);
-    }
-  };
-  static constexpr size_t kMaxGraphs = 16;  // least recently used dropped beyond
-  bool graphs_on = true;
-  std::map<GraphKey, std::unique_ptr<GraphEntry>> graphs;
-  std::set<std::pair<uintptr_t, int64_t>> seen;  // (backend, tokens) of the eager steps run
-  uint64_t epoch = 1, use_clock = 0;
-  std::vector<const void*> layout_;
-  GpuGraphStats gstats;
+  // Decode steps as CUDA graphs (model/cuda/decode_graphs.cuh).
+  DecodeGraphs graphs{true};
 
   void init_shapes(const ModelConfig& c, const Placement& p, int r) {
-    graphs_on = !env_off("EPMOE_CUDA_GRAPH");
+    graphs.set(!env_off("EPMOE_CUDA_GRAPH"));
     cfg = c;
     placement = p;
     rank = r;
@@ -1232,33 +1188,12 @@ struct GpuModel final : LanguageModel {
             qa_n.data(),   q_nope.data(), q_cat.data(),   lat_ctx.data(), attn_v.data(), hrows.data(),
             logits.data()};
   }
-  void note_layout() {
-    std::vector<const void*> l = scratch_layout();
-    if (l != layout_) layout_ = std::move(l), epoch++;
-  }
-  // After a step run kernel by kernel.
-  void note_eager_step(const A2ABackend& be, int64_t T_) {
-    gstats.eager_steps++;
-    if (seen.insert({uintptr_t(be.uid()), T_}).second) epoch++;
-    note_layout();
-  }
-
-  // The context a graph's attention is sized for: a power of two from 256 to 4096, then multiples
-  // of 4096 (few captures as sequences grow), within the kernel's shared memory.
-  int ctx_bucket(int max_ctx) const {
-    int c = 256;
-    while (c < max_ctx && c < 4096) c *= 2;
-    if (c < max_ctx) c = (max_ctx + 4095) / 4096 * 4096;
-    const int limit = int(200 * 1024 / sizeof(float)) - (mla ? W : D);
-    return std::max(max_ctx, std::min(c, limit));
-  }
-
   bool graph_eligible(const std::vector<std::vector<int32_t>>& tokens, const A2ABackend& be, int64_t T_) const {
     // Only a backend that says it can be captured (graph_capturable: its waits run on the device
     // and its message sizes are fixed by a promised bound). A backend that waits on its peers from
     // the host, or sizes its messages from counts exchanged during the step, runs eagerly, always;
     // which backends those are is the ep layer's business, not the model's.
-    if (!graphs_on || T_ == 0 || !be.graph_capturable()) return false;
+    if (!graphs.on() || T_ == 0 || !be.graph_capturable()) return false;
     for (const auto& t : tokens)
       if (t.size() != 1) return false;  // prefill and mixed steps: their shapes rarely repeat
     // The expert plan's one-block form only (the multi-block form keeps a workspace shared by
@@ -1271,104 +1206,23 @@ struct GpuModel final : LanguageModel {
 
   // The step through its graph: false when it is to run eagerly (the first step of its token
   // count, or graphs turned off by a failed capture).
-  bool graph_step(A2ABackend& be, int64_t B, int max_ctx, const std::vector<int32_t>& ids_h,
-                  const std::vector<uint64_t>& gids_h, const std::vector<TokenSlot>& slots_h,
-                  const std::vector<int32_t>& tables_h, const std::vector<int32_t>& sel_h) {
-    const uintptr_t bid = uintptr_t(be.uid());  // (not its address: a new backend can get an old one's)
-    if (!seen.count({bid, B})) return false;
-    static_assert(sizeof(TokenSlot) == 8 && sizeof(uint64_t) == 8, "graph input layout");
-    const int cap = ctx_bucket(max_ctx);
-    const GraphKey key{B, cap, bid};
-    auto it = graphs.find(key);
-    if (it == graphs.end()) {
-      if (graphs.size() >= kMaxGraphs) {
-        auto lru = graphs.begin();
-        for (auto j = graphs.begin(); j != graphs.end(); ++j)
-          if (j->second->last_use < lru->second->last_use) lru = j;
-        graphs.erase(lru);
-      }
-      it = graphs.emplace(key, std::make_unique<GraphEntry>()).first;
-    }
-    GraphEntry& e = *it->second;
-    e.last_use = ++use_clock;
-    const size_t b = size_t(B), n_tab = tables_h.size();
-    if (n_tab > e.tables_cap || e.in_dev.empty()) {
-      const size_t bt = size_t(pool_->block_tokens());
-      e.tables_cap = std::max(n_tab, b * ((size_t(cap) + bt - 1) / bt + 1));
-      e.in_dev.reserve(24 * b + 4 * e.tables_cap);
-      e.in_host.reserve(24 * b + 4 * e.tables_cap);
-      e.epoch = 0;  // its graph read the old buffer
-    }
-    unsigned char* h = e.in_host.data();
-    std::memcpy(h, gids_h.data(), 8 * b);
-    std::memcpy(h + 8 * b, slots_h.data(), 8 * b);
-    std::memcpy(h + 16 * b, ids_h.data(), 4 * b);
-    std::memcpy(h + 20 * b, sel_h.data(), 4 * b);
-    if (n_tab) std::memcpy(h + 24 * b, tables_h.data(), 4 * n_tab);
-    // (The previous step ended in a synchronising download: the pinned buffer is free to write.)
-    EPMOE_CUDA_CHECK(cudaMemcpyAsync(e.in_dev.data(), h, 24 * b + 4 * n_tab, cudaMemcpyHostToDevice, stream()));
-    // Buffers sized outside the capture (the logits of B rows); a move bumps the epoch.
-    reserve(B);
-    logits.reserve(b * size_t(V));
-    if constexpr (kBf16) xs.reserve(b * size_t(lm_s.P) * size_t(lm_s.K));  // (lm_head's split rows)
-    note_layout();
-    attention_prepare(mla ? W : D, cap);  // the kernel's shared-memory limit, raised outside the capture
-    if ((!e.exec || e.epoch != epoch) && !capture(e, be, B, cap)) return false;
-    EPMOE_CUDA_CHECK(cudaGraphLaunch(e.exec, stream()));
-    gstats.replays++;
-    return true;
+  bool graph_step(A2ABackend& be, int64_t B, int max_ctx, const StepInputsHost& in) {
+    const int cap = DecodeGraphs::ctx_bucket(max_ctx, mla ? W : D);
+    auto prepare = [&] {  // buffers sized outside the capture (the logits of B rows); a move invalidates
+      reserve(B);
+      logits.reserve(size_t(B) * size_t(V));
+      if constexpr (kBf16) xs.reserve(size_t(B) * size_t(lm_s.P) * size_t(lm_s.K));  // (lm_head's split rows)
+      graphs.note_layout(scratch_layout());
+      attention_prepare(mla ? W : D, cap);  // the kernel's shared-memory limit, raised outside the capture
+    };
+    auto record = [&](const StepInputs& d) {
+      st_gids = d.gids, st_slots = d.slots, st_ids = d.ids, st_sel = d.sel, st_tables = d.tables;
+      body(B, cap, B, be);
+    };
+    return graphs.run(uintptr_t(be.uid()), B, cap, pool_->block_tokens(), in, stream(), prepare, record);
   }
 
-  bool capture(GraphEntry& e, A2ABackend& be, int64_t B, int cap) {
-    cudaStream_t s = stream();
-    const unsigned char* d = e.in_dev.data();
-    const size_t b = size_t(B);
-    st_gids = reinterpret_cast<const uint64_t*>(d);
-    st_slots = reinterpret_cast<const TokenSlot*>(d + 8 * b);
-    st_ids = reinterpret_cast<const int32_t*>(d + 16 * b);
-    st_sel = reinterpret_cast<const int32_t*>(d + 20 * b);
-    st_tables = reinterpret_cast<const int32_t*>(d + 24 * b);
-    cudaGraph_t g = nullptr;
-    try {
-      // Thread-local mode: a call in the body that is not allowed while capturing (a synchronous
-      // copy, an allocation that frees) fails here instead of being recorded wrongly.
-      EPMOE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      try {
-        body(B, cap, B, be);
-      } catch (...) {
-        cudaGraph_t bad = nullptr;
-        (void)cudaStreamEndCapture(s, &bad);
-        if (bad) cudaGraphDestroy(bad);
-        throw;
-      }
-      EPMOE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      if (e.exec) {
-        cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(e.exec, g, &info) != cudaSuccess) {
-          (void)cudaGetLastError();
-          cudaGraphExecDestroy(e.exec);
-          e.exec = nullptr;
-        }
-      }
-      if (!e.exec) EPMOE_CUDA_CHECK(cudaGraphInstantiate(&e.exec, g, 0));
-      EPMOE_CUDA_CHECK(cudaGraphDestroy(g));
-    } catch (const std::exception& ex) {
-      if (g) cudaGraphDestroy(g);
-      (void)cudaGetLastError();
-      std::fprintf(stderr, "epmoe: capturing a decode step as a CUDA graph failed (%s); decoding eagerly from now on\n",
-                   ex.what());
-      set_graphs(false);
-      return false;
-    }
-    e.epoch = epoch;
-    gstats.captures++;
-    return true;
-  }
-
-  void set_graphs(bool on) {
-    graphs_on = on;
-    if (!on) graphs.clear();
-  }
+  void set_graphs(bool on) { graphs.set(on); }
 
   // greedy != nullptr: only the argmax of each sequence's last logits comes back (-1 for none).
   // draws != nullptr: only the draws' tokens and log-probs (into drawn).
@@ -1418,7 +1272,7 @@ struct GpuModel final : LanguageModel {
     // A decode step replays its graph (uploading its inputs into the graph's own buffer); any
     // other step, or one the graph path declines, runs kernel by kernel.
     const bool graphed = R > 0 && !replaying_ && graph_eligible(tokens, backend, T_) &&
-                         graph_step(backend, T_, max_ctx, ids_h, gids_h, slots_h, tables_h, sel_h);
+                         graph_step(backend, T_, max_ctx, StepInputsHost{gids_h, slots_h, ids_h, sel_h, tables_h});
     if (!graphed) {
       ids.upload(ids_h);
       gids.upload(gids_h);
@@ -1429,7 +1283,7 @@ struct GpuModel final : LanguageModel {
       st_sel = sel.data();
       if (R > 0) logits.reserve(size_t(R) * size_t(V));
       body(T_, max_ctx, R, backend);
-      note_eager_step(backend, T_);
+      graphs.note_eager_step(uintptr_t(backend.uid()), T_, scratch_layout());
     }
     for (size_t q = 0; q < seqs.size(); q++) seqs[q]->len += int64_t(tokens[q].size());
 
@@ -1478,8 +1332,8 @@ struct GpuModel final : LanguageModel {
     gids.upload(gids_h, size_t(T_));
     st_gids = gids.data();
     mlp(l, T_, backend, x.data(), /*accumulate=*/false);
-    epoch++;  // (buffers of the layers may have grown; not a step: the graph path still warms up by one)
-    note_layout();
+    graphs.invalidate();  // (buffers of the layers may have grown; not a step: the graph path still warms up by one)
+    graphs.note_layout(scratch_layout());
     wait_stream("mlp block");
     std::vector<float> o = x.download(size_t(T_ * H));
     std::copy(o.begin(), o.end(), y);
@@ -1518,13 +1372,8 @@ void set_gpu_cuda_graph(LanguageModel& m, bool on) {
 }
 
 GpuGraphStats gpu_graph_stats(const LanguageModel& m) {
-  auto stats = [](const auto& g) {
-    GpuGraphStats s = g.gstats;
-    s.cached = int64_t(g.graphs.size());
-    return s;
-  };
-  if (auto* g = dynamic_cast<const cuda::GpuModel<float>*>(&m)) return stats(*g);
-  if (auto* g = dynamic_cast<const cuda::GpuModel<cuda::bf16>*>(&m)) return stats(*g);
+  if (auto* g = dynamic_cast<const cuda::GpuModel<float>*>(&m)) return g->graphs.stats();
+  if (auto* g = dynamic_cast<const cuda::GpuModel<cuda::bf16>*>(&m)) return g->graphs.stats();
   throw InputError("CUDA graphs: not a model of --device cuda");
 }
 
