@@ -196,7 +196,7 @@ while IFS= read -r hit; do
   [[ -z $hit ]] && continue
   f=${hit%%:*} rest=${hit#*:}
   report "$f" "${rest%%:*}" "runs a backend outside the one MoE block (src/moe/moe_block.h run_moe_block)" "${rest#*:}"
-done < <(grep -rnE '\brun\((.*tokens\(\)|[[:space:]]*tok\b)' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
+done < <(grep -rnE '(\.|->)run\([[:space:]]*(tok\b|[A-Za-z_]+\.tokens\(\))' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
          grep -vE "^$src/(ep|check)/|^$src/moe/moe_block.h:")
 
 if ((fail)); then
