@@ -1,7 +1,8 @@
 """Where one sequence's token goes in `epmoe serve`: the client's inter-token latency beside the
 engine's step and the model's forward (from /metrics), one request at a time.
 
-For each mode (greedy; greedy with return_logprob), REQS streaming /v1/completions requests of
+For each mode (greedy; greedy with `logprobs` 0, 1 and 5: the chosen token's log-prob, then also
+the 1 or 5 most likely alternatives), REQS streaming /v1/completions requests of
 TOKENS output tokens on a prompt of PROMPT random ids, one after another. Prints per mode: ITL
 median and p90 (client, between token chunks), and over the same requests the engine's seconds per
 step and the forward's (epmoe_step_seconds_total / epmoe_forward_seconds_total / epmoe_steps_total
@@ -35,11 +36,11 @@ def metrics(url):
     return out
 
 
-def one(url, model, prompt, tokens, logprobs):
+def one(url, model, prompt, tokens, logprobs=None):
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
-    if logprobs:
-        body["logprobs"] = 0
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     arrivals = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
@@ -68,10 +69,10 @@ def main():
 
         def prompt():
             return [rng.randrange(vocab // 8, vocab - 1) for _ in range(a.prompt)]
-        one(url, model, prompt(), 8, False)  # warm-up (graphs)
+        one(url, model, prompt(), 8)  # warm-up (graphs)
         print("| mode | ITL median ms | ITL p90 ms | engine step ms | forward ms | ITL - step ms |")
         print("|---|---|---|---|---|---|")
-        for logprobs in (False, True):
+        for logprobs in (None, 0, 1, 5):
             m0 = metrics(url)
             gaps = []
             for _ in range(a.reqs):
@@ -85,7 +86,7 @@ def main():
             gaps.sort()
             itl = statistics.median(gaps) * 1e3
             print("| %s | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
-                "greedy + logprobs" if logprobs else "greedy", itl, gaps[int(0.9 * (len(gaps) - 1))] * 1e3, step, fwd,
+                "greedy" if logprobs is None else "greedy, logprobs %d" % logprobs, itl, gaps[int(0.9 * (len(gaps) - 1))] * 1e3, step, fwd,
                 itl - step), flush=True)
     finally:
         proc.terminate()
