@@ -17,7 +17,7 @@ void CpuExpertRunner::run(const ExpertJobs& jobs, void* out) {
     EPMOE_ASSERT(it != w_.experts.end(),
                  "expert " + std::to_string(logical) + " (physical " + std::to_string(physical) +
                      ") asked of a rank that does not hold its weights");
-    swiglu_forward(it->second, in, n, y);
+    swiglu_forward(it->second, in, n, y, compute_);
   };
   run_jobs_grouped(jobs, H_, placement_.first_local(rank_), placement_.num_local(rank_), expert,
                    static_cast<float*>(out));
@@ -39,7 +39,7 @@ void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A
     r = p;
   } else {
     std::vector<float> logits(static_cast<size_t>(T * E));
-    matmul(x, T, w_.router, logits.data());
+    matmul(x, T, w_.router, logits.data(), compute_);
     r = route(routing_, logits.data(), T, w_.correction_bias.empty() ? nullptr : w_.correction_bias.data());
   }
   if (io.capture) *io.capture = r;
@@ -58,17 +58,17 @@ void MoeLayer::forward(const float* x, int64_t T, int H, const uint64_t* gids, A
   tok.x = x;
   tok.physical = physical.data();
   tok.weights = r.weights.data();
-  CpuExpertRunner experts(w_, placement_, rank_, H);
+  CpuExpertRunner experts(w_, placement_, rank_, H, compute_);
   router.reset();
   backend.run(tok, experts, y);
 
   if (!w_.shared.empty() && T > 0) {
     StageScope shared(Stage::Dense);
     std::vector<float> s(static_cast<size_t>(T * H));
-    swiglu_forward(w_.shared, x, T, s.data());
+    swiglu_forward(w_.shared, x, T, s.data(), compute_);
     std::vector<float> gate(size_t(T), 1.0f);
     if (!w_.shared_gate.empty()) {
-      matmul(x, T, w_.shared_gate, gate.data());
+      matmul(x, T, w_.shared_gate, gate.data(), compute_);
       for (auto& g : gate) g = 1.0f / (1.0f + std::exp(-g));
     }
     for (int64_t t = 0; t < T; t++)
