@@ -55,7 +55,7 @@ double latent_step(const Shape& s, int64_t ctx, const std::vector<float>& cache,
       ukh.dtype = DType::F32;
       ukh.shape = {C, s.nope};
       ukh.data = &uk_t[size_t(h) * size_t(C * s.nope)];
-      matmul(&q[size_t(h * qk)], 1, ukh, &qc[size_t(h * W)]);
+      matmul(&q[size_t(h * qk)], 1, ukh, &qc[size_t(h * W)], ComputeMode::F32);  // fp32 weights
       std::copy(&q[size_t(h * qk + s.nope)], &q[size_t(h * qk + qk)], &qc[size_t(h * W + C)]);
     }
     std::vector<float> p;
@@ -66,7 +66,7 @@ double latent_step(const Shape& s, int64_t ctx, const std::vector<float>& cache,
       uvh.dtype = DType::F32;
       uvh.shape = {s.v, C};
       uvh.data = &uv[size_t(h) * size_t(s.v * C)];
-      matmul(&ctxl[size_t(h * C)], 1, uvh, &out[size_t(h * s.v)]);
+      matmul(&ctxl[size_t(h * C)], 1, uvh, &out[size_t(h * s.v)], ComputeMode::F32);
     }
     t.push_back(now() - t0);
   }

@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("model %s: %d layers, hidden %d, %d experts top-%d; %d threads; %s\n", dir.c_str(), cfg.num_layers,
-              cfg.hidden_size, cfg.routing.num_experts, cfg.routing.top_k, threads, kernel_description().c_str());
+              cfg.hidden_size, cfg.routing.num_experts, cfg.routing.top_k, threads, kernel_description(ComputeMode::F32).c_str());
   if (!llama.empty()) std::printf("llama.cpp: %s on %s, the same threads\n", llama.c_str(), gguf.c_str());
 
   BandwidthProbe probe;

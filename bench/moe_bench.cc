@@ -268,11 +268,10 @@ double median_time(int iters, F&& f) {
 }
 
 void model_throughput(const std::string& dir, ComputeMode mode) {
-  set_compute_mode(mode);
   ModelConfig cfg = load_model_config(dir);
   Checkpoint ck(dir);
   Placement p = Placement::make_default(cfg.routing.num_experts, 1, 0);
-  Model m(cfg, ck, p, 0);
+  Model m(cfg, ck, p, 0, mode);
   auto be = make_local_backend(Device::Cpu, p);
   std::mt19937_64 rng(5);
   const int prefill = 512, decode = 16;
@@ -344,8 +343,6 @@ int main(int argc, char** argv) {
   RoutingConfig rc;
   rc.num_experts = E;
   rc.top_k = K;
-  CpuExpertRunner experts(x.w, p, /*rank=*/0, H);
-  CpuExpertRunner experts8(x8.w, p, /*rank=*/0, H);
   auto be = make_local_backend(Device::Cpu, p);
   const double expert_bytes = double(x.per_expert()) * 2;
   std::printf("\nMoE layer: hidden %d, %d experts, top-%d, intermediate %d, bf16 weights (%.1f MB per expert)", H, E, K, I,
@@ -357,7 +354,8 @@ int main(int argc, char** argv) {
   for (ComputeMode mode : {ComputeMode::F32, ComputeMode::BF16}) {
     if (mode == ComputeMode::BF16 && !cpu.avx512_bf16) continue;
     if (!only.empty() && only != (mode == ComputeMode::BF16 ? "bf16" : "f32")) continue;
-    set_compute_mode(mode);
+    CpuExpertRunner experts(x.w, p, /*rank=*/0, H, mode);
+    CpuExpertRunner experts8(x8.w, p, /*rank=*/0, H, mode);
     const double peak = mode == ComputeMode::BF16 ? bf16_peak : fma_peak;
     for (int64_t T : sizes) {
       std::mt19937_64 rng(static_cast<uint64_t>(T));
@@ -405,7 +403,6 @@ int main(int argc, char** argv) {
       }
     }
   }
-  set_compute_mode(ComputeMode::F32);
   if (!model.empty()) {
     std::printf("\n");
     model_throughput(model, ComputeMode::F32);

@@ -96,7 +96,7 @@ int run_info(const RunOptions& o) {
                 c.num_nextn_predict_layers, (long long)mtp);
   }
   std::printf("files          %zu\n", ck.files().size());
-  std::printf("cpu kernels    %s\n", kernel_description().c_str());
+  std::printf("cpu kernels    %s\n", kernel_description(ComputeMode::F32).c_str());  // the CPU default, --compute f32
   return 0;
 }
 

@@ -43,7 +43,8 @@ void causal_attention(const AttentionDims& d, const std::vector<AttentionSeq>& s
   // Longest contexts first: the pool hands out tasks in order, so the short ones fill the gaps.
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work > b.work; });
 
-  const Micro dotk = select_micro(DType::F32);  // the scores: the fp32 matmul micro-kernel
+  // The scores: the fp32 matmul micro-kernel (fp32 keys take it in either compute mode).
+  const Micro dotk = select_micro(DType::F32, ComputeMode::F32);
   // The vector row kernels go with the scores' path: AVX-512, or its AVX2 twin (the same bits).
   const std::string path = dotk.name;
   const bool vec = path == "avx512" || path == "avx2";

@@ -30,7 +30,7 @@ void latent_attention(const float* q_abs, int heads, int64_t W, int64_t C, int64
       keys.shape = {cnt, W};
       keys.data = block_rows(blk);
       keys.name = "latent cache block";
-      matmul(q_abs, heads, keys, sb.data());
+      matmul(q_abs, heads, keys, sb.data(), ComputeMode::F32);  // fp32 cache rows: fp32 in either mode
       for (int h = 0; h < heads; h++)
         for (int64_t r = 0; r < cnt; r++) p[size_t(h * len + j0 + r)] = sb[size_t(h * cnt + r)] * scale;
     }

@@ -19,8 +19,6 @@ namespace epmoe {
 
 namespace {
 
-ComputeMode g_mode = ComputeMode::F32;
-
 // EPMOE_KERNELS=generic|avx2|avx512 caps the path for the whole process (benchmarks comparing
 // paths in one binary; a bit-equality check between machines). Unset or "auto": the best the CPU
 // has. A path the CPU lacks falls back to the next one down, as Auto would.
@@ -285,23 +283,23 @@ struct Plan {
   RowDequantFn dequant = nullptr;
 };
 
-// The micro-kernel for weights W at T tokens, and the form its weight rows take.
-Plan choose(const TensorView& W, int64_t T) {
+// The micro-kernel for weights W at T tokens in `mode`, and the form its weight rows take.
+Plan choose(const TensorView& W, int64_t T, ComputeMode mode) {
   if (W.dtype == DType::F8_E4M3) {
     // Few tokens: the fp8 kernel, reading one byte per weight. More: each tile's rows dequantized
     // once per token block (exact) and the fp32 kernel -- the conversion leaves the inner loop.
     // bf16 compute: the same split, the "-rows" kernel reading rows widened to bf16.
     if (fp8_scales_fold(W)) {
-      const Micro m = select_micro(DType::F8_E4M3);
+      const Micro m = select_micro(DType::F8_E4M3, mode);
       if (m.fn && T <= kCodeStreamT) return {m, RowForm::Codes};
       if (m.fn && m.x_bf16) return {avx512_bf16_fp8_rows_micro(), RowForm::Fp8Bf16};
     }
-    const Micro f = select_micro(DType::F32);
+    const Micro f = select_micro(DType::F32, mode);
     const bool avx = std::string(f.name) == "avx512";
     return {f, RowForm::Dequant, avx ? &fp8_dequant_avx512 : &fp8_dequant_generic};
   }
-  if (W.dtype == DType::I8) return {select_micro(DType::I8), RowForm::Codes};  // every T: one arithmetic
-  return {select_micro(W.dtype), RowForm::AsIs};
+  if (W.dtype == DType::I8) return {select_micro(DType::I8, mode), RowForm::Codes};  // every T: one arithmetic
+  return {select_micro(W.dtype, mode), RowForm::AsIs};
 }
 
 // Prefetches part p of `parts` of the bytes [b, b + n) (cache lines, into L1).
@@ -358,11 +356,11 @@ void drive(const Micro& m, const Activations& a, int64_t T, int64_t tiles, int r
 
 // ---- path selection (matmul_micro.h) ----
 
-Micro select_micro(DType w) {
+Micro select_micro(DType w, ComputeMode mode) {
   const CpuFeatures& cpu = cpu_features();
   const bool avx512 = (g_path == KernelPath::Auto || g_path == KernelPath::Avx512) && cpu.avx512;
   const bool avx2 = g_path != KernelPath::Generic && cpu.avx2 && cpu.fma;
-  if (avx512 && g_mode == ComputeMode::BF16 && cpu.avx512_bf16) {
+  if (avx512 && mode == ComputeMode::BF16 && cpu.avx512_bf16) {
     Micro m = avx512_bf16_micro(w);
     if (m.fn) return m;
   }
@@ -424,21 +422,20 @@ __attribute__((target_clones("avx2", "default"))) void fp8_dequant_generic(const
   }
 }
 
-void set_compute_mode(ComputeMode m) { g_mode = m; }
-ComputeMode compute_mode() { return g_mode; }
 void set_kernel_path(KernelPath p) { g_path = p; }
 
-std::string kernel_description() {
-  const Micro f8 = select_micro(DType::F8_E4M3);
-  return std::string(select_micro(DType::BF16).name) + " for bf16 weights, " + (f8.fn ? f8.name : "dequantized rows") +
-         " for fp8, " + select_micro(DType::F32).name + " for f32 (CPU: " + cpu_features_string() + ")";
+std::string kernel_description(ComputeMode mode) {
+  const Micro f8 = select_micro(DType::F8_E4M3, mode);
+  return std::string(select_micro(DType::BF16, mode).name) + " for bf16 weights, " +
+         (f8.fn ? f8.name : "dequantized rows") + " for fp8, " + select_micro(DType::F32, mode).name +
+         " for f32 (CPU: " + cpu_features_string() + ")";
 }
 
-void matmul(const float* x, int64_t T, const TensorView& W, float* y, const float* bias) {
+void matmul(const float* x, int64_t T, const TensorView& W, float* y, ComputeMode mode, const float* bias) {
   weight_row_check(W, "matmul");
   const int64_t N = W.shape[0], K = W.shape[1];
   if (T == 0 || N == 0) return;
-  const Plan plan = choose(W, T);
+  const Plan plan = choose(W, T, mode);
   const Micro& m = plan.m;
   const Activations a(x, T, K, m.x_bf16);
   const WeightRows rows(W, plan.form, plan.dequant);
@@ -501,7 +498,7 @@ void matmul(const float* x, int64_t T, const TensorView& W, float* y, const floa
       stream);
 }
 
-void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h) {
+void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h, ComputeMode mode) {
   weight_row_check(Wg, "swiglu");
   weight_row_check(Wu, "swiglu");
   EPMOE_ASSERT(Wg.shape == Wu.shape && Wg.dtype == Wu.dtype, "gate and up weights differ: " + Wg.name + " vs " + Wu.name);
@@ -509,9 +506,9 @@ void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const Tensor
   if (T == 0 || I == 0) return;
   // One plan for both (an fp8 pair takes the in-place kernel only if both sets of scales fold):
   // each output element is then the same dot product as in matmul with its own weight.
-  Plan plan = choose(Wg, T);
+  Plan plan = choose(Wg, T, mode);
   if (Wg.dtype == DType::F8_E4M3) {
-    const Plan pu = choose(Wu, T);
+    const Plan pu = choose(Wu, T, mode);
     if (pu.form != plan.form) plan = pu.form == RowForm::Dequant ? pu : plan;
   }
   const Micro& m = plan.m;

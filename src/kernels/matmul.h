@@ -54,32 +54,20 @@
 
 namespace epmoe {
 
+// The activation precision of a product (--compute): every call says which it wants. A model owns
+// its mode (model/model.h) and passes it to each of its products; there is no process-wide mode.
+// F32 weights (and I8 rows) take the fp32 arithmetic in either mode, so a caller whose weights are
+// always fp32 (a cache block, a transposed fp32 matrix) may pass F32 and mean it.
 enum class ComputeMode { F32, BF16 };
 enum class KernelPath { Auto, Generic, Avx2, Avx512 };
 
-// The compute mode the kernels read. A model owns its mode (model/model.h) and installs it for
-// the length of each pass with ComputeModeScope; tests and benchmarks of the kernels set it here.
-void set_compute_mode(ComputeMode m);
-ComputeMode compute_mode();
+void set_kernel_path(KernelPath p);                // Auto: the best the CPU has; tests force the others
+std::string kernel_description(ComputeMode mode);  // what runs, e.g. "avx512-bf16 for bf16 weights, ..."
 
-// Installs a compute mode for a scope and restores the previous one on exit.
-class ComputeModeScope {
- public:
-  explicit ComputeModeScope(ComputeMode m) : prev_(compute_mode()) { set_compute_mode(m); }
-  ~ComputeModeScope() { set_compute_mode(prev_); }
-  ComputeModeScope(const ComputeModeScope&) = delete;
-  ComputeModeScope& operator=(const ComputeModeScope&) = delete;
-
- private:
-  ComputeMode prev_;
-};
-void set_kernel_path(KernelPath p);  // Auto: the best the CPU has; tests force the others
-std::string kernel_description();    // what runs, e.g. "avx512-bf16 (AVX-512 + AVX512-BF16)"
-
-void matmul(const float* x, int64_t T, const TensorView& W, float* y, const float* bias = nullptr);
+void matmul(const float* x, int64_t T, const TensorView& W, float* y, ComputeMode mode, const float* bias = nullptr);
 // h[T, I] = silu(x . Wg^T) * (x . Wu^T); Wg, Wu: [I, K]. Bit-identical to the two matmuls
 // followed by silu_mul.
-void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h);
+void matmul_swiglu(const float* x, int64_t T, const TensorView& Wg, const TensorView& Wu, float* h, ComputeMode mode);
 
 // Plain scalar reference (double accumulation), for tests of the fast paths.
 void matmul_ref(const float* x, int64_t T, const TensorView& W, float* y, const float* bias = nullptr);

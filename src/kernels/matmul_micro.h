@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/matmul.h"
 #include "tensor/dtype.h"
 #include "tensor/quantize.h"
 
@@ -105,10 +106,10 @@ void fp8_dequant_avx512(const CodeRow& r, int64_t K, float* dst);  // only call 
 void fp8_to_bf16_avx512(const uint8_t* q, int64_t K, uint16_t* dst);  // only when cpu_features().avx512_bf16
 Micro avx512_bf16_fp8_rows_micro();  // CodeRow::wide set; only when cpu_features().avx512_bf16
 
-// The micro-kernel the current kernel path and compute mode run for weights of dtype w (matmul.h:
-// the best the CPU has, or what set_kernel_path forces). For F32 it is the fp32 kernel in either
-// compute mode; attention.cc computes its scores with it.
-Micro select_micro(DType w);
+// The micro-kernel the current kernel path runs for weights of dtype w in compute mode `mode`
+// (matmul.h: the best the CPU has, or what set_kernel_path forces). For F32 it is the fp32 kernel
+// in either compute mode; attention.cc computes its scores with it.
+Micro select_micro(DType w, ComputeMode mode);
 
 // Per weight dtype; nullptr when the path does not handle that dtype. For F8_E4M3 the weight row
 // pointers are CodeRow*, with all scales of the rows foldable (see above).

@@ -100,9 +100,9 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
   float* q = buf_.q.get(size_t(T * qd));
   float* k = buf_.k.get(size_t(T * kvd));
   float* v = buf_.v.get(size_t(T * kvd));
-  matmul(x, T, a.q, q);
-  matmul(x, T, a.k, k);
-  matmul(x, T, a.v, v);
+  matmul(x, T, a.q, q, compute_);
+  matmul(x, T, a.k, k, compute_);
+  matmul(x, T, a.v, v, compute_);
   add_bias(q, T, a.q_bias);
   add_bias(k, T, a.k_bias);
   add_bias(v, T, a.v_bias);
@@ -149,7 +149,7 @@ void Model::attention(int l, const std::vector<Sequence*>& seqs, const std::vect
     causal_attention(AttentionDims{Hq, Hkv, D, cfg_.softmax_scale()}, att, q, ctx);
   }
   StageScope o_stage(Stage::OProj);
-  matmul(ctx, T, a.o, out);
+  matmul(ctx, T, a.o, out, compute_);
 }
 
 void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::vector<int64_t>& offsets,
@@ -165,15 +165,15 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
   std::vector<float> q(static_cast<size_t>(T * Hq * qk));
   if (m.q_lora_rank > 0) {
     std::vector<float> qa(static_cast<size_t>(T * m.q_lora_rank));
-    matmul(x, T, w.q_a, qa.data());
+    matmul(x, T, w.q_a, qa.data(), compute_);
     rmsnorm(qa.data(), T, m.q_lora_rank, w.q_a_norm, m.latent_norm_eps, qa.data());
-    matmul(qa.data(), T, w.q_b, q.data());
+    matmul(qa.data(), T, w.q_b, q.data(), compute_);
   } else {
-    matmul(x, T, w.q, q.data());
+    matmul(x, T, w.q, q.data(), compute_);
   }
   // [latent | k_rope] per token: the latent normalised, k_rope rotated; this is the cache row.
   std::vector<float> kv(static_cast<size_t>(T * W));
-  matmul(x, T, w.kv_a, kv.data());
+  matmul(x, T, w.kv_a, kv.data(), compute_);
   for (int64_t t = 0; t < T; t++) rmsnorm(&kv[size_t(t * W)], 1, C, w.kv_a_norm, m.latent_norm_eps, &kv[size_t(t * W)]);
 
   // Absorbed queries [T, Hq, W]: [q_nope . W_UK | q_rope], so that a score is one dot product
@@ -190,7 +190,7 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
       ukh.shape = {C, dn};
       ukh.data = &uk[size_t(h * C * dn)];
       ukh.name = "W_UK^T";
-      matmul(qn.data(), T, ukh, ql.data());
+      matmul(qn.data(), T, ukh, ql.data(), compute_);
       for (int64_t t = 0; t < T; t++)
         std::memcpy(&qc[size_t((t * Hq + h) * W)], &ql[size_t(t * C)], sizeof(float) * size_t(C));
     }
@@ -231,16 +231,15 @@ void Model::mla_attention(int l, const std::vector<Sequence*>& seqs, const std::
     for (int h = 0; h < Hq; h++) {
       for (int64_t t = 0; t < T; t++)
         std::memcpy(&ch[size_t(t * C)], &ctx[size_t((t * Hq + h) * C)], sizeof(float) * size_t(C));
-      matmul(ch.data(), T, w.kv_b.slice_rows(h * (dn + dv) + dn, dv), vh.data());
+      matmul(ch.data(), T, w.kv_b.slice_rows(h * (dn + dv) + dn, dv), vh.data(), compute_);
       for (int64_t t = 0; t < T; t++)
         std::memcpy(&attn[size_t((t * Hq + h) * dv)], &vh[size_t(t * dv)], sizeof(float) * size_t(dv));
     }
   }
-  matmul(attn.data(), T, w_.layers[size_t(l)].attn.o, out);
+  matmul(attn.data(), T, w_.layers[size_t(l)].attn.o, out, compute_);
 }
 
 void Model::mlp_block(int l, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) {
-  ComputeModeScope scope(compute_);
   mlp(l, 0, x, T, gids, backend, y, ForwardOptions{});
 }
 
@@ -249,7 +248,7 @@ void Model::mlp(int l, int moe, const float* x, int64_t T, const uint64_t* gids,
   const LayerWeights& L = w_.layers[size_t(l)];
   if (!L.sparse) {
     StageScope stage(Stage::Dense);
-    swiglu_forward(L.dense, x, T, y);
+    swiglu_forward(L.dense, x, T, y, compute_);
     return;
   }
   // Routing replay: this layer's slice [T][K] of the step's [T][moe_layers][K], in and out.
@@ -274,7 +273,7 @@ void Model::mlp(int l, int moe, const float* x, int64_t T, const uint64_t* gids,
     io.replay = &in;
   }
   if (opt.capture) io.capture = &out;
-  MoeLayer(cfg_.routing, L.moe, placement_, rank_).forward(x, T, cfg_.hidden_size, gids, backend, y, io);
+  MoeLayer(cfg_.routing, L.moe, placement_, rank_, compute_).forward(x, T, cfg_.hidden_size, gids, backend, y, io);
   if (opt.capture) {
     StepRouting& c = *opt.capture;
     for (int64_t t = 0; t < T; t++)
@@ -332,7 +331,6 @@ struct Model::StepOps {
 std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seqs,
                                                const std::vector<std::vector<int32_t>>& tokens,
                                                A2ABackend& backend, bool all_logits, const ForwardOptions& opt) {
-  ComputeModeScope scope(compute_);
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   std::optional<StageScope> embed(std::in_place, Stage::Embed);
   const DecoderStep st = plan_decoder_step(cfg_, seqs, tokens, all_logits);
@@ -370,7 +368,7 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
     }
     StageScope stage(Stage::LmHead);
     logits[s].resize(static_cast<size_t>(rows * V));
-    matmul(hn + first * H, rows, w_.lm_head, logits[s].data());
+    matmul(hn + first * H, rows, w_.lm_head, logits[s].data(), compute_);
     if (opt.check_numerics) check_finite(logits[s].data(), rows * V, "lm_head");
   }
   return logits;

@@ -27,11 +27,11 @@ namespace epmoe {
 class Model final : public LanguageModel {
  public:
   // Loads the non-expert weights and the experts `placement` gives to `rank`. `compute`: the
-  // activation precision of its matmuls (the engine passes --compute; by default the kernels'
-  // current mode), installed for every pass. `kv`: the KV pool (kv_pool_tokens). `lm_head`: the
-  // checkpoint's head, or int8 rows quantized at load (model/weights.h).
-  Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank,
-        ComputeMode compute = compute_mode(), const KvOptions& kv = {}, LmHeadForm lm_head = LmHeadForm::Checkpoint);
+  // activation precision of its matmuls (the engine passes --compute), passed to every product
+  // of every pass. `kv`: the KV pool (kv_pool_tokens). `lm_head`: the checkpoint's head, or int8
+  // rows quantized at load (model/weights.h).
+  Model(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement& placement, int rank, ComputeMode compute,
+        const KvOptions& kv = {}, LmHeadForm lm_head = LmHeadForm::Checkpoint);
 
   const ModelConfig& config() const override { return cfg_; }
   Device device() const override { return Device::Cpu; }

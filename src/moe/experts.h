@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/matmul.h"
 #include "tensor/view.h"
 
 namespace epmoe {
@@ -17,7 +18,7 @@ struct SwigluWeights {
   int64_t inter() const { return gate.shape[0]; }
 };
 
-// in: [n, H] -> out: [n, H]
-void swiglu_forward(const SwigluWeights& w, const float* in, int64_t n, float* out);
+// in: [n, H] -> out: [n, H], the products in compute mode `mode` (the model's).
+void swiglu_forward(const SwigluWeights& w, const float* in, int64_t n, float* out, ComputeMode mode);
 
 }  // namespace epmoe

@@ -18,7 +18,7 @@ void CpuExpertRunner::run(const ExpertJobs& jobs, void* out) {
     EPMOE_ASSERT(it != w_.experts.end(),
                  "expert " + std::to_string(logical) + " (physical " + std::to_string(physical) +
                      ") asked of a rank that does not hold its weights");
-    swiglu_forward(it->second, in, n, y);
+    swiglu_forward(it->second, in, n, y, compute_);
   };
   run_jobs_grouped(jobs, H_, placement_.first_local(rank_), placement_.num_local(rank_), expert,
                    static_cast<float*>(out));
@@ -56,7 +56,7 @@ struct MoeLayer::CpuOps {
   void router_logits() {
     StageScope stage(Stage::Router);
     logits.resize(static_cast<size_t>(T * E));
-    matmul(x, T, m.w_.router, logits.data());
+    matmul(x, T, m.w_.router, logits.data(), m.compute_);
   }
   void route() {
     StageScope stage(Stage::Router);
@@ -82,16 +82,16 @@ struct MoeLayer::CpuOps {
     tok.weights = r.weights.data();
     return tok;
   }
-  ExpertRunner& experts() { return runner.emplace(m.w_, m.placement_, m.rank_, H); }
+  ExpertRunner& experts() { return runner.emplace(m.w_, m.placement_, m.rank_, H, m.compute_); }
   float* routed() { return y; }
   bool has_shared_expert() const { return !m.w_.shared.empty() && T > 0; }
   void shared_expert() {
     StageScope stage(Stage::Dense);
     shared.resize(static_cast<size_t>(T * H));
-    swiglu_forward(m.w_.shared, x, T, shared.data());
+    swiglu_forward(m.w_.shared, x, T, shared.data(), m.compute_);
     gate.assign(size_t(T), 1.0f);
     if (!m.w_.shared_gate.empty()) {
-      matmul(x, T, m.w_.shared_gate, gate.data());
+      matmul(x, T, m.w_.shared_gate, gate.data(), m.compute_);
       for (auto& g : gate) g = 1.0f / (1.0f + std::exp(-g));
     }
   }

@@ -31,8 +31,8 @@ inline uint64_t token_gid(uint64_t sequence, uint64_t position) { return (sequen
 // experts `rank` owns, grouped by expert (ep/cpu_expert_jobs.h), each group through its SwiGLU.
 class CpuExpertRunner final : public ExpertRunner {
  public:
-  CpuExpertRunner(const MoeLayerWeights& w, const Placement& placement, int rank, int H)
-      : w_(w), placement_(placement), rank_(rank), H_(H) {}
+  CpuExpertRunner(const MoeLayerWeights& w, const Placement& placement, int rank, int H, ComputeMode compute)
+      : w_(w), placement_(placement), rank_(rank), H_(H), compute_(compute) {}
   Device device() const override { return Device::Cpu; }
   void run(const ExpertJobs& jobs, void* out) override;
 
@@ -40,6 +40,7 @@ class CpuExpertRunner final : public ExpertRunner {
   const MoeLayerWeights& w_;
   const Placement& placement_;
   int rank_, H_;
+  ComputeMode compute_;  // the model's
 };
 
 // Routing replay (R3): what a layer's router chose for the T tokens of a call (capture), or the
@@ -53,8 +54,9 @@ struct LayerRouting {
 
 class MoeLayer {
  public:
-  MoeLayer(const RoutingConfig& routing, const MoeLayerWeights& w, const Placement& placement, int rank)
-      : routing_(routing), w_(w), placement_(placement), rank_(rank) {}
+  MoeLayer(const RoutingConfig& routing, const MoeLayerWeights& w, const Placement& placement, int rank,
+           ComputeMode compute)
+      : routing_(routing), w_(w), placement_(placement), rank_(rank), compute_(compute) {}
 
   // y: [T, H] (overwritten). gids: [T] token global ids.
   void forward(const float* x, int64_t T, int H, const uint64_t* gids, A2ABackend& backend, float* y,
@@ -66,6 +68,7 @@ class MoeLayer {
   const MoeLayerWeights& w_;
   const Placement& placement_;
   int rank_;
+  ComputeMode compute_;  // the model's, for every product of the layer
 };
 
 }  // namespace epmoe

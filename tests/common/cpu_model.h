@@ -18,11 +18,13 @@ struct CpuModel {
   Placement placement;
   Model model;
   std::unique_ptr<A2ABackend> backend;
-  explicit CpuModel(const std::string& name, const KvOptions& kv = {}, LmHeadForm lm_head = LmHeadForm::Checkpoint)
+  // compute: --compute; the fixtures' goldens are fp32.
+  explicit CpuModel(const std::string& name, const KvOptions& kv = {}, LmHeadForm lm_head = LmHeadForm::Checkpoint,
+                    ComputeMode compute = ComputeMode::F32)
       : cfg(load_model_config(fixture(name))),
         ckpt(fixture(name)),
         placement(Placement::make_default(cfg.routing.num_experts, 1, 0)),
-        model(cfg, ckpt, placement, 0, compute_mode(), kv, lm_head),
+        model(cfg, ckpt, placement, 0, compute, kv, lm_head),
         backend(make_local_backend(Device::Cpu, placement)) {}
 };
 

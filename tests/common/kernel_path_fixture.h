@@ -1,5 +1,6 @@
-// The kernel-path fixture the kernel tests share: each case forces one CPU path and compute mode
-// (kernels/matmul.h), is skipped where the CPU lacks the path, and restores the defaults after.
+// The kernel-path fixture the kernel tests share: each case forces one CPU path (kernels/matmul.h)
+// and names the compute mode its products pass (mode()), is skipped where the CPU lacks the path,
+// and restores the defaults after.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -27,13 +28,13 @@ class KernelPathTest : public ::testing::TestWithParam<PathMode> {
     if (c.path == KernelPath::Avx512 && !cpu.avx512) GTEST_SKIP() << "CPU without AVX-512";
     if (c.path == KernelPath::Avx2 && !(cpu.avx2 && cpu.fma)) GTEST_SKIP() << "CPU without AVX2 + FMA";
     set_kernel_path(c.path);
-    set_compute_mode(c.mode);
   }
   void TearDown() override {
     set_kernel_path(KernelPath::Auto);
-    set_compute_mode(ComputeMode::F32);
     set_num_threads(0);
   }
+  // The compute mode of this case, for every product the test computes.
+  ComputeMode mode() const { return GetParam().mode; }
 };
 
 }  // namespace epmoe::test

@@ -44,7 +44,7 @@
 #include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/split_linear.cuh"
 #include "engine/sampling.h"
-#include "model/cuda/attention.cuh"
+#include "kernels/cuda/attention.cuh"
 #include "model/cuda/gpu_model.h"
 #include "model/cuda/sampling.cuh"
 #include "model/language_model.h"
@@ -1961,7 +1961,7 @@ TEST(GpuFp8, RefusedWithoutFp8Experts) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention with shared K/V tiles (model/cuda/attention.cuh): the tiled kernel against the
+// Attention with shared K/V tiles (kernels/cuda/attention.cuh): the tiled kernel against the
 // one-block-per-(token, head) kernel (AttnArgs::reference), bit for bit, over GQA groups, head
 // dims, contexts, prefill chunks (one sequence, or two in one call), decode batches of unequal
 // lengths, paged KV with shuffled block tables, fp32 and bf16 outputs.

@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       Checkpoint ck(dir);
       const int E = cfg.routing.num_experts;
       Placement ref_place = Placement::make_default(E, 1, 0);
-      Model ref(cfg, ck, ref_place, 0);
+      Model ref(cfg, ck, ref_place, 0, ComputeMode::F32);
       auto local = make_local_backend(Device::Cpu, ref_place);
 
       for (bool zero_rank : {false, true}) {
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
         for (int redundant : {0, 2, 5}) {
           if (redundant > E) continue;
           Placement place = Placement::make_default(E, R, redundant);
-          Model m(cfg, ck, place, me);
+          Model m(cfg, ck, place, me, ComputeMode::F32);
           for (const std::string& backend : backend_names(Device::Cpu))
             for (CombineMode mode : {CombineMode::Deterministic, CombineMode::Fast}) {
               BackendOptions opt;

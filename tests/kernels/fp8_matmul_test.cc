@@ -228,8 +228,8 @@ TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
         const std::vector<float> x = randn(rng, T * sh.K);
         for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
           std::vector<float> y(size_t(T * sh.N), NAN), want(size_t(T * sh.N), -1.f);
-          matmul(x.data(), T, w.view, y.data(), b);
-          matmul(x.data(), T, w.f32, want.data(), b);
+          matmul(x.data(), T, w.view, y.data(), mode(), b);
+          matmul(x.data(), T, w.f32, want.data(), mode(), b);
           ASSERT_TRUE(same_bits(y, want)) << (b ? "with bias" : "no bias") << (form ? ", no-subnormal form" : "");
         }
       }
@@ -248,7 +248,7 @@ TEST_P(Fp8Paths, MatchesReference) {
       Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
       const std::vector<float> x = randn(rng, T * sh.K);
       std::vector<float> y(size_t(T * sh.N), NAN), ref(y.size());
-      matmul(x.data(), T, w.view, y.data());
+      matmul(x.data(), T, w.view, y.data(), mode());
       matmul_ref(x.data(), T, w.view, ref.data());
       for (int64_t t = 0; t < T; t++)
         for (int64_t n = 0; n < sh.N; n++) {
@@ -266,18 +266,14 @@ TEST_P(Fp8Paths, MatchesReference) {
 // within 2^-8 sum_k |x_k w_k| (2^-9 per product plus the two paths' fp32 rounding).
 TEST(Fp8, Bf16ComputeWithinBf16RoundingOfExact) {
   if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
-  ComputeModeScope bf16(ComputeMode::BF16);
   std::mt19937 rng(26);
   for (const Shape& sh : kShapes)
     for (int64_t T : {1, 3, 8, 9, 64}) {
       Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
       const std::vector<float> x = randn(rng, T * sh.K);
       std::vector<float> y(size_t(T * sh.N), NAN), exact(y.size());
-      matmul(x.data(), T, w.view, y.data());
-      {
-        ComputeModeScope f32(ComputeMode::F32);
-        matmul(x.data(), T, w.view, exact.data());
-      }
+      matmul(x.data(), T, w.view, y.data(), ComputeMode::BF16);
+      matmul(x.data(), T, w.view, exact.data(), ComputeMode::F32);
       for (int64_t t = 0; t < T; t++)
         for (int64_t n = 0; n < sh.N; n++) {
           double mag = 0;
@@ -300,14 +296,14 @@ TEST_P(Fp8Paths, BatchAndThreadInvariantBitForBit) {
     const std::vector<float> x = randn(rng, T * sh.K);
     std::vector<float> full(size_t(T * sh.N));
     set_num_threads(2);
-    matmul(x.data(), T, w.view, full.data());
+    matmul(x.data(), T, w.view, full.data(), mode());
     for (int threads : {1, 3}) {
       set_num_threads(threads);
       for (int64_t t0 : {0, 1, 5, 63, 99})
         for (int64_t n : {1, 2, 3, 8, 9, 33, 64, 100}) {
           if (t0 + n > T) continue;
           std::vector<float> part(size_t(n * sh.N));
-          matmul(&x[size_t(t0 * sh.K)], n, w.view, part.data());
+          matmul(&x[size_t(t0 * sh.K)], n, w.view, part.data(), mode());
           ASSERT_EQ(0, std::memcmp(part.data(), &full[size_t(t0 * sh.N)], part.size() * sizeof(float)))
               << "N=" << sh.N << " K=" << sh.K << " rows [" << t0 << ", " << t0 + n << ") threads " << threads;
         }
@@ -317,7 +313,7 @@ TEST_P(Fp8Paths, BatchAndThreadInvariantBitForBit) {
       for (int64_t T2 : {1, 9}) {
         const TensorView sl = w.view.slice_rows(r0, 10);
         std::vector<float> part(size_t(T2 * 10));
-        matmul(x.data(), T2, sl, part.data());
+        matmul(x.data(), T2, sl, part.data(), mode());
         for (int64_t t = 0; t < T2; t++)
           ASSERT_EQ(0, std::memcmp(&part[size_t(t * 10)], &full[size_t(t * sh.N + r0)], 10 * sizeof(float)))
               << "slice rows from " << r0 << " T=" << T2 << " t=" << t;
@@ -337,13 +333,13 @@ TEST_P(Fp8Paths, SwigluEqualsTwoMatmulsAndDequantizedSwiglu) {
         Fp8Weight g(sh.N, sh.K, sd, rng, "gate"), u(sh.N, sh.K, sd, rng, "up");
         const std::vector<float> x = randn(rng, T * sh.K);
         std::vector<float> h(size_t(T * sh.N), NAN), gy(h.size()), uy(h.size()), want(h.size());
-        matmul_swiglu(x.data(), T, g.view, u.view, h.data());
-        matmul(x.data(), T, g.view, gy.data());
-        matmul(x.data(), T, u.view, uy.data());
+        matmul_swiglu(x.data(), T, g.view, u.view, h.data(), mode());
+        matmul(x.data(), T, g.view, gy.data(), mode());
+        matmul(x.data(), T, u.view, uy.data(), mode());
         silu_mul(gy.data(), uy.data(), T * sh.N, want.data());
         ASSERT_TRUE(same_bits(h, want)) << "fused vs two matmuls";
         if (GetParam().mode == ComputeMode::F32) {
-          matmul_swiglu(x.data(), T, g.f32, u.f32, want.data());
+          matmul_swiglu(x.data(), T, g.f32, u.f32, want.data(), ComputeMode::F32);
           ASSERT_TRUE(same_bits(h, want)) << "fp8 vs dequantized f32";
         }
       }
@@ -361,11 +357,8 @@ TEST_P(Fp8Paths, LargeScalesStayExact) {
   for (int64_t T : {1, 9, 40}) {
     const std::vector<float> x = randn(rng, T * 192);
     std::vector<float> y(size_t(T * 144)), want(y.size());
-    matmul(x.data(), T, w.view, y.data());
-    {
-      ComputeModeScope exact(ComputeMode::F32);
-      matmul(x.data(), T, w.f32, want.data());
-    }
+    matmul(x.data(), T, w.view, y.data(), mode());
+    matmul(x.data(), T, w.f32, want.data(), ComputeMode::F32);
     ASSERT_TRUE(same_bits(y, want)) << "T=" << T;
   }
 }
@@ -391,7 +384,6 @@ TEST(Fp8, KernelConversionOfEveryCode) {
         std::tuple{KernelPath::Auto, ComputeMode::F32, true}, std::tuple{KernelPath::Auto, ComputeMode::BF16, false}}) {
     set_subnormal_assists_for_tests(form);
     set_kernel_path(p);
-    set_compute_mode(mode);
     for (float s : {1.f, 0.0123f, 0x1p-20f}) {
       const int64_t N = 256, K = 40;  // two 16-wide steps and a tail of 8
       std::vector<uint8_t> q(size_t(N * K), 0);
@@ -407,7 +399,7 @@ TEST(Fp8, KernelConversionOfEveryCode) {
       v.scale.cols = 1;
       std::vector<float> x(static_cast<size_t>(K), 0.f), y(static_cast<size_t>(N));
       x[0] = 1.f;
-      matmul(x.data(), 1, v, y.data());
+      matmul(x.data(), 1, v, y.data(), mode);
       for (int64_t n = 0; n < N; n++) {
         if ((n & 0x7f) == 0x7f) continue;
         EXPECT_EQ(double(y[size_t(n)]), double(float(e4m3_plain(uint8_t(n)) * s)))
@@ -418,7 +410,6 @@ TEST(Fp8, KernelConversionOfEveryCode) {
   }
   set_subnormal_assists_for_tests(assists);
   set_kernel_path(KernelPath::Auto);
-  set_compute_mode(ComputeMode::F32);
 }
 
 TEST(Fp8, RefusesWeightWithoutScale) {
@@ -431,13 +422,13 @@ TEST(Fp8, RefusesWeightWithoutScale) {
   std::vector<float> x(3, 1.f), y(2);
   const std::string want = "tensor 'model.layers.0.mlp.experts.3.down_proj.weight' is F8_E4M3 without a weight_scale_inv";
   try {
-    matmul(x.data(), 1, v, y.data());
+    matmul(x.data(), 1, v, y.data(), ComputeMode::F32);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
   try {
-    matmul_swiglu(x.data(), 1, v, v, y.data());
+    matmul_swiglu(x.data(), 1, v, v, y.data(), ComputeMode::F32);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
@@ -451,7 +442,7 @@ TEST(Fp8, RefusesWeightWithoutScale) {
   std::vector<uint8_t> big(600, 0x38);
   v.data = big.data();
   y.resize(200);
-  EXPECT_THROW(matmul(x.data(), 1, v, y.data()), InputError);
+  EXPECT_THROW(matmul(x.data(), 1, v, y.data(), ComputeMode::F32), InputError);
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ TEST_P(Int8Paths, BitEqualToTheBlockFormAndWithinTheQuantizationBound) {
     for (int64_t T : kTs) {
       const std::vector<float> x = randn(size_t(T * sh.K), uint64_t(T * 7 + sh.K));
       std::vector<float> y(size_t(T * sh.N)), exact(size_t(T * sh.N));
-      matmul(x.data(), T, q.view, y.data());
+      matmul(x.data(), T, q.view, y.data(), mode());
       matmul_ref(x.data(), T, Wf, exact.data());
       const int64_t blocks = (sh.K + kI8Block - 1) / kI8Block;
       for (int64_t t = 0; t < T; t++)
@@ -103,13 +103,13 @@ TEST_P(Int8Paths, ARowsBitsDoNotDependOnTheBatchOrThreads) {
   const std::vector<float> x = randn(size_t(T * K), 6);
   std::vector<float> all(size_t(T * N));
   set_num_threads(2);
-  matmul(x.data(), T, q.view, all.data());
+  matmul(x.data(), T, q.view, all.data(), mode());
   set_num_threads(1);
   for (int64_t t : {int64_t(0), int64_t(17), T - 1}) {
     for (int64_t len : {int64_t(1), int64_t(2), int64_t(5)}) {
       if (t + len > T) continue;
       std::vector<float> part(size_t(len * N));
-      matmul(x.data() + t * K, len, q.view, part.data());
+      matmul(x.data() + t * K, len, q.view, part.data(), mode());
       ASSERT_EQ(std::memcmp(part.data(), all.data() + t * N, sizeof(float) * size_t(N)), 0) << t << " " << len;
     }
   }
@@ -129,14 +129,14 @@ TEST(Int8Rows, AGridOtherThanOneScalePer32ColumnsIsRefused) {
   bad.scale.block = 64;
   std::vector<float> x(64), y(64);
   try {
-    matmul(x.data(), 1, bad, y.data());
+    matmul(x.data(), 1, bad, y.data(), ComputeMode::F32);
     FAIL() << "a 64-column int8 grid was accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("one F32 or BF16 scale per 32 columns"), std::string::npos) << e.what();
   }
   TensorView unscaled = q.view;
   unscaled.scale = {};
-  EXPECT_THROW(matmul(x.data(), 1, unscaled, y.data()), InputError);
+  EXPECT_THROW(matmul(x.data(), 1, unscaled, y.data(), ComputeMode::F32), InputError);
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
           Mat w(d, N, K, rng);
           auto x = randn(rng, T * K);
           std::vector<float> y(static_cast<size_t>(T * N), NAN), ref(static_cast<size_t>(T * N));
-          matmul(x.data(), T, w.v, y.data());
+          matmul(x.data(), T, w.v, y.data(), mode());
           matmul_ref(x.data(), T, w.v, ref.data());
           for (int64_t t = 0; t < T; t++)
             for (int64_t n = 0; n < N; n++) {
@@ -87,14 +87,14 @@ TEST_P(KernelPaths, BatchAndThreadInvariantBitForBit) {
       auto x = randn(rng, T * K);
       std::vector<float> full(static_cast<size_t>(T * N));
       set_num_threads(2);
-      matmul(x.data(), T, w.v, full.data());
+      matmul(x.data(), T, w.v, full.data(), mode());
       for (int threads : {1, 3}) {
         set_num_threads(threads);
         for (int64_t t0 : {0, 1, 5, 63})
           for (int64_t n : {1, 2, 3, 4, 6, 66}) {
             if (t0 + n > T) continue;
             std::vector<float> part(static_cast<size_t>(n * N));
-            matmul(&x[size_t(t0 * K)], n, w.v, part.data());
+            matmul(&x[size_t(t0 * K)], n, w.v, part.data(), mode());
             ASSERT_EQ(0, std::memcmp(part.data(), &full[size_t(t0 * N)], part.size() * sizeof(float)))
                 << dtype_name(d) << " K=" << K << " rows [" << t0 << ", " << t0 + n << ") threads " << threads;
           }
@@ -111,9 +111,9 @@ TEST_P(KernelPaths, FusedSwigluEqualsTwoMatmulsAndSiluMul) {
           Mat g(d, I, K, rng), u(d, I, K, rng);
           auto x = randn(rng, T * K);
           std::vector<float> h(static_cast<size_t>(T * I)), gy(h.size()), uy(h.size()), want(h.size());
-          matmul_swiglu(x.data(), T, g.v, u.v, h.data());
-          matmul(x.data(), T, g.v, gy.data());
-          matmul(x.data(), T, u.v, uy.data());
+          matmul_swiglu(x.data(), T, g.v, u.v, h.data(), mode());
+          matmul(x.data(), T, g.v, gy.data(), mode());
+          matmul(x.data(), T, u.v, uy.data(), mode());
           silu_mul(gy.data(), uy.data(), T * I, want.data());
           ASSERT_EQ(0, std::memcmp(h.data(), want.data(), h.size() * sizeof(float)))
               << dtype_name(d) << " I=" << I << " K=" << K << " T=" << T;
@@ -137,7 +137,7 @@ TEST(KernelPathsAcross, Avx2GivesTheAvx512Bits) {
   auto run = [](KernelPath p, const float* x, int64_t T, const TensorView& w, std::vector<float>& y) {
     set_kernel_path(p);
     y.assign(size_t(T * w.shape[0]), NAN);
-    matmul(x, T, w, y.data());
+    matmul(x, T, w, y.data(), ComputeMode::F32);  // the fp32 arithmetic both paths share
     set_kernel_path(KernelPath::Auto);
   };
   int compared = 0;
@@ -159,9 +159,9 @@ TEST(KernelPathsAcross, Avx2GivesTheAvx512Bits) {
     auto x = randn(rng, T * 1100);
     std::vector<float> a(size_t(T * 24)), b(a.size());
     set_kernel_path(KernelPath::Avx2);
-    matmul_swiglu(x.data(), T, g.v, u.v, a.data());
+    matmul_swiglu(x.data(), T, g.v, u.v, a.data(), ComputeMode::F32);
     set_kernel_path(KernelPath::Avx512);
-    matmul_swiglu(x.data(), T, g.v, u.v, b.data());
+    matmul_swiglu(x.data(), T, g.v, u.v, b.data(), ComputeMode::F32);
     set_kernel_path(KernelPath::Auto);
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "swiglu T=" << T;
   }

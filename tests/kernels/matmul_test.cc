@@ -115,7 +115,7 @@ TEST(Matmul, FastMatchesReferenceOnOddShapes) {
             const float* b = with_bias ? bias.data() : nullptr;
             // NaN sentinel: an output the kernel forgets to write fails the comparison.
             std::vector<float> y(static_cast<size_t>(T * N), NAN), ref(static_cast<size_t>(T * N));
-            matmul(x.data(), T, w.view, y.data(), b);
+            matmul(x.data(), T, w.view, y.data(), ComputeMode::F32, b);
             matmul_ref(x.data(), T, w.view, ref.data(), b);
             for (int64_t t = 0; t < T; t++)
               for (int64_t n = 0; n < N; n++) {
@@ -129,9 +129,9 @@ TEST(Matmul, FastMatchesReferenceOnOddShapes) {
 }
 
 // y rows [t0, t0 + count) computed by one call on just those rows of x.
-std::vector<float> rows_alone(const std::vector<float>& x, int64_t t0, int64_t count, const Weight& w) {
+std::vector<float> rows_alone(const std::vector<float>& x, int64_t t0, int64_t count, const Weight& w, ComputeMode mode) {
   std::vector<float> y(static_cast<size_t>(count * w.N));
-  matmul(x.data() + t0 * w.K, count, w.view, y.data());
+  matmul(x.data() + t0 * w.K, count, w.view, y.data(), mode);
   return y;
 }
 
@@ -151,10 +151,10 @@ TEST(Matmul, BatchInvariantBitForBit) {
         SCOPED_TRACE(name(d) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
         Weight w(d, N, K, rng);
         const std::vector<float> x = random_vec(rng, T * K);
-        const std::vector<float> full = rows_alone(x, 0, T, w);
+        const std::vector<float> full = rows_alone(x, 0, T, w, ComputeMode::F32);
         for (int64_t t0 = 0; t0 < T; t0++)
           for (int64_t count = 1; t0 + count <= T; count++) {
-            const std::vector<float> sub = rows_alone(x, t0, count, w);
+            const std::vector<float> sub = rows_alone(x, t0, count, w, ComputeMode::F32);
             ASSERT_TRUE(same_bits(sub.data(), full.data() + t0 * N, count * N))
                 << "rows [" << t0 << ", " << t0 + count << ") differ from the full batch";
           }
@@ -173,14 +173,14 @@ TEST(Matmul, ThreadCountInvariantBitForBit) {
       Weight w(d, s.N, s.K, rng);
       const std::vector<float> x = random_vec(rng, s.T * s.K);
       set_num_threads(1);
-      const std::vector<float> one = rows_alone(x, 0, s.T, w);
+      const std::vector<float> one = rows_alone(x, 0, s.T, w, ComputeMode::F32);
       for (int threads : {2, 3}) {
         set_num_threads(threads);
         ASSERT_EQ(num_threads(), threads);
-        const std::vector<float> many = rows_alone(x, 0, s.T, w);
+        const std::vector<float> many = rows_alone(x, 0, s.T, w, ComputeMode::F32);
         EXPECT_TRUE(same_bits(one.data(), many.data(), s.T * s.N)) << threads << " threads";
         // And a single row under several threads equals row 0 of the batch.
-        EXPECT_TRUE(same_bits(rows_alone(x, 0, 1, w).data(), one.data(), s.N)) << threads << " threads, T=1";
+        EXPECT_TRUE(same_bits(rows_alone(x, 0, 1, w, ComputeMode::F32).data(), one.data(), s.N)) << threads << " threads, T=1";
       }
     }
   set_num_threads(0);  // back to the default (one per core) for the other tests
@@ -199,18 +199,18 @@ TEST(Matmul, FewTokenRowsPerTileDoNotChangeBits) {
       Weight w(d, N, K, rng), wu(d, N, K, rng);
       const std::vector<float> x = random_vec(rng, T * K);
       set_few_token_rows_for_tests(1);
-      const std::vector<float> full = rows_alone(x, 0, T, w);
+      const std::vector<float> full = rows_alone(x, 0, T, w, ComputeMode::F32);
       std::vector<float> h_full(size_t(T * N));
-      matmul_swiglu(x.data(), T, w.view, wu.view, h_full.data());
+      matmul_swiglu(x.data(), T, w.view, wu.view, h_full.data(), ComputeMode::F32);
       for (int rows : {1, 2, 3, 4}) {
         set_few_token_rows_for_tests(rows);
         SCOPED_TRACE(name(d) + " K=" + std::to_string(K) + " rows per tile " + std::to_string(rows));
         for (int64_t t0 : {int64_t(0), int64_t(4)})
           for (int64_t count : {int64_t(1), int64_t(2)}) {
-            EXPECT_TRUE(same_bits(rows_alone(x, t0, count, w).data(), full.data() + t0 * N, count * N))
+            EXPECT_TRUE(same_bits(rows_alone(x, t0, count, w, ComputeMode::F32).data(), full.data() + t0 * N, count * N))
                 << "matmul rows [" << t0 << ", " << t0 + count << ")";
             std::vector<float> h(size_t(count * N));
-            matmul_swiglu(x.data() + t0 * K, count, w.view, wu.view, h.data());
+            matmul_swiglu(x.data() + t0 * K, count, w.view, wu.view, h.data(), ComputeMode::F32);
             EXPECT_TRUE(same_bits(h.data(), h_full.data() + t0 * N, count * N))
                 << "swiglu rows [" << t0 << ", " << t0 + count << ")";
           }
@@ -225,7 +225,6 @@ TEST(Matmul, FewTokenRowsPerTileDoNotChangeBits) {
 // has the instruction, both forms at every T (K tails, and K blocks at T = 9, K = 4100).
 TEST(Matmul, Bf16DotByFmaGivesTheInstructionsBits) {
   if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16 (nothing to compare with)";
-  ComputeModeScope bf16(ComputeMode::BF16);
   const bool saved = cpu_features().bf16_dot_by_fma;
   std::mt19937 rng(21);
   std::normal_distribution<float> g(0.f, 1.f);
@@ -250,9 +249,9 @@ TEST(Matmul, Bf16DotByFmaGivesTheInstructionsBits) {
       SCOPED_TRACE("kind " + std::to_string(int(kind)) + " K=" + std::to_string(K));
       for (int64_t count : {int64_t(1), int64_t(2), T}) {
         set_bf16_dot_by_fma_for_tests(false);
-        const std::vector<float> instr = rows_alone(x, 0, count, w);
+        const std::vector<float> instr = rows_alone(x, 0, count, w, ComputeMode::BF16);
         set_bf16_dot_by_fma_for_tests(true);
-        const std::vector<float> fma = rows_alone(x, 0, count, w);
+        const std::vector<float> fma = rows_alone(x, 0, count, w, ComputeMode::BF16);
         EXPECT_TRUE(same_bits(fma.data(), instr.data(), count * N)) << "T=" << count;
         for (float v : instr) denormal_outputs += std::fpclassify(v) == FP_SUBNORMAL;
       }
@@ -272,7 +271,7 @@ TEST(Matmul, RejectsNonFloatWeights) {
   v.name = "model.layers.0.bad";
   std::vector<float> x(3, 1.f), y(2);
   try {
-    matmul(x.data(), 1, v, y.data());
+    matmul(x.data(), 1, v, y.data(), ComputeMode::F32);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("model.layers.0.bad"), std::string::npos) << e.what();

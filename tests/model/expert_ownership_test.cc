@@ -22,7 +22,7 @@ TEST(ExpertOwnership, RankLoadsExactlyItsExperts) {
         Placement p = Placement::make_default(E, R, redundant);
         std::set<int> union_of_ranks;
         for (int r = 0; r < R; r++) {
-          Model m(cfg, ck, p, r);
+          Model m(cfg, ck, p, r, ComputeMode::F32);
           const auto want = p.logical_owned_by(r);
           for (size_t l = 0; l < m.weights().layers.size(); l++) {
             const auto& layer = m.weights().layers[l];

@@ -116,8 +116,7 @@ namespace {
 // goldens, on the fixture with bf16 weights. The error is stated here and in the README.
 TEST(GoldenBf16Compute, MixedBf16FixtureWithinStatedTolerance) {
   if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16: --compute bf16 falls back to f32";
-  set_compute_mode(ComputeMode::BF16);
-  Loaded m("qwen3moe-tiny-mixed-bf16");
+  Loaded m("qwen3moe-tiny-mixed-bf16", {}, LmHeadForm::Checkpoint, ComputeMode::BF16);
   Golden g("qwen3moe-tiny-mixed-bf16");
   float worst = 0;
   for (int s = 0; s < g.sequences(); s++) {
@@ -126,7 +125,6 @@ TEST(GoldenBf16Compute, MixedBf16FixtureWithinStatedTolerance) {
     auto logits = m.model.forward({&seq}, {g.ids(p + "all_ids")}, *m.backend, true);
     worst = std::max(worst, test::max_abs_diff(logits[0], g.f32(p + "logits")));
   }
-  set_compute_mode(ComputeMode::F32);
   std::printf("[golden] qwen3moe-tiny-mixed-bf16 --compute bf16 max |logit diff| = %.3g\n", double(worst));
   EXPECT_GT(worst, 0.0f);    // the mode really rounds activations
   EXPECT_LE(worst, 5e-2f);   // the stated tolerance of --compute bf16 (measured: 0.0345)
@@ -147,11 +145,10 @@ namespace {
 TEST(GoldenBf16Compute, Fp8FixturesWithinStatedTolerance) {
   if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16: --compute bf16 falls back to f32";
   for (const std::string& name : test::fp8_fixtures()) {
-    set_compute_mode(ComputeMode::BF16);
     std::vector<float> per_pos;
     int agree = 0;
     {
-      Loaded m(name);
+      Loaded m(name, {}, LmHeadForm::Checkpoint, ComputeMode::BF16);
       Golden g(name);
       const int64_t V = m.cfg.vocab_size;
       for (int s = 0; s < g.sequences(); s++) {
@@ -168,7 +165,6 @@ TEST(GoldenBf16Compute, Fp8FixturesWithinStatedTolerance) {
         }
       }
     }
-    set_compute_mode(ComputeMode::F32);
     std::vector<float> sorted = per_pos;
     std::sort(sorted.begin(), sorted.end());
     const float p90 = sorted[sorted.size() * 9 / 10], worst = sorted.back();

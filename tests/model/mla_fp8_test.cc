@@ -104,8 +104,8 @@ TEST_P(Fp8Checkpoint, DequantizesToTheGeneratorsWeightsBitForBit) {
       std::vector<float> x(size_t(T * q.shape[1]));
       for (auto& v : x) v = u(rng);
       std::vector<float> y8(size_t(T * q.shape[0])), y32(y8.size());
-      matmul(x.data(), T, q, y8.data());
-      matmul(x.data(), T, r, y32.data());
+      matmul(x.data(), T, q, y8.data(), ComputeMode::F32);
+      matmul(x.data(), T, r, y32.data(), ComputeMode::F32);
       EXPECT_TRUE(same_bits(y8, y32)) << "T = " << T << ", max |diff| " << test::max_abs_diff(y8, y32);
     }
     compared++;

@@ -29,7 +29,7 @@ TEST_P(RoutingReplay, CaptureReplaysToTheSameBits) {
   ModelConfig cfg = load_model_config(test::fixture(name));
   Checkpoint ck(test::fixture(name));
   Placement pl = Placement::make_default(cfg.routing.num_experts, 1, 0);
-  Model m(cfg, ck, pl, 0);
+  Model m(cfg, ck, pl, 0, ComputeMode::F32);
   auto be = make_local_backend(Device::Cpu, pl);
   std::vector<int32_t> ids;
   for (int i = 0; i < 11; i++) ids.push_back(int32_t((i * 37 + 5) % cfg.vocab_size));

@@ -8,7 +8,7 @@ void exchange_dedup_blocking(MpiGroup& comm, const Placement& p, const MoeTokens
                              const BackendOptions& opt, int64_t t0, int64_t t1, ExchangeBuffers& buf, float* y) {
   const CombineMode mode = opt.combine;
   const int R = comm.size(), me = comm.rank();
-  const RecordLayout L{in.H, in.K};
+  const DispatchRecordLayout L = host_record_layout(in);
   DispatchPlan plan = DispatchPlan::dedup(in, p, t0, t1);
 
   std::vector<int64_t> send_n(static_cast<size_t>(R)), recv_n(static_cast<size_t>(R));
@@ -18,8 +18,8 @@ void exchange_dedup_blocking(MpiGroup& comm, const Placement& p, const MoeTokens
   std::vector<size_t> send_b(static_cast<size_t>(R)), recv_b(static_cast<size_t>(R));
   size_t send_total = 0, recv_total = 0;
   for (int d = 0; d < R; d++) {
-    send_total += send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.record_bytes();
-    recv_total += recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.record_bytes();
+    send_total += send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.bytes();
+    recv_total += recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.bytes();
   }
   buf.send.resize(send_total);
   buf.recv.resize(recv_total);

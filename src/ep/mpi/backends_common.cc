@@ -18,7 +18,7 @@ std::vector<const float*> split_by_rank(const float* base, const std::vector<siz
   return out;
 }
 
-void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
+void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const DispatchRecordLayout& L,
                      ExpertRunner& experts, CombineMode mode, Answers& a) {
   size_t n = 0;
   for (int64_t c : records_from) n += size_t(c);
@@ -28,7 +28,7 @@ void serve_by_source(const char* records, const std::vector<int64_t>& records_fr
   const char* r = records;
   for (int64_t c : records_from) {
     a.bytes_to.push_back(count_answers(r, size_t(c), L, mode) * L.answer_bytes());
-    r += size_t(c) * L.record_bytes();
+    r += size_t(c) * L.bytes();
   }
 }
 

@@ -22,7 +22,7 @@ struct Answers {
   std::vector<float> rows;       // all answers, in record order
   std::vector<size_t> bytes_to;  // answer bytes going back to each source rank
 };
-void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const RecordLayout& L,
+void serve_by_source(const char* records, const std::vector<int64_t>& records_from, const DispatchRecordLayout& L,
                      ExpertRunner& experts, CombineMode mode, Answers& out);
 
 size_t total_bytes(const std::vector<size_t>& b);

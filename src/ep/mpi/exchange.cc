@@ -56,26 +56,24 @@ size_t DispatchPlan::answers_from(int d, const MoeTokens& in, const Placement& p
 }
 
 void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Record>& records, int d, int src,
-                  const RecordLayout& L, Fault fault, char* out) {
+                  const DispatchRecordLayout& L, Fault fault, char* out) {
   for (const Record& r : records) {
-    int32_t* meta = reinterpret_cast<int32_t*>(out);
-    meta[0] = r.token;
-    meta[1] = r.slot;
-    meta[2] = src;
-    int32_t* phys = meta + RecordLayout::kHeader;
-    float* w = reinterpret_cast<float*>(phys + L.K);
+    unsigned char* rec = reinterpret_cast<unsigned char*>(out);
+    std::memcpy(rec, host_rows(in) + int64_t(r.token) * L.H, L.row_bytes());
+    int32_t* phys = L.physical(rec);
+    float* w = L.weight(rec);
     for (int k = 0; k < L.K; k++) {
       const int32_t physical = in.physical[r.token * in.K + k];
       phys[k] = serves(in, p, r, d, k) ? physical : -1;
       const float wk = in.weights[r.token * in.K + k];
       w[k] = fault == Fault::None ? wk : faulty_weight(fault, p, physical, wk);
     }
-    std::memcpy(meta + L.meta_words(), host_rows(in) + int64_t(r.token) * L.H, L.answer_bytes());
-    out += L.record_bytes();
+    L.set_origin(rec, r.token, src);
+    out += L.bytes();
   }
 }
 
-size_t count_answers(const char* records, size_t n, const RecordLayout& L, CombineMode mode) {
+size_t count_answers(const char* records, size_t n, const DispatchRecordLayout& L, CombineMode mode) {
   if (mode == CombineMode::Fast) return n;
   size_t a = 0;
   for (size_t i = 0; i < n; i++) {
@@ -85,16 +83,16 @@ size_t count_answers(const char* records, size_t n, const RecordLayout& L, Combi
   return a;
 }
 
-void serve_records(const char* records, size_t n, const RecordLayout& L, ExpertRunner& experts, CombineMode mode,
+void serve_records(const char* records, size_t n, const DispatchRecordLayout& L, ExpertRunner& experts, CombineMode mode,
                    float* answers) {
   // The experts read each record's row in place and write one row per served (record, slot), in
   // that order; deterministic answers are exactly those rows, fast ones reduce each record's rows
   // in slot order.
   ExpertJobs jobs;
-  jobs.x = records + L.meta_words() * 4;
-  jobs.x_stride = int64_t(L.record_bytes() / 4);
-  jobs.phys = reinterpret_cast<const int32_t*>(records) + RecordLayout::kHeader;
-  jobs.phys_stride = int64_t(L.record_bytes() / 4);
+  jobs.x = records;  // the row leads the record
+  jobs.x_stride = int64_t(L.bytes() / 4);
+  jobs.phys = L.physical(reinterpret_cast<const unsigned char*>(records));
+  jobs.phys_stride = int64_t(L.bytes() / 4);
   jobs.rows = int64_t(n);
   jobs.K = L.K;
   jobs.compact = true;

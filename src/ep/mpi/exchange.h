@@ -11,7 +11,7 @@
 //                  order k = 0..K-1 (combine_slots) -> bits independent of the layout.
 //   Fast:          one row per record, sum over its slots of w_k * y_k; home adds the partials
 //                  in rank order (fewer bytes, rounding depends on the layout).
-// One layout struct sizes every buffer (DeepEP's habit), shared by packing, serving and tests.
+// The record's layout is the one of every backend (ep/dispatch_record.h), which sizes every buffer.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ep/backend.h"
+#include "ep/dispatch_record.h"
 #include "ep/fault.h"
 
 namespace epmoe {
@@ -26,15 +27,14 @@ namespace epmoe {
 // The CPU backends carry fp32 rows in host memory.
 inline const float* host_rows(const MoeTokens& in) { return static_cast<const float*>(in.x); }
 
-struct RecordLayout {
-  int H = 0, K = 0;
-  // int32 token, int32 slot (-1: all slots of this rank), int32 source rank,
-  // int32 physical[K] (-1: not served here), float weight[K], then float row[H].
-  static constexpr size_t kHeader = 3;
-  size_t meta_words() const { return kHeader + 2 * size_t(K); }
-  size_t record_bytes() const { return (meta_words() + size_t(H)) * 4; }
-  size_t answer_bytes() const { return size_t(H) * 4; }
-};
+// The CPU backends' records: fp32 rows, the origin (MPI's exchanges deliver records packed by
+// source, the one-sided windows in a racy order) and the weights (read by the fast combine), no
+// padding.
+inline DispatchRecordLayout host_record_layout(const MoeTokens& in) {
+  DispatchRecordLayout L;
+  L.H = in.H, L.K = in.K, L.elt = 4, L.origin = true, L.weights = true, L.align = 4;
+  return L;
+}
 
 struct Record {
   int32_t token;  // index in the home rank's tokens
@@ -52,30 +52,30 @@ struct DispatchPlan {
   size_t answers_from(int d, const MoeTokens& in, const Placement& p, CombineMode mode) const;
 };
 
-// Writes the records for rank d (plan.to[d]) into out (plan.to[d].size() * record_bytes()).
+// Writes the records for rank d (plan.to[d]) into out (plan.to[d].size() * L.bytes()).
 void pack_records(const MoeTokens& in, const Placement& p, const std::vector<Record>& records, int d, int src,
-                  const RecordLayout& L, Fault fault, char* out);
+                  const DispatchRecordLayout& L, Fault fault, char* out);
 
 // Field access of a packed record.
 struct RecordView {
-  const int32_t* meta;
-  const RecordLayout& L;
-  int32_t token() const { return meta[0]; }
-  int32_t src() const { return meta[2]; }
-  int32_t physical(int k) const { return meta[RecordLayout::kHeader + k]; }
-  float weight(int k) const { return reinterpret_cast<const float*>(meta + RecordLayout::kHeader + L.K)[k]; }
-  const float* row() const { return reinterpret_cast<const float*>(meta + L.meta_words()); }
+  const unsigned char* rec;
+  const DispatchRecordLayout& L;
+  int32_t token() const { return L.token(rec); }
+  int32_t src() const { return L.source(rec); }
+  int32_t physical(int k) const { return L.physical(rec)[k]; }
+  float weight(int k) const { return L.weight(rec)[k]; }
+  const float* row() const { return reinterpret_cast<const float*>(rec); }
 };
-inline RecordView record_at(const char* records, size_t i, const RecordLayout& L) {
-  return {reinterpret_cast<const int32_t*>(records + i * L.record_bytes()), L};
+inline RecordView record_at(const char* records, size_t i, const DispatchRecordLayout& L) {
+  return {reinterpret_cast<const unsigned char*>(records) + i * L.bytes(), L};
 }
 
 // Serving side: the number of answers n received records need.
-size_t count_answers(const char* records, size_t n, const RecordLayout& L, CombineMode mode);
+size_t count_answers(const char* records, size_t n, const DispatchRecordLayout& L, CombineMode mode);
 // Runs the local experts for n received records, read where they lie (ExpertJobs over the
 // records); writes the answers in record order (and slot order within a record) to answers
 // (count_answers(...) rows of H floats).
-void serve_records(const char* records, size_t n, const RecordLayout& L, ExpertRunner& experts, CombineMode mode,
+void serve_records(const char* records, size_t n, const DispatchRecordLayout& L, ExpertRunner& experts, CombineMode mode,
                    float* answers);
 
 // Home side: y[t] for t in [t0, t1) from the answers of every rank (answers[d] points at the

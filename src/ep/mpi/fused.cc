@@ -49,7 +49,7 @@ class FusedBackend : public A2ABackend {
  private:
   void post_dispatch(const MoeTokens& in, Chunk& ch) {
     const int R = comm_.size();
-    const RecordLayout L{in.H, in.K};
+    const DispatchRecordLayout L = host_record_layout(in);
     ch.plan = DispatchPlan::dedup(in, p_, ch.t0, ch.t1);
     std::vector<int64_t> send_n(static_cast<size_t>(R));
     ch.recv_n.assign(size_t(R), 0);
@@ -57,8 +57,8 @@ class FusedBackend : public A2ABackend {
     comm_.all_to_all(send_n.data(), sizeof(int64_t), ch.recv_n.data());  // small, blocking
     std::vector<size_t> send_b(static_cast<size_t>(R)), recv_b(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) {
-      send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.record_bytes();
-      recv_b[size_t(d)] = size_t(ch.recv_n[size_t(d)]) * L.record_bytes();
+      send_b[size_t(d)] = size_t(send_n[size_t(d)]) * L.bytes();
+      recv_b[size_t(d)] = size_t(ch.recv_n[size_t(d)]) * L.bytes();
     }
     ch.send.resize(total_bytes(send_b));
     ch.recv.resize(total_bytes(recv_b));
@@ -72,7 +72,7 @@ class FusedBackend : public A2ABackend {
 
   void serve_and_post_answers(const MoeTokens& in, ExpertRunner& experts, Chunk& ch) {
     const int R = comm_.size();
-    const RecordLayout L{in.H, in.K};
+    const DispatchRecordLayout L = host_record_layout(in);
     comm_.wait(*ch.dispatch, "fused dispatch");
     serve_by_source(ch.recv.data(), ch.recv_n, L, experts, opt_.combine, ch.answers);
     ch.back_b.resize(static_cast<size_t>(R));

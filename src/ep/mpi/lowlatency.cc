@@ -20,7 +20,7 @@ class LowLatencyBackend : public A2ABackend {
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = comm_.size(), me = comm_.rank();
     const int64_t C = opt_.max_dispatch_tokens_per_rank;
-    const RecordLayout L{in.H, in.K};
+    const DispatchRecordLayout L = host_record_layout(in);
     allocate_once(L, R, C);
     int64_t rounds = comm_.allreduce_max((in.T + C - 1) / C);
     if (fault_drops_overflow(opt_.fault) && rounds > 1) {
@@ -28,7 +28,7 @@ class LowLatencyBackend : public A2ABackend {
       rounds = 1;
       if (in.T > C) std::fill(y + C * in.H, y + in.T * in.H, 0.0f);
     }
-    const size_t region_rec = size_t(C) * size_t(in.K) * L.record_bytes();
+    const size_t region_rec = size_t(C) * size_t(in.K) * L.bytes();
     const size_t region_ans = size_t(C) * size_t(in.K) * L.answer_bytes();
     std::vector<size_t> rec_displ(static_cast<size_t>(R)), ans_displ(static_cast<size_t>(R));
     for (int d = 0; d < R; d++) {
@@ -44,11 +44,11 @@ class LowLatencyBackend : public A2ABackend {
         const auto& recs = plan.to[size_t(d)];
         EPMOE_ASSERT(recs.size() <= size_t(C * in.K), "lowlatency: records exceed the fixed capacity");
         send_n[size_t(d)] = int64_t(recs.size());
-        send_b[size_t(d)] = recs.size() * L.record_bytes();
+        send_b[size_t(d)] = recs.size() * L.bytes();
         pack_records(in, p_, recs, d, me, L, opt_.fault, send_.data() + rec_displ[size_t(d)]);
       }
       comm_.all_to_all(send_n.data(), sizeof(int64_t), recv_n.data());
-      for (int d = 0; d < R; d++) recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.record_bytes();
+      for (int d = 0; d < R; d++) recv_b[size_t(d)] = size_t(recv_n[size_t(d)]) * L.bytes();
       comm_.all_to_all_v(send_.data(), send_b, rec_displ, recv_.data(), recv_b, rec_displ);
 
       // Serve each source's region; answers go to the same fixed region index.
@@ -70,13 +70,13 @@ class LowLatencyBackend : public A2ABackend {
  private:
   // The buffers depend only on (H, K, R, capacity), fixed for a model: allocated on the first
   // layer and reused by every later one.
-  void allocate_once(const RecordLayout& L, int R, int64_t C) {
+  void allocate_once(const DispatchRecordLayout& L, int R, int64_t C) {
     if (L.H == H_ && L.K == K_) return;
     H_ = L.H;
     K_ = L.K;
     const size_t per_peer = size_t(C) * size_t(L.K);
-    send_.assign(size_t(R) * per_peer * L.record_bytes(), 0);
-    recv_.assign(size_t(R) * per_peer * L.record_bytes(), 0);
+    send_.assign(size_t(R) * per_peer * L.bytes(), 0);
+    recv_.assign(size_t(R) * per_peer * L.bytes(), 0);
     answers_out_.assign(size_t(R) * per_peer * size_t(L.H), 0.f);
     answers_in_.assign(size_t(R) * per_peer * size_t(L.H), 0.f);
   }

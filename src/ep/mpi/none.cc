@@ -15,7 +15,7 @@ class NoneBackend : public A2ABackend {
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = comm_.size(), me = comm_.rank();
-    const RecordLayout L{in.H, in.K};
+    const DispatchRecordLayout L = host_record_layout(in);
     std::vector<int64_t> T(static_cast<size_t>(R));
     comm_.allgather(&in.T, sizeof(int64_t), T.data());
     int64_t total = 0;
@@ -49,7 +49,7 @@ class NoneBackend : public A2ABackend {
       auto mine = DispatchPlan::dedup(view, p_, 0, view.T).to[size_t(me)];
       records_from[size_t(s)] = int64_t(mine.size());
       const size_t off = records.size();
-      records.resize(off + mine.size() * L.record_bytes());
+      records.resize(off + mine.size() * L.bytes());
       pack_records(view, p_, mine, me, s, L, opt_.fault, records.data() + off);
       base += T[size_t(s)];
     }

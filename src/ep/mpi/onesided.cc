@@ -46,7 +46,7 @@ class OneSidedBackend : public A2ABackend {
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = comm_.size(), me = comm_.rank();
-    const RecordLayout L{in.H, in.K};
+    const DispatchRecordLayout L = host_record_layout(in);
     const int64_t Tmax = comm_.allreduce_max(in.T);
     ensure_windows(L, R, Tmax);
     DispatchPlan plan = DispatchPlan::dedup(in, p_, 0, in.T);
@@ -67,11 +67,11 @@ class OneSidedBackend : public A2ABackend {
     for (int d = 0; d < R; d++) {
       const auto& recs = plan.to[size_t(d)];
       if (recs.empty()) continue;
-      packed[size_t(d)].resize(recs.size() * L.record_bytes());
+      packed[size_t(d)].resize(recs.size() * L.bytes());
       pack_records(in, p_, recs, d, me, L, opt_.fault, packed[size_t(d)].data());
       if (d != me) comm_.add_bytes_sent(packed[size_t(d)].size());
       MPI_Put(packed[size_t(d)].data(), int(packed[size_t(d)].size()), MPI_BYTE, d,
-              MPI_Aint(size_t(base[size_t(d)]) * L.record_bytes()), int(packed[size_t(d)].size()), MPI_BYTE,
+              MPI_Aint(size_t(base[size_t(d)]) * L.bytes()), int(packed[size_t(d)].size()), MPI_BYTE,
               requests_.win);
     }
     fence(requests_, "onesided dispatch");
@@ -127,7 +127,7 @@ class OneSidedBackend : public A2ABackend {
 
   // Window sizes depend on (H, K, R) and the largest T of any rank; every rank computes the same
   // sizes from the all-reduced T, so the collective (re)allocation happens on all ranks at once.
-  void ensure_windows(const RecordLayout& L, int R, int64_t Tmax) {
+  void ensure_windows(const DispatchRecordLayout& L, int R, int64_t Tmax) {
     if (counter_.win == MPI_WIN_NULL) counter_.allocate(sizeof(int64_t), 1);
     if (L.H == H_ && L.K == K_ && Tmax <= capacity_tokens_) return;
     H_ = L.H;
@@ -135,7 +135,7 @@ class OneSidedBackend : public A2ABackend {
     capacity_tokens_ = 64;
     while (capacity_tokens_ < Tmax) capacity_tokens_ *= 2;
     capacity_records_ = capacity_tokens_ * R;  // dedup: at most one record per (token, destination)
-    requests_.allocate(size_t(capacity_records_) * L.record_bytes(), 1);
+    requests_.allocate(size_t(capacity_records_) * L.bytes(), 1);
     answers_.allocate(size_t(capacity_tokens_) * size_t(std::max(L.K, R)) * L.answer_bytes(), sizeof(float));
   }
 

@@ -23,6 +23,7 @@
 #include "comm/nccl_check.cuh"
 #include "comm/nccl_group.h"
 #include "ep/cuda/plan_combine.cuh"
+#include "ep/dispatch_record.h"
 #include "ep/nccl/home_plan.cuh"
 #include "ep/fault.h"
 #include "ep/nccl/nccl_backends.h"
@@ -38,17 +39,19 @@ using Ranks = OwnerTable;
 
 Ranks ranks_of(const Placement& p) { return owner_table(p); }
 
-// Records: [row: H elements][K int32 physical ids, -1 where the destination serves no slot],
-// padded to 16 bytes. One block per record.
+// Records (ep/dispatch_record.h): [row: H elements][K int32 physical ids, -1 where the destination
+// serves no slot], padded to 16 bytes; no origin (the exchange delivers them in the home plan's
+// order). One block per record.
 // The fast combine adds the K top-k weights (fp32, 0 where not served) after the ids; an injected
 // replica-per-rank fault weighs them by the replica count (replicas: [P], else nullptr).
 template <class TA>
-__global__ void pack_kernel(const TA* x, int H, const int32_t* phys, int K, Ranks rk, const int32_t* rec_token,
-                            const int32_t* rec_slot, const int32_t* rec_dest, int64_t rec_bytes, unsigned char* out,
+__global__ void pack_kernel(const TA* x, DispatchRecordLayout L, const int32_t* phys, Ranks rk, const int32_t* rec_token,
+                            const int32_t* rec_slot, const int32_t* rec_dest, unsigned char* out,
                             const float* weights, const int32_t* replicas) {
   const int64_t i = blockIdx.x;
-  unsigned char* rec = out + i * rec_bytes;
-  int32_t* meta = reinterpret_cast<int32_t*>(rec + int64_t(H) * sizeof(TA));
+  const int H = L.H, K = L.K;
+  unsigned char* rec = out + size_t(i) * L.bytes();
+  int32_t* meta = L.physical(rec);
   const int t = rec_token[i];
   if (t < 0) {  // an unused record of a fixed-capacity block
     for (int k = threadIdx.x; k < K; k += blockDim.x) meta[k] = -1;
@@ -61,7 +64,7 @@ __global__ void pack_kernel(const TA* x, int H, const int32_t* phys, int K, Rank
     meta[k] = served ? p : -1;
     if (weights) {
       const float w = weights[int64_t(t) * K + k];
-      reinterpret_cast<float*>(meta + K)[k] = served ? (replicas ? w * float(replicas[p]) : w) : 0.0f;
+      L.weight(rec)[k] = served ? (replicas ? w * float(replicas[p]) : w) : 0.0f;
     }
   }
   const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * H);
@@ -74,8 +77,6 @@ __global__ void pack_kernel(const TA* x, int H, const int32_t* phys, int K, Rank
 __global__ void fill_i32(int32_t* p, int64_t n, int32_t v) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
 }
-
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 // Shared by the NCCL backends.
 class NcclBackendBase : public A2ABackend {
@@ -120,24 +121,26 @@ class NcclBackendBase : public A2ABackend {
     cuda::home_plan(a, stream());
   }
 
-  // Bytes of a record: the row, K ids and, for the fast combine, K weights; 16-byte aligned.
-  size_t record_bytes(const MoeTokens& in) const {
-    const size_t row = size_t(in.H) * (bf16_act(in) ? 2 : 4);
-    return align16(row + size_t(in.K) * 4 * (fast_ ? 2 : 1));
+  // A record: the row, K ids and, for the fast combine, K weights; 16-byte aligned.
+  DispatchRecordLayout record_layout(const MoeTokens& in) const {
+    DispatchRecordLayout L;
+    L.H = in.H, L.K = in.K, L.elt = bf16_act(in) ? 2 : 4;
+    L.origin = false, L.weights = fast_, L.align = 16;
+    return L;
   }
 
-  void pack(const MoeTokens& in, int64_t n_records, size_t rec_bytes, unsigned char* out) {
+  void pack(const MoeTokens& in, int64_t n_records, const DispatchRecordLayout& L, unsigned char* out) {
     if (n_records == 0) return;
     if (bf16_act(in))
-      pack_kernel<bf16><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const bf16*>(in.x), in.H, in.physical,
-                                                                   in.K, rk_, rec_token_.data(), rec_slot_.data(),
-                                                                   rec_dest_.data(), int64_t(rec_bytes), out,
-                                                                   pack_weights(in), pack_replicas());
+      pack_kernel<bf16><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const bf16*>(in.x), L, in.physical, rk_,
+                                                                   rec_token_.data(), rec_slot_.data(),
+                                                                   rec_dest_.data(), out, pack_weights(in),
+                                                                   pack_replicas());
     else
-      pack_kernel<float><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const float*>(in.x), in.H, in.physical,
-                                                                    in.K, rk_, rec_token_.data(), rec_slot_.data(),
-                                                                    rec_dest_.data(), int64_t(rec_bytes), out,
-                                                                    pack_weights(in), pack_replicas());
+      pack_kernel<float><<<unsigned(n_records), 128, 0, stream()>>>(static_cast<const float*>(in.x), L, in.physical,
+                                                                    rk_, rec_token_.data(), rec_slot_.data(),
+                                                                    rec_dest_.data(), out, pack_weights(in),
+                                                                    pack_replicas());
     EPMOE_CUDA_LAUNCHED();
   }
 
@@ -213,8 +216,8 @@ class AllToAllGpu final : public NcclBackendBase {
   std::string name() const override { return "alltoall"; }
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     const int R = rk_.R;
-    const size_t elt = bf16_act(in) ? 2 : 4, row = size_t(in.H) * elt;
-    const size_t rec = record_bytes(in);
+    const DispatchRecordLayout L = record_layout(in);
+    const size_t elt = size_t(L.elt), row = L.row_bytes(), rec = L.bytes();
     home_plan(in, 0, in.T, /*per_slot=*/false, /*fixed=*/0, /*records=*/true);
     // Counts: to d (records to d, answers I expect from d); from s the same pair. Two messages
     // per peer, matched in order (NCCL keeps the order of operations between a pair).
@@ -245,13 +248,13 @@ class AllToAllGpu final : public NcclBackendBase {
       nans_out += int64_t(rans[size_t(d)]);
     }
     // The fast combine returns one fp32 partial per record instead of a row per served slot.
-    const size_t ans_row = fast_ ? size_t(in.H) * 4 : row;
+    const size_t ans_row = L.answer_bytes();
     if (fast_) sans = srec, rans = rrec, nans_in = nsend;
     send_.reserve(size_t(std::max<int64_t>(nsend, 1)) * rec);
     recv_.reserve(size_t(std::max<int64_t>(nrecv, 1)) * rec);
     out_.reserve(size_t(std::max<int64_t>(nans_out, 1)) * row);
     back_.reserve(size_t(std::max<int64_t>(nans_in, 1)) * ans_row);
-    pack(in, nsend, rec, send_.data());
+    pack(in, nsend, L, send_.data());
     auto bytes = [](const std::vector<size_t>& n, size_t b) {
       std::vector<size_t> o(n.size());
       for (size_t i = 0; i < n.size(); i++) o[i] = n[i] * b;
@@ -262,7 +265,7 @@ class AllToAllGpu final : public NcclBackendBase {
     ExpertJobs j;
     j.x = recv_.data();
     j.x_stride = int64_t(rec / elt);
-    j.phys = reinterpret_cast<const int32_t*>(recv_.data() + row);
+    j.phys = L.physical(recv_.data());
     j.phys_stride = int64_t(rec / 4);
     j.rows = nrecv;
     j.K = in.K;
@@ -276,10 +279,10 @@ class AllToAllGpu final : public NcclBackendBase {
     if (fast_) {
       partial_.reserve(size_t(std::max<int64_t>(nrecv, 1)) * size_t(in.H));
       if (bf16_act(in))
-        reduce_partials(recv_.data(), int64_t(rec), int64_t(row), int64_t(row + size_t(in.K) * 4), nrecv, nullptr,
+        reduce_partials(recv_.data(), int64_t(rec), int64_t(L.phys_off()), int64_t(L.weight_off()), nrecv, nullptr,
                         base_.data(), reinterpret_cast<const bf16*>(out_.data()), in.H, in.K, partial_.data(), stream());
       else
-        reduce_partials(recv_.data(), int64_t(rec), int64_t(row), int64_t(row + size_t(in.K) * 4), nrecv, nullptr,
+        reduce_partials(recv_.data(), int64_t(rec), int64_t(L.phys_off()), int64_t(L.weight_off()), nrecv, nullptr,
                         base_.data(), reinterpret_cast<const float*>(out_.data()), in.H, in.K, partial_.data(),
                         stream());
       answers = reinterpret_cast<const unsigned char*>(partial_.data());

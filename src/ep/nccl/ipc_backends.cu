@@ -27,6 +27,7 @@
 #include "comm/group.h"
 #include "ep/cuda/ipc_window.cuh"
 #include "ep/cuda/plan_combine.cuh"
+#include "ep/dispatch_record.h"
 #include "ep/fault.h"
 #include "ep/nccl/home_plan.cuh"
 #include "ep/nccl/nccl_backends.h"
@@ -37,20 +38,15 @@ namespace {
 
 constexpr int kDispatch = 0, kCombine = 1;  // IpcSignals::flag stages
 
-// A record: [row][K int32 physical ids, -1 where not served][token][source][K fp32 weights: fast
-// combine only], 16-byte aligned.
-struct RecordLayout {
-  int H = 0, K = 0;
-  size_t elt = 2;
-  bool fast = false;
-  __host__ __device__ size_t row() const { return size_t(H) * elt; }
-  __host__ __device__ size_t phys_off() const { return row(); }
-  __host__ __device__ size_t token_off() const { return row() + 4 * size_t(K); }
-  __host__ __device__ size_t weight_off() const { return token_off() + 8; }
-  __host__ __device__ size_t bytes() const { return (weight_off() + (fast ? 4 * size_t(K) : 0) + 15) / 16 * 16; }
-  // Home side: bytes of one answer row.
-  __host__ __device__ size_t answer_bytes() const { return fast ? size_t(H) * 4 : row(); }
-};
+// A record (ep/dispatch_record.h): [row][K int32 physical ids, -1 where not served][token][source]
+// [K fp32 weights: fast combine only], 16-byte aligned. Records land in a racy order, so each names
+// its origin.
+DispatchRecordLayout record_layout(const MoeTokens& in, bool fast) {
+  DispatchRecordLayout L;
+  L.H = in.H, L.K = in.K, L.elt = in.act == DType::BF16 ? 2 : 4;
+  L.origin = true, L.weights = fast, L.align = 16;
+  return L;
+}
 
 struct PutArgs {
   IpcPeers peers;
@@ -68,7 +64,7 @@ struct PutArgs {
   const float* weights = nullptr;      // [T, K], fast combine only
   const int32_t* replicas = nullptr;   // injected replica-per-rank only
   const void* x = nullptr;
-  RecordLayout L;
+  DispatchRecordLayout L;
   unsigned* blocks_done = nullptr;
 };
 
@@ -86,23 +82,20 @@ __global__ void __launch_bounds__(256) put_kernel(const PutArgs a) {
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     const int d = a.rec_dest[i], t = a.rec_token[i], slot = a.rec_slot[i];
     unsigned char* rec = a.peers.base[d] + a.recv_off + size_t(a.base[d] + i - first[d]) * rb;
-    int32_t* ids = reinterpret_cast<int32_t*>(rec + a.L.phys_off());
+    int32_t* ids = a.L.physical(rec);
     for (int k = threadIdx.x; k < K; k += blockDim.x) {
       const int p = a.phys[int64_t(t) * K + k];
       const bool served = slot >= 0 ? k == slot : owner_of(a.rk, p) == d;
       ids[k] = served ? p : -1;
-      if (a.L.fast) {
+      if (a.L.weights) {  // the fast combine: the serving rank weighs
         const float w = a.weights[int64_t(t) * K + k];
-        reinterpret_cast<float*>(rec + a.L.weight_off())[k] = served ? (a.replicas ? w * float(a.replicas[p]) : w) : 0.f;
+        a.L.weight(rec)[k] = served ? (a.replicas ? w * float(a.replicas[p]) : w) : 0.f;
       }
     }
-    if (threadIdx.x == 0) {
-      reinterpret_cast<int32_t*>(rec + a.L.token_off())[0] = int32_t(t - a.t0);
-      reinterpret_cast<int32_t*>(rec + a.L.token_off())[1] = a.me;
-    }
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + size_t(t) * a.L.row());
+    if (threadIdx.x == 0) a.L.set_origin(rec, int32_t(t - a.t0), a.me);
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + size_t(t) * a.L.row_bytes());
     uint4* dst = reinterpret_cast<uint4*>(rec);
-    const int n16 = int(a.L.row() / 16);
+    const int n16 = int(a.L.row_bytes() / 16);
     for (int q = threadIdx.x; q < n16; q += blockDim.x) dst[q] = src[q];
   }
   ipc_grid_done_signal(a.peers, R, a.me, kDispatch, a.epoch, /*advance=*/true, a.blocks_done);
@@ -117,7 +110,7 @@ struct AnswerArgs {
   const int32_t* count = nullptr;  // received records (device)
   const int32_t* row_base = nullptr;
   const unsigned char* out = nullptr;  // compact expert outputs (activation type)
-  RecordLayout L;
+  DispatchRecordLayout L;
   unsigned* blocks_done = nullptr;
 };
 
@@ -128,23 +121,23 @@ __global__ void __launch_bounds__(256) answer_kernel(const AnswerArgs a) {
   const size_t rb = a.L.bytes();
   for (int i = blockIdx.x; i < n; i += gridDim.x) {
     const unsigned char* rec = a.recv + size_t(i) * rb;
-    const int32_t* ids = reinterpret_cast<const int32_t*>(rec + a.L.phys_off());
-    const int t = reinterpret_cast<const int32_t*>(rec + a.L.token_off())[0];
-    const int src = reinterpret_cast<const int32_t*>(rec + a.L.token_off())[1];
+    const int32_t* ids = a.L.physical(rec);
+    const int t = a.L.token(rec);
+    const int src = a.L.source(rec);
     unsigned char* home = a.peers.base[src] + a.answer_off;
     const TA* out = reinterpret_cast<const TA*>(a.out);
     int64_t j = a.row_base[i];
-    if (!a.L.fast) {
-      const int n16 = int(a.L.row() / 16);
+    if (!a.L.weights) {  // deterministic: a row per served slot
+      const int n16 = int(a.L.row_bytes() / 16);
       for (int k = 0; k < K; k++) {
         if (ids[k] < 0) continue;
         const uint4* s = reinterpret_cast<const uint4*>(out + j * H);
-        uint4* d = reinterpret_cast<uint4*>(home + (size_t(t) * K + k) * a.L.row());
+        uint4* d = reinterpret_cast<uint4*>(home + (size_t(t) * K + k) * a.L.row_bytes());
         for (int q = threadIdx.x; q < n16; q += blockDim.x) d[q] = s[q];
         j++;
       }
     } else {
-      const float* w = reinterpret_cast<const float*>(rec + a.L.weight_off());
+      const float* w = a.L.weight(rec);
       float* d = reinterpret_cast<float*>(home + (size_t(t) * a.R + a.me) * size_t(H) * 4);
       for (int h = threadIdx.x; h < H; h += blockDim.x) {
         float acc = 0.f;
@@ -216,9 +209,8 @@ class IpcBackend final : public A2ABackend {
   }
 
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
-    RecordLayout L;
-    L.H = in.H, L.K = in.K, L.elt = in.act == DType::BF16 ? 2 : 4, L.fast = fast_;
-    EPMOE_ASSERT(L.row() % 16 == 0, name() + " on gpus: rows of a multiple of 16 bytes");
+    const DispatchRecordLayout L = record_layout(in, fast_);
+    EPMOE_ASSERT(L.row_bytes() % 16 == 0, name() + " on gpus: rows of a multiple of 16 bytes");
     cudaStream_t s = stream();
     if (mode_ == IpcMode::OneSided) {
       ensure_window(L, agreed_tokens(in));
@@ -320,23 +312,23 @@ class IpcBackend final : public A2ABackend {
 
   // The window holds, per slot, C tokens of every rank: R * C records (R * C * K with a record per
   // slot) and C tokens' answers. It only grows, and every rank grows it together (same C).
-  void ensure_window(const RecordLayout& L, int64_t C) {
+  void ensure_window(const DispatchRecordLayout& L, int64_t C) {
     if (win_.allocated() && C <= cap_ && L.bytes() == layout_rec_ && L.answer_bytes() == layout_ans_) return;
     cap_ = mode_ != IpcMode::OneSided || bound_ > 0 ? std::max<int64_t>(C, 1) : std::max<int64_t>({C, 2 * cap_, 64});
     layout_rec_ = L.bytes();
     layout_ans_ = L.answer_bytes();
-    const size_t ans_rows = L.fast ? size_t(rk_.R) : size_t(L.K);
+    const size_t ans_rows = fast_ ? size_t(rk_.R) : size_t(L.K);
     const size_t recv = recv_capacity(L) * L.bytes(), ans = size_t(cap_) * ans_rows * L.answer_bytes();
     win_.allocate(IpcLayout({recv, recv, ans, ans}));
   }
-  size_t recv_capacity(const RecordLayout& L) const {
+  size_t recv_capacity(const DispatchRecordLayout& L) const {
     return size_t(rk_.R) * size_t(cap_) * (per_slot() ? size_t(L.K) : 1);
   }
   size_t recv_off(int slot) const { return win_.layout().offsets[size_t(slot)]; }
   size_t answer_off(int slot) const { return win_.layout().offsets[2 + size_t(slot)]; }
 
   // 1-3. Plan, reserve, put: this rank's tokens of the round into the destinations' slot.
-  void dispatch(const MoeTokens& in, const Round& r, const RecordLayout& L, cudaStream_t s) {
+  void dispatch(const MoeTokens& in, const Round& r, const DispatchRecordLayout& L, cudaStream_t s) {
     const int R = rk_.R, K = in.K;
     const int64_t n = r.t1 - r.t0;
     HomeArrays& a = home_[r.slot];
@@ -388,19 +380,19 @@ class IpcBackend final : public A2ABackend {
 
   // 4-6. On the process stream (the experts run there): wait for every source, serve what arrived,
   // write the answers home.
-  void serve(const Round& r, const RecordLayout& L, ExpertRunner& experts) {
+  void serve(const Round& r, const DispatchRecordLayout& L, ExpertRunner& experts) {
     cudaStream_t s = stream();
     const int R = rk_.R, K = L.K;
     const int64_t recv_cap = int64_t(recv_capacity(L));
     recv_count_.reserve(1);
     ipc_wait(win_, R, kDispatch, r.epoch, r.slot, recv_count_.data(), int32_t(recv_cap), s);
     row_base_.reserve(size_t(recv_cap) + 1);
-    out_.reserve(size_t(recv_cap) * size_t(per_slot() ? 1 : K) * L.row());
+    out_.reserve(size_t(recv_cap) * size_t(per_slot() ? 1 : K) * L.row_bytes());
     ExpertJobs j;
     unsigned char* recv = win_.mine() + recv_off(r.slot);
     j.x = recv;
     j.x_stride = int64_t(L.bytes() / L.elt);
-    j.phys = reinterpret_cast<const int32_t*>(recv + L.phys_off());
+    j.phys = L.physical(recv);
     j.phys_stride = int64_t(L.bytes() / 4);
     j.rows = recv_cap;
     j.rows_dev = recv_count_.data();
@@ -427,7 +419,7 @@ class IpcBackend final : public A2ABackend {
   // 7. Wait for every answer of the round, combine its tokens into y. (The plain combine waits in
   // its own prologue: one launch less. A rank without tokens still waits: the flags also say that
   // every peer has read its records of this slot, which the dispatch of epoch + 2 relies on.)
-  void finish(const MoeTokens& in, const Round& r, const RecordLayout& L, float* y, cudaStream_t s) {
+  void finish(const MoeTokens& in, const Round& r, const DispatchRecordLayout& L, float* y, cudaStream_t s) {
     const int R = rk_.R, K = in.K;
     const int64_t n = r.t1 - r.t0;
     const bool plain = n > 0 && !fast_ && fault_ == Fault::None;

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
-#include "model/cuda/attention.cuh"
+#include "kernels/cuda/attention.cuh"
 #include "model/cuda/gpu_model.h"
 
 namespace epmoe::cuda {

@@ -17,7 +17,7 @@
 #include "kernels/cuda/split_linear.cuh"
 #include "ep/cuda/plan_combine.cuh"
 #include "kernels/ops.h"
-#include "model/cuda/attention.cuh"
+#include "kernels/cuda/attention.cuh"
 #include "model/cuda/decode_graphs.cuh"
 #include "model/cuda/sampling.cuh"
 #include "model/decoder.h"

@@ -1,4 +1,4 @@
-#include "model/cuda/attention.cuh"
+#include "kernels/cuda/attention.cuh"
 #include "util/env.h"
 
 #include <cstdlib>

@@ -1,6 +1,7 @@
-// Attention of the decoder on the GPU, twin of the attention of model/model.cc (the CPU code is
-// the reference): q/k norm + RoPE + KV-cache append per token, then causal GQA attention; and
-// multi-head latent attention (Model::mla_attention, the absorbed form over a latent cache).
+// The kernels of the decoder's attention on the GPU (GpuModel, model/cuda/, calls them), twins of the
+// attention of model/model.cc (the CPU code is the reference): q/k norm + RoPE + KV-cache append per
+// token, then causal GQA attention; and multi-head latent attention (Model::mla_attention, the
+// absorbed form over a latent cache). Pure kernels over the views below: no model state.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
