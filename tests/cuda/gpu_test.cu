@@ -2196,7 +2196,7 @@ TEST(GpuDraw, DeviceDrawsAreTheHostBits) {
     std::vector<cuda::DrawSpec> specs;
     for (int r = 0; r < rows; r++)
       for (float T : {0.0f, 0.3f, 0.8f, 1.0f, 2.5f})
-        for (uint64_t seed : {1ull, 77ull, 0xdeadbeefull}) specs.push_back({r, T, seed, int64_t(r * 13 + 5)});
+        for (uint64_t seed : {1ull, 77ull, 0xdeadbeefull}) specs.push_back({r, T, seed, int64_t(r * 13 + 5), 0});
     DeviceArray<cuda::DrawSpec> ds;
     ds.upload(specs);
     DeviceArray<int32_t> tok(specs.size());

@@ -369,8 +369,9 @@ TEST(Scheduler, DeviceDrawsWithTopLogprobsGiveTheHostPathsBits) {
     ASSERT_EQ(got.size(), host[i].size());
     for (size_t j = 0; j < got.size(); j++) {
       expect_same(got[j], host[i][j], "request " + std::to_string(i) + " sample " + std::to_string(j));
-      if (reqs[i].params.top_logprobs > 0)
+      if (reqs[i].params.top_logprobs > 0) {
         for (const auto& step : got[j].top) EXPECT_EQ(step.size(), size_t(reqs[i].params.top_logprobs));
+      }
     }
   }
   // A mask (top-k) keeps its steps on the host: nothing of them reaches forward_draw.
