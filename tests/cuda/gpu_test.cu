@@ -2264,7 +2264,7 @@ TEST(GpuSampling, TopNMatchesHost) {
     std::normal_distribution<float> nd(0.f, 3.f);
     for (auto& x : l) x = nd(rng);
     float* r1 = &l[size_t(V)];  // row 1: ties at the top
-    for (int i = 0; i < std::min(V, 50); i++) r1[size_t(i) * 3 % size_t(V)] = 9.0f;
+    for (int i = 0; i < std::min(V, 50); i++) r1[size_t(i) * 3 % size_t(V)] = 20.0f;  // (above any N(0, 3) draw)
     float* r2 = &l[2 * size_t(V)];  // row 2: mostly -inf (N reaches into them when V is small)
     for (int i = 0; i < V; i++)
       if (i % 11 != 4) r2[i] = -INFINITY;
