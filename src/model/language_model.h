@@ -133,7 +133,8 @@ class LanguageModel {
   // The same step with tokens drawn where the logits are (engine/sampling.h without masks): one
   // draw per entry of `draws`, from the last logits of seqs[draw.row]; only the tokens, their
   // log-probs and top_n alternatives come back, the same bits as sample_token and RowLogprobs
-  // (at, top) on the host give for those logits. Called only when draws_on_device() (the GPU); the host draws otherwise.
+  // (at, top) on the host give for those logits. Called only when draws_on_device() (the GPU);
+  // the host draws otherwise.
   virtual bool draws_on_device() const { return false; }
   virtual std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,

@@ -2350,7 +2350,8 @@ TEST(GpuDraw, ForwardDrawTopNIsForwardThenTheHostTop) {
       ASSERT_EQ(drawn[d].top.size(), top.size()) << "draw " << d << " top_n " << draws[d].top_n;
       for (size_t q = 0; q < top.size(); q++) {
         EXPECT_EQ(drawn[d].top[q].first, top[q].first) << "draw " << d << " rank " << q;
-        EXPECT_EQ(std::memcmp(&drawn[d].top[q].second, &top[q].second, sizeof(float)), 0) << "draw " << d << " rank " << q;
+        EXPECT_EQ(std::memcmp(&drawn[d].top[q].second, &top[q].second, sizeof(float)), 0)
+            << "draw " << d << " rank " << q;
       }
     }
   }

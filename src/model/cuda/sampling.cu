@@ -136,10 +136,11 @@ __device__ inline bool before(float av, int ai, float bv, int bi) {
 }
 
 // One block of kTopThreads per draw (1024, as draw_kernel: the row's ~150k loads are then ~37
-// rounds of four per thread; K = 20 still fits the 64 registers without a spill). Each thread keeps the first K of its strided slice in the
-// stable order, sorted, in registers (K a compile-time bound: every index below is unrolled);
-// then top_n rounds of a block-wide pick of the best head, whose thread pops it. Any id of the
-// row's first top_n is among the first K of its own thread's slice, so the rounds find them all.
+// rounds of four per thread; K = 20 still fits the 64 registers without a spill). Each thread
+// keeps the first K of its strided slice in the stable order, sorted, in registers (K a
+// compile-time bound: every index below is unrolled); then top_n rounds of a block-wide pick of
+// the best head, whose thread pops it. Any id of the row's first top_n is among the first K of
+// its own thread's slice, so the rounds find them all.
 // The log-prob is (l / T - max) - lse, RowLogprobs::at's operations, with draw_kernel's max and
 // lse (the host's bits: kernels/sampling_math.h's fixed order).
 constexpr int kTopThreads = 1024;
