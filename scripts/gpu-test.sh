@@ -65,6 +65,18 @@ for c in bf16 f32; do
     > $out/rollout_draw_$c.jsonl && python3 scripts/rollout-check.py $out/rollout_draw_$c.jsonl 0.9 \
     $GPU_BIN/epmoe score --device cuda --compute $c --model $fx"
 done
+# A top-N with the device's draws (top_rows, issue 33): the same JSON lines -- tokens, log-probs,
+# top_logprobs' ids and bits -- as the host's draws of the same rollout (--check-numerics keeps the
+# draws on the host), sampled (2 samples) and greedy (one: --n 2 needs T > 0).
+for tn in "0.9 2" "0 1"; do
+  read -r t n <<< "$tn"
+  a="${draw_args/--temperature 0.9/--temperature $t}"
+  a="${a/--n 2/--n $n} 5"
+  step "rollout_device_top_n_t$t" 120 bash -c "$GPU_BIN/epmoe generate --device cuda $a \
+    > $out/rollout_topn_dev_t$t.jsonl && $GPU_BIN/epmoe generate --device cuda $a --check-numerics \
+    > $out/rollout_topn_host_t$t.jsonl && grep -q top_logprobs $out/rollout_topn_dev_t$t.jsonl && \
+    cmp <(grep '^{' $out/rollout_topn_dev_t$t.jsonl) <(grep '^{' $out/rollout_topn_host_t$t.jsonl)"
+done
 # Every fixture, both kinds of draw (device: no masks; host: top-p and top-N), bf16.
 ((ep_only)) || for name in qwen3moe-tiny-mixed-bf16 qwen3moe-tiny-v5 qwen2moe-tiny glm4moe-tiny mixtral-tiny; do
   for kind in draw host; do

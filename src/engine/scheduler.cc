@@ -293,9 +293,10 @@ Scheduler::StepPlan Scheduler::plan() {
     const RequestParams& p = e.req.params;
     sp.host_logits |= p.sampling.temperature > 0.0f || p.logprobs || p.top_logprobs > 0 || p.processing.active() ||
                       !p.logprob_ids.empty() || p.sampling_mask;
-    // The device draws what needs no sorted order and no history: no masks, no top-N, no penalties.
+    // The device draws what needs no sorted order and no history: no masks, no penalties; a
+    // top-N of the row (logprobs: N) up to kMaxDrawTopN.
     const SamplingParams& s = p.sampling;
-    sp.device_draws &= s.top_k <= 0 && s.top_p >= 1.0f && s.min_p <= 0.0f && p.top_logprobs == 0 &&
+    sp.device_draws &= s.top_k <= 0 && s.top_p >= 1.0f && s.min_p <= 0.0f && p.top_logprobs <= kMaxDrawTopN &&
                        !p.processing.active() && p.logprob_ids.empty() && !p.sampling_mask;
   }
   sp.device_draws &= sp.host_logits && !sp.all_logits;
@@ -315,12 +316,15 @@ Scheduler::StepOutput Scheduler::forward(StepPlan& sp) {
     std::vector<DrawRequest> draws;
     for (const StepPlan::Pick& pk : sp.picks_todo) {
       const Entry& e = entries_[pk.h];
-      draws.push_back({int(pk.row), e.req.params.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position});
+      const RequestParams& p = e.req.params;
+      draws.push_back({int(pk.row), p.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position,
+                       std::max(p.top_logprobs, 0)});
     }
-    const std::vector<Drawn> drawn = model_.forward_draw(sp.active, sp.tokens, backend_, draws, fo);
+    std::vector<Drawn> drawn = model_.forward_draw(sp.active, sp.tokens, backend_, draws, fo);
     for (size_t i = 0; i < sp.picks_todo.size(); i++) {
       sp.picks_todo[i].token = drawn[i].token;
       sp.picks_todo[i].logprob = drawn[i].logprob;
+      sp.picks_todo[i].top = std::move(drawn[i].top);  // (RowLogprobs::top's: empty without top_logprobs)
     }
   } else if (sp.host_logits) {
     out.logits = model_.forward(sp.active, sp.tokens, backend_, sp.all_logits, fo);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "ep/backend.h"
@@ -90,10 +91,16 @@ struct DrawRequest {
   float temperature = 0;   // 0: greedy (the log-prob is then temperature 1's)
   uint64_t seed = 0;
   int64_t position = 0;    // the drawn token's absolute position
+  int top_n = 0;           // also the row's top_n most likely ids (0..kMaxDrawTopN; OpenAI logprobs: N)
 };
+// The most alternatives a device draw reports (serve's max_top_logprobs, OpenAI's limit).
+constexpr int kMaxDrawTopN = 20;
 struct Drawn {
   int32_t token = -1;
   float logprob = 0;  // log_softmax(logits / T)[token]
+  // The request's top_n ids with their log-probs: RowLogprobs(row, T).top(top_n), the same order
+  // and bits (min(top_n, V) entries).
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 class LanguageModel {
@@ -124,9 +131,10 @@ class LanguageModel {
                                               const ForwardOptions& opt = {});
 
   // The same step with tokens drawn where the logits are (engine/sampling.h without masks): one
-  // draw per entry of `draws`, from the last logits of seqs[draw.row]; only the tokens and their
-  // log-probs come back, the same bits as sample_token and RowLogprobs on the host give for those
-  // logits. Called only when draws_on_device() (the GPU); the host draws otherwise.
+  // draw per entry of `draws`, from the last logits of seqs[draw.row]; only the tokens, their
+  // log-probs and top_n alternatives come back, the same bits as sample_token and RowLogprobs
+  // (at, top) on the host give for those logits. Called only when draws_on_device() (the GPU);
+  // the host draws otherwise.
   virtual bool draws_on_device() const { return false; }
   virtual std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,

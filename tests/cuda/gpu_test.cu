@@ -2196,7 +2196,7 @@ TEST(GpuDraw, DeviceDrawsAreTheHostBits) {
     std::vector<cuda::DrawSpec> specs;
     for (int r = 0; r < rows; r++)
       for (float T : {0.0f, 0.3f, 0.8f, 1.0f, 2.5f})
-        for (uint64_t seed : {1ull, 77ull, 0xdeadbeefull}) specs.push_back({r, T, seed, int64_t(r * 13 + 5)});
+        for (uint64_t seed : {1ull, 77ull, 0xdeadbeefull}) specs.push_back({r, T, seed, int64_t(r * 13 + 5), 0});
     DeviceArray<cuda::DrawSpec> ds;
     ds.upload(specs);
     DeviceArray<int32_t> tok(specs.size());
@@ -2252,6 +2252,111 @@ TEST(GpuDraw, ForwardDrawIsForwardThenTheHostDraw) {
   }
 }
 
+// The device's top-N of drawn rows (top_rows, after draw_rows wrote each row's max and lse)
+// against RowLogprobs::top on the host: the same ids in the same order and the same log-prob bits,
+// for random rows, ties (at the top and throughout), -inf entries, a constant row and a vocabulary
+// smaller than N; every list length top_rows instantiates (stride 1, 5, 20).
+TEST(GpuSampling, TopNMatchesHost) {
+  REQUIRE_GPU();
+  for (int V : {7, 320, 151936}) {
+    const int rows = 5;
+    std::vector<float> l(size_t(rows) * size_t(V));
+    std::normal_distribution<float> nd(0.f, 3.f);
+    for (auto& x : l) x = nd(rng);
+    float* r1 = &l[size_t(V)];  // row 1: ties at the top
+    for (int i = 0; i < std::min(V, 50); i++) r1[size_t(i) * 3 % size_t(V)] = 20.0f;  // (above any N(0, 3) draw)
+    float* r2 = &l[2 * size_t(V)];  // row 2: mostly -inf (N reaches into them when V is small)
+    for (int i = 0; i < V; i++)
+      if (i % 11 != 4) r2[i] = -INFINITY;
+    float* r3 = &l[3 * size_t(V)];  // row 3: values on a coarse grid, ties everywhere
+    for (int i = 0; i < V; i++) r3[i] = std::round(r3[i] * 2.0f) * 0.5f;
+    float* r4 = &l[4 * size_t(V)];  // row 4: constant
+    for (int i = 0; i < V; i++) r4[i] = 1.25f;
+    DeviceArray<float> dl;
+    dl.upload(l);
+    for (int stride : {1, 5, 20}) {
+      std::vector<cuda::DrawSpec> specs;
+      for (int r = 0; r < rows; r++)
+        for (float T : {0.0f, 0.7f, 1.3f})
+          for (int n : {0, 1, 3, stride})
+            if (n <= stride) specs.push_back({r, T, 99, int64_t(r), n});
+      DeviceArray<cuda::DrawSpec> ds;
+      ds.upload(specs);
+      const size_t count = specs.size();
+      DeviceArray<int32_t> tok(count), ids(count * size_t(stride));
+      DeviceArray<float> lp(count), norm(2 * count), tlp(count * size_t(stride));
+      cuda::draw_rows(dl.data(), V, ds.data(), int(count), tok.data(), lp.data(), cuda::stream(), norm.data());
+      cuda::top_rows(dl.data(), V, ds.data(), int(count), norm.data(), stride, ids.data(), tlp.data(), cuda::stream());
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+      const auto got_id = ids.download(count * size_t(stride));
+      const auto got_lp = tlp.download(count * size_t(stride));
+      for (size_t d = 0; d < count; d++) {
+        const cuda::DrawSpec& sp = specs[d];
+        const auto want = RowLogprobs(&l[size_t(sp.row) * size_t(V)], V, sp.temperature).top(sp.top_n);
+        ASSERT_EQ(want.size(), size_t(std::min(sp.top_n, V)));
+        const std::string at = "V " + std::to_string(V) + " stride " + std::to_string(stride) + " row " +
+                               std::to_string(sp.row) + " T " + std::to_string(sp.temperature) + " n " +
+                               std::to_string(sp.top_n);
+        for (int r = 0; r < sp.top_n; r++) {
+          const size_t k = d * size_t(stride) + size_t(r);
+          if (size_t(r) >= want.size()) {
+            ASSERT_EQ(got_id[k], -1) << at << " rank " << r << ": past the vocabulary";
+            continue;
+          }
+          ASSERT_EQ(got_id[k], want[size_t(r)].first) << at << " rank " << r;
+          ASSERT_EQ(std::memcmp(&got_lp[k], &want[size_t(r)].second, sizeof(float)), 0)
+              << at << " rank " << r << ": device " << got_lp[k] << ", host " << want[size_t(r)].second;
+        }
+      }
+    }
+  }
+}
+
+// forward_draw with top_n: each draw's top is RowLogprobs::top of forward()'s row (ids, order,
+// bits, length), beside the same token and log-prob; no top without top_n.
+TEST(GpuDraw, ForwardDrawTopNIsForwardThenTheHostTop) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) {
+    KvModel a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16});
+    const std::vector<std::vector<int32_t>> prompts = {{5, 17, 42, 99, 3}, {7, 7, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9}};
+    std::vector<Sequence> sa, sb;
+    for (uint64_t i = 0; i < prompts.size(); i++) {
+      sa.push_back(a.model->new_sequence(i));
+      sb.push_back(b.model->new_sequence(i));
+    }
+    std::vector<Sequence*> pa, pb;
+    for (auto& x : sa) pa.push_back(&x);
+    for (auto& x : sb) pb.push_back(&x);
+    std::vector<DrawRequest> draws;
+    const int tops[] = {0, 1, 5, 20};
+    for (int r = 0; r < 3; r++)
+      for (uint64_t k = 0; k < 4; k++)
+        draws.push_back({r, r == 2 ? 0.0f : (r == 1 ? 1.3f : 0.7f), 100 + k, int64_t(prompts[size_t(r)].size()),
+                         tops[k]});
+    const auto drawn = a.model->forward_draw(pa, prompts, *a.be, draws);
+    const auto logits = b.model->forward(pb, prompts, *b.be, false);
+    ASSERT_EQ(drawn.size(), draws.size());
+    const int64_t V = a.cfg.vocab_size;
+    for (size_t d = 0; d < draws.size(); d++) {
+      const float* row = logits[size_t(draws[d].row)].data();
+      SamplingParams sp;
+      sp.temperature = draws[d].temperature;
+      const RowLogprobs lp(row, V, sp.temperature);
+      const int32_t want = sample_token(row, V, sp, draws[d].seed, draws[d].position);
+      const float want_lp = lp.at(want);
+      EXPECT_EQ(drawn[d].token, want) << "draw " << d;
+      EXPECT_EQ(std::memcmp(&drawn[d].logprob, &want_lp, sizeof(float)), 0) << "draw " << d;
+      const auto top = lp.top(draws[d].top_n);
+      ASSERT_EQ(drawn[d].top.size(), top.size()) << "draw " << d << " top_n " << draws[d].top_n;
+      for (size_t q = 0; q < top.size(); q++) {
+        EXPECT_EQ(drawn[d].top[q].first, top[q].first) << "draw " << d << " rank " << q;
+        EXPECT_EQ(std::memcmp(&drawn[d].top[q].second, &top[q].second, sizeof(float)), 0)
+            << "draw " << d << " rank " << q;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode steps as CUDA graphs (GpuModelOptions::cuda_graph; docs/gpu.md "Decode as one CUDA
 // graph"). Two models of the same checkpoint, one replaying graphs and one running every kernel
@@ -2282,6 +2387,14 @@ struct GraphTwins {
   }
 };
 
+// Two top-N lists with the same ids in the same order and the same log-prob bits.
+bool same_top(const std::vector<std::pair<int32_t, float>>& a, const std::vector<std::pair<int32_t, float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t q = 0; q < a.size(); q++)
+    if (a[q].first != b[q].first || std::memcmp(&a[q].second, &b[q].second, sizeof(float)) != 0) return false;
+  return true;
+}
+
 void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = GpuFp8Compute::Dequant) {
   const std::string tag = name + " --compute " + (f32 ? "f32" : "bf16") +
                           (fp8 == GpuFp8Compute::TensorCore ? " fp8 tensor cores" : "");
@@ -2293,7 +2406,8 @@ void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = Gp
     for (uint64_t b = 0; b < prompt_len.size(); b++) seqs[i].push_back(tw.m[i]->new_sequence(b));
   int step_no = 0, compared = 0, differ = 0;
   std::string first_diff;
-  // mode 0: forward (last logits of each row), 1: forward_greedy, 2: forward_draw (two draws a row).
+  // mode 0: forward (last logits of each row), 1: forward_greedy, 2: forward_draw (two draws a row,
+  // with top-N 5 and 1).
   auto step = [&](const std::vector<int>& which, const std::vector<size_t>& ntok, int mode) {
     step_no++;
     std::vector<std::vector<int32_t>> tokens;
@@ -2312,7 +2426,8 @@ void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = Gp
       std::vector<DrawRequest> draws;
       for (int r = 0; r < int(which.size()); r++)
         for (uint64_t k = 0; k < 2; k++)
-          draws.push_back({r, k ? 0.0f : 0.8f, 100 + k, ps[size_t(r)]->len + int64_t(ntok[size_t(r)]) - 1});
+          draws.push_back({r, k ? 0.0f : 0.8f, 100 + k, ps[size_t(r)]->len + int64_t(ntok[size_t(r)]) - 1,
+                           k ? 1 : 5});
       if (mode == 0) logits[i] = tw.m[i]->forward(ps, tokens, *tw.be[i], false);
       else if (mode == 1) ids[i] = tw.m[i]->forward_greedy(ps, tokens, *tw.be[i]);
       else drawn[i] = tw.m[i]->forward_draw(ps, tokens, *tw.be[i], draws);
@@ -2330,7 +2445,8 @@ void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = Gp
       same = drawn[0].size() == drawn[1].size() && drawn[0].size() == 2 * which.size();
       for (size_t d = 0; same && d < drawn[0].size(); d++)
         same = drawn[0][d].token == drawn[1][d].token &&
-               std::memcmp(&drawn[0][d].logprob, &drawn[1][d].logprob, sizeof(float)) == 0;
+               std::memcmp(&drawn[0][d].logprob, &drawn[1][d].logprob, sizeof(float)) == 0 &&
+               same_top(drawn[0][d].top, drawn[1][d].top);
       compared += int(which.size());
     }
     if (!same && differ++ == 0) first_diff = "step " + std::to_string(step_no) + " (mode " + std::to_string(mode) + ")";

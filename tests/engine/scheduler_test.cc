@@ -10,6 +10,7 @@
 #include "common/cpu_model.h"
 #include "common/golden.h"
 #include "comm/mpi_group.h"
+#include "engine/sampling.h"
 #include "engine/scheduler.h"
 #include "ep/backend.h"
 #include "io/checkpoint.h"
@@ -295,6 +296,93 @@ TEST(Scheduler, AStopFromOnTokenEndsThatSampleOnlyWithStop) {
   expect_pool_whole(m.model.kv_pool());
   s.forget(1);
   EXPECT_TRUE(s.results(1).empty()) << "forget drops the results";
+}
+
+// The CPU model behind the device-draw interface (LanguageModel::forward_draw, as the GPU model
+// offers it), drawing on the host from forward()'s logits: the scheduler's device-draw path --
+// which requests it sends there and how it reads the draws back -- run without a GPU.
+class HostDrawsAsDevice : public LanguageModel {
+ public:
+  explicit HostDrawsAsDevice(LanguageModel& m) : m_(m) {}
+  const ModelConfig& config() const override { return m_.config(); }
+  Device device() const override { return m_.device(); }
+  KvPool& kv_pool() override { return m_.kv_pool(); }
+  std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
+                                          const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
+                                          bool all_logits, const ForwardOptions& opt) override {
+    return m_.forward(seqs, tokens, backend, all_logits, opt);
+  }
+  bool draws_on_device() const override { return true; }
+  std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                                  A2ABackend& backend, const std::vector<DrawRequest>& draws,
+                                  const ForwardOptions& opt) override {
+    const auto logits = m_.forward(seqs, tokens, backend, false, opt);
+    const int64_t V = config().vocab_size;
+    std::vector<Drawn> out;
+    for (const DrawRequest& d : draws) {
+      const float* row = logits[size_t(d.row)].data();
+      SamplingParams sp;
+      sp.temperature = d.temperature;
+      const RowLogprobs lp(row, V, d.temperature);
+      Drawn dr;
+      dr.token = sample_token(row, V, sp, d.seed, d.position);
+      dr.logprob = lp.at(dr.token);
+      dr.top = lp.top(d.top_n);
+      top_draws += d.top_n > 0;
+      out.push_back(std::move(dr));
+    }
+    draw_steps++;
+    return out;
+  }
+  void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend,
+                 float* y) override {
+    m_.mlp_block(layer, x, T, gids, backend, y);
+  }
+  int draw_steps = 0, top_draws = 0;
+
+ private:
+  LanguageModel& m_;
+};
+
+TEST(Scheduler, DeviceDrawsWithTopLogprobsGiveTheHostPathsBits) {
+  // logprobs: N no longer keeps a step off the device's draws: the same tokens, log-probs and
+  // top-N (ids, order, bits, shape) as the host path, greedy and sampled, N = 1 .. 20, with n = 2.
+  Loaded m({4096, 16});
+  auto reqs = workload(8, m.cfg.vocab_size, 21, 7, /*with_samples=*/true);
+  const int tops[] = {0, 1, 3, 20};
+  for (size_t i = 0; i < reqs.size(); i++) {
+    RequestParams& p = reqs[i].params;
+    p.sampling.top_k = -1;  // (masks stay on the host)
+    p.sampling.temperature = i % 3 == 0 ? 0.0f : (i % 3 == 1 ? 0.7f : 1.3f);
+    p.top_logprobs = tops[i % 4];
+    p.logprobs = i % 2 == 0;
+  }
+  const Results host = run_all(m, reqs);
+  HostDrawsAsDevice dev(m.model);
+  Scheduler s(dev, *m.backend, MpiGroup::world(), {});
+  for (auto& r : reqs) s.submit(r);
+  s.run();
+  EXPECT_GT(dev.draw_steps, 0) << "the steps drew on the 'device'";
+  EXPECT_GT(dev.top_draws, 0) << "draws with top_logprobs went to the 'device'";
+  for (size_t i = 0; i < reqs.size(); i++) {
+    const auto& got = s.results(i);
+    ASSERT_EQ(got.size(), host[i].size());
+    for (size_t j = 0; j < got.size(); j++) {
+      expect_same(got[j], host[i][j], "request " + std::to_string(i) + " sample " + std::to_string(j));
+      if (reqs[i].params.top_logprobs > 0) {
+        for (const auto& step : got[j].top) EXPECT_EQ(step.size(), size_t(reqs[i].params.top_logprobs));
+      }
+    }
+  }
+  // A mask (top-k) keeps its steps on the host: nothing of them reaches forward_draw.
+  HostDrawsAsDevice masked(m.model);
+  reqs[0].params.sampling.top_k = 5;
+  reqs[0].params.sampling.temperature = 0.8f;
+  Scheduler s2(masked, *m.backend, MpiGroup::world(), {});
+  s2.submit(reqs[0]);
+  s2.run();
+  EXPECT_EQ(masked.draw_steps, 0);
+  expect_pool_whole(m.model.kv_pool());
 }
 
 }  // namespace

@@ -34,6 +34,8 @@
 
 namespace epmoe::cuda {
 
+static_assert(kMaxDrawTopN <= kMaxTopRows, "a draw's top_n must fit top_rows' lists");
+
 namespace {
 
 // --check-numerics on the GPU: the logits, on the host.
@@ -257,6 +259,9 @@ struct GpuModel final : LanguageModel {
   DeviceArray<int32_t> tables;
   DeviceArray<DrawSpec> specs;  // this step's draws (forward_draw)
   DeviceArray<float> draw_lp;
+  DeviceArray<float> draw_norm;  // each draw's max and log-sum-exp, for its top-N (top_rows)
+  DeviceArray<int32_t> top_ids;  // [draw][stride]: the draws' top-N (DrawRequest::top_n)
+  DeviceArray<float> top_lp;
   // The step's inputs as the kernels read them: the arrays above (ids, gids, slots, tables, sel)
   // in an eager step, a decode graph's own input buffer (GraphEntry::in_dev) while it is captured.
   const int32_t* st_ids = nullptr;
@@ -1264,7 +1269,10 @@ struct GpuModel final : LanguageModel {
       for (const DrawRequest& d : *draws) {
         EPMOE_ASSERT(d.row >= 0 && size_t(d.row) < seqs.size() && span[size_t(d.row)].second > 0,
                      "forward_draw: row " + std::to_string(d.row) + " has no logits in this step");
-        specs_h.push_back({int32_t(span[size_t(d.row)].first), d.temperature, d.seed, d.position});
+        EPMOE_ASSERT(d.top_n >= 0 && d.top_n <= kMaxDrawTopN,
+                     "forward_draw: top_n " + std::to_string(d.top_n) + " outside [0, " +
+                         std::to_string(kMaxDrawTopN) + "]");
+        specs_h.push_back({int32_t(span[size_t(d.row)].first), d.temperature, d.seed, d.position, d.top_n});
       }
     cudaStream_t s = stream();
     const int64_t R = int64_t(sel_h.size());
@@ -1297,12 +1305,33 @@ struct GpuModel final : LanguageModel {
       const int n = int(specs_h.size());
       best_ids.reserve(size_t(std::max(n, 1)));
       draw_lp.reserve(size_t(std::max(n, 1)));
-      draw_rows(logits.data(), V, specs.data(), n, best_ids.data(), draw_lp.data(), s);
+      // Top-N alternatives (logprobs: N): a second kernel over the rows that ask, with the draw's
+      // normaliser; only N pairs a draw come back, not the row.
+      int stride = 0;
+      for (const DrawSpec& d : specs_h) stride = std::max(stride, int(d.top_n));
+      if (stride > 0) {
+        draw_norm.reserve(size_t(2 * n));
+        top_ids.reserve(size_t(n) * size_t(stride));
+        top_lp.reserve(size_t(n) * size_t(stride));
+      }
+      draw_rows(logits.data(), V, specs.data(), n, best_ids.data(), draw_lp.data(), s,
+                stride > 0 ? draw_norm.data() : nullptr);
+      if (stride > 0)
+        top_rows(logits.data(), V, specs.data(), n, draw_norm.data(), stride, top_ids.data(), top_lp.data(), s);
       wait_stream("forward: drawn tokens");
       const std::vector<int32_t> tok = best_ids.download(size_t(n));
       const std::vector<float> lp = draw_lp.download(size_t(n));
+      const std::vector<int32_t> tid = top_ids.download(size_t(n) * size_t(stride));
+      const std::vector<float> tlp = top_lp.download(size_t(n) * size_t(stride));
       drawn->resize(size_t(n));
-      for (int d = 0; d < n; d++) (*drawn)[size_t(d)] = {tok[size_t(d)], lp[size_t(d)]};
+      for (int d = 0; d < n; d++) {
+        Drawn& dr = (*drawn)[size_t(d)];
+        dr = {tok[size_t(d)], lp[size_t(d)], {}};
+        for (int r = 0; r < specs_h[size_t(d)].top_n; r++) {
+          const size_t k = size_t(d) * size_t(stride) + size_t(r);
+          if (tid[k] >= 0) dr.top.push_back({tid[k], tlp[k]});  // (-1: past a vocabulary smaller than N)
+        }
+      }
       return out;
     }
     if (greedy) {

@@ -55,7 +55,7 @@ __global__ void argmax_kernel(const float* logits, int V, int32_t* out) {
 
 // One block of kLogprobLanes threads per draw; thread j is lane j of the fixed summation order.
 __global__ void __launch_bounds__(kLogprobLanes) draw_kernel(const float* logits, int V, const DrawSpec* specs,
-                                                             int32_t* tokens, float* logprobs) {
+                                                             int32_t* tokens, float* logprobs, float* norm) {
   __shared__ float lane[kLogprobLanes];
   __shared__ float sv[32];
   __shared__ int si[32];
@@ -125,15 +125,117 @@ __global__ void __launch_bounds__(kLogprobLanes) draw_kernel(const float* logits
   if (j == 0) {
     tokens[blockIdx.x] = token;
     logprobs[blockIdx.x] = __fsub_rn(__fsub_rn(__fdiv_rn(x[token], T), m), lse);
+    if (norm) norm[2 * blockIdx.x] = m, norm[2 * blockIdx.x + 1] = lse;
+  }
+}
+
+// The stable order of RowLogprobs::top: logit descending, id ascending; an empty slot (id -1)
+// after every id (-inf logits included). warp_argmax (common.cuh) picks by the same order.
+__device__ inline bool before(float av, int ai, float bv, int bi) {
+  return ai >= 0 && (bi < 0 || av > bv || (av == bv && ai < bi));
+}
+
+// One block of kTopThreads per draw (1024, as draw_kernel: the row's ~150k loads are then ~37
+// rounds of four per thread; K = 20 still fits the 64 registers without a spill). Each thread
+// keeps the first K of its strided slice in the stable order, sorted, in registers (K a
+// compile-time bound: every index below is unrolled); then top_n rounds of a block-wide pick of
+// the best head, whose thread pops it. Any id of the row's first top_n is among the first K of
+// its own thread's slice, so the rounds find them all.
+// The log-prob is (l / T - max) - lse, RowLogprobs::at's operations, with draw_kernel's max and
+// lse (the host's bits: kernels/sampling_math.h's fixed order).
+constexpr int kTopThreads = 1024;
+static_assert(kTopThreads % 32 == 0 && kTopThreads <= 1024, "whole warps, one block");
+template <int K>
+__global__ void __launch_bounds__(kTopThreads) top_kernel(const float* logits, int V, const DrawSpec* specs,
+                                                          const float* norm, int stride, int32_t* ids,
+                                                          float* logprobs) {
+  __shared__ float sv[kTopThreads / 32];
+  __shared__ int si[kTopThreads / 32];
+  __shared__ float best_v;
+  __shared__ int best_i;
+  pdl_wait();  // draw_kernel's norm (launched with launch_pdl)
+  pdl_trigger();
+  const DrawSpec d = specs[blockIdx.x];
+  if (d.top_n <= 0) return;  // (the whole block)
+  const float* x = logits + int64_t(d.row) * V;
+  const int j = threadIdx.x, lane = j & 31, warp = j >> 5;
+  float tv[K];
+  int ti[K];
+#pragma unroll
+  for (int k = 0; k < K; k++) tv[k] = -INFINITY, ti[k] = -1;
+  // Insertion into the sorted list, unrolled: the candidate bubbles down from the slot it beats.
+  auto insert = [&](float v, int i) {
+    if (!before(v, i, tv[K - 1], ti[K - 1])) return;  // most ids stop here
+#pragma unroll
+    for (int k = 0; k < K; k++)
+      if (before(v, i, tv[k], ti[k])) {
+        const float ov = tv[k];
+        const int oi = ti[k];
+        tv[k] = v, ti[k] = i;
+        v = ov, i = oi;
+      }
+  };
+  int i = j;
+  for (; i + 3 * kTopThreads < V; i += 4 * kTopThreads) {  // four loads in flight
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) v[u] = x[i + u * kTopThreads];
+#pragma unroll
+    for (int u = 0; u < 4; u++) insert(v[u], i + u * kTopThreads);
+  }
+  for (; i < V; i += kTopThreads) insert(x[i], i);
+  const float T = d.temperature > 0.0f ? d.temperature : 1.0f;
+  const float m = norm[2 * blockIdx.x], lse = norm[2 * blockIdx.x + 1];
+  for (int r = 0; r < d.top_n; r++) {
+    float bv = tv[0];
+    int bi = ti[0];
+    warp_argmax(bv, bi);  // every lane: its warp's best head
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+      bv = lane < kTopThreads / 32 ? sv[lane] : -INFINITY;
+      bi = lane < kTopThreads / 32 ? si[lane] : -1;
+      warp_argmax(bv, bi);
+      if (lane == 0) best_v = bv, best_i = bi;
+    }
+    __syncthreads();
+    // (Every thread reads best_ before the next round's first barrier, after which warp 0 writes
+    // them again; sv, si are read by warp 0 before this round's second barrier.)
+    bv = best_v, bi = best_i;
+    if (bi >= 0 && ti[0] == bi) {  // an id lives in one thread's slice only: its thread pops it
+#pragma unroll
+      for (int k = 0; k + 1 < K; k++) tv[k] = tv[k + 1], ti[k] = ti[k + 1];
+      tv[K - 1] = -INFINITY, ti[K - 1] = -1;
+    }
+    if (j == 0) {
+      ids[int64_t(blockIdx.x) * stride + r] = bi;
+      logprobs[int64_t(blockIdx.x) * stride + r] = bi >= 0 ? __fsub_rn(__fsub_rn(__fdiv_rn(bv, T), m), lse) : 0.0f;
+    }
   }
 }
 
 }  // namespace
 
 void draw_rows(const float* logits, int V, const DrawSpec* specs, int n, int32_t* tokens, float* logprobs,
-               cudaStream_t s) {
+               cudaStream_t s, float* norm) {
   if (n == 0) return;
-  launch_pdl(draw_kernel, dim3(unsigned(n)), dim3(kLogprobLanes), 0, s, logits, V, specs, tokens, logprobs);
+  launch_pdl(draw_kernel, dim3(unsigned(n)), dim3(kLogprobLanes), 0, s, logits, V, specs, tokens, logprobs, norm);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+void top_rows(const float* logits, int V, const DrawSpec* specs, int n, const float* norm, int stride, int32_t* ids,
+              float* logprobs, cudaStream_t s) {
+  EPMOE_ASSERT(stride >= 1 && stride <= kMaxTopRows,
+               "top_rows: " + std::to_string(stride) + " alternatives a draw, outside [1, " +
+                   std::to_string(kMaxTopRows) + "]");
+  if (n == 0) return;
+  // The smallest list that holds the stride (serve_bench's logprobs: 1 keeps one register pair).
+  auto launch = [&](auto kernel) {
+    launch_pdl(kernel, dim3(unsigned(n)), dim3(kTopThreads), 0, s, logits, V, specs, norm, stride, ids, logprobs);
+  };
+  if (stride <= 1) launch(top_kernel<1>);
+  else if (stride <= 5) launch(top_kernel<5>);
+  else launch(top_kernel<kMaxTopRows>);
   EPMOE_CUDA_LAUNCHED();
 }
 
