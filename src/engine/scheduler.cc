@@ -312,25 +312,33 @@ Scheduler::StepOutput Scheduler::forward(StepPlan& sp) {
   if (sp.capture_routing) fo.capture = &out.routing;
   out.captured = fo.capture != nullptr;
   const auto f0 = std::chrono::steady_clock::now();
+  // One model step; what each row wants: the device's draws, logits for the host, or (greedy
+  // without log-probs) the argmax, picked on the device where the model can.
+  const size_t n = sp.active.size();
+  StepBatch batch{sp.active, sp.tokens, {}, {}, fo};
   if (sp.device_draws) {
-    std::vector<DrawRequest> draws;
+    batch.want.assign(n, StepWant::Nothing);
     for (const StepPlan::Pick& pk : sp.picks_todo) {
       const Entry& e = entries_[pk.h];
       const RequestParams& p = e.req.params;
-      draws.push_back({int(pk.row), p.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position,
-                       std::max(p.top_logprobs, 0)});
+      batch.want[pk.row] = StepWant::Draw;
+      batch.draws.push_back({int(pk.row), p.sampling.temperature, e.req.seed + uint64_t(pk.j), pk.position,
+                             std::max(p.top_logprobs, 0)});
     }
-    std::vector<Drawn> drawn = model_.forward_draw(sp.active, sp.tokens, backend_, draws, fo);
+  } else {
+    batch.want.assign(n, sp.host_logits ? (sp.all_logits ? StepWant::AllLogits : StepWant::Logits) : StepWant::Argmax);
+  }
+  StepResult r = model_.step(batch, backend_);
+  if (sp.device_draws) {
     for (size_t i = 0; i < sp.picks_todo.size(); i++) {
-      sp.picks_todo[i].token = drawn[i].token;
-      sp.picks_todo[i].logprob = drawn[i].logprob;
-      sp.picks_todo[i].top = std::move(drawn[i].top);  // (RowLogprobs::top's: empty without top_logprobs)
+      sp.picks_todo[i].token = r.drawn[i].token;
+      sp.picks_todo[i].logprob = r.drawn[i].logprob;
+      sp.picks_todo[i].top = std::move(r.drawn[i].top);  // (RowLogprobs::top's: empty without top_logprobs)
     }
   } else if (sp.host_logits) {
-    out.logits = model_.forward(sp.active, sp.tokens, backend_, sp.all_logits, fo);
+    out.logits = std::move(r.logits);
   } else {
-    // Greedy without log-probs needs no logits on the host: the model may pick on its device.
-    out.picks = model_.forward_greedy(sp.active, sp.tokens, backend_, fo);
+    out.picks = std::move(r.argmax);
   }
   stats_.forward_seconds += seconds_since(f0);
   return out;

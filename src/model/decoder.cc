@@ -9,8 +9,9 @@
 namespace epmoe {
 
 DecoderStep plan_decoder_step(const ModelConfig& cfg, const std::vector<Sequence*>& seqs,
-                              const std::vector<std::vector<int32_t>>& tokens, bool all_logits) {
-  EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
+                              const std::vector<std::vector<int32_t>>& tokens, const std::vector<LogitRows>& wanted) {
+  EPMOE_ASSERT(seqs.size() == tokens.size() && seqs.size() == wanted.size(),
+               "forward: one token list and one row want per sequence");
   DecoderStep st;
   st.offsets.assign(1, 0);
   for (const auto& t : tokens) st.offsets.push_back(st.offsets.back() + int64_t(t.size()));
@@ -36,8 +37,8 @@ DecoderStep plan_decoder_step(const ModelConfig& cfg, const std::vector<Sequence
       st.gids[t] = token_gid(seq.id, uint64_t(pos));
       st.max_context = std::max(st.max_context, pos + 1);
     }
-    if (n == 0) continue;
-    const int64_t first = all_logits ? st.offsets[s] : st.offsets[s + 1] - 1;
+    if (n == 0 || wanted[s] == LogitRows::None) continue;
+    const int64_t first = wanted[s] == LogitRows::All ? st.offsets[s] : st.offsets[s + 1] - 1;
     st.logit_span[s] = {int64_t(st.logit_rows.size()), st.offsets[s + 1] - first};
     for (int64_t t = first; t < st.offsets[s + 1]; t++) st.logit_rows.push_back(int32_t(t));
   }

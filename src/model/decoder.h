@@ -31,19 +31,20 @@ struct DecoderStep {
   std::vector<int64_t> positions;  // [T] absolute positions (the sequence's length before the step + i)
   std::vector<uint64_t> gids;      // [T] token_gid(sequence id, position): the replica choice's input
   int64_t max_context = 1;         // the longest context a row attends over (its position + 1), at least 1
-  // The rows whose logits are wanted, sequence after sequence: each sequence's last new row, or
-  // all its new rows (all_logits); and per sequence where its rows start in logit_rows and how many
-  // (0 for a sequence without new tokens).
+  // The rows whose logits are wanted, sequence after sequence (each sequence's LogitRows: none, its
+  // last new row, or all its new rows); and per sequence where its rows start in logit_rows and how
+  // many (0 for none or a sequence without new tokens).
   std::vector<int32_t> logit_rows;
   std::vector<std::pair<int64_t, int64_t>> logit_span;
   int64_t T() const { return offsets.back(); }
   int64_t rows_wanted() const { return int64_t(logit_rows.size()); }
 };
 
-// The step for `tokens[s]` appended to `seqs[s]`: InputError for an id outside the vocabulary or a
-// position at or beyond max_position_embeddings (naming the sequence); nothing is changed.
+// The step for `tokens[s]` appended to `seqs[s]`, with `wanted[s]`'s logit rows: InputError for
+// an id outside the vocabulary or a position at or beyond max_position_embeddings (naming the
+// sequence); nothing is changed.
 DecoderStep plan_decoder_step(const ModelConfig& cfg, const std::vector<Sequence*>& seqs,
-                              const std::vector<std::vector<int32_t>>& tokens, bool all_logits);
+                              const std::vector<std::vector<int32_t>>& tokens, const std::vector<LogitRows>& wanted);
 
 // The layers of a step, in the order above. Ops (one struct per device; templates, not virtual
 // calls, because the GPU's phases only enqueue kernels and a graph captures them):

@@ -89,19 +89,52 @@ int32_t argmax(const float* logits, int64_t n) {
   return int32_t(best);
 }
 
+namespace {
+StepBatch batch_of(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                   StepWant want, const ForwardOptions& opt) {
+  EPMOE_ASSERT(seqs.size() == tokens.size(), "forward: one token list per sequence");
+  return StepBatch{seqs, tokens, std::vector<StepWant>(seqs.size(), want), {}, opt};
+}
+}  // namespace
+
+std::vector<std::vector<float>> LanguageModel::forward(const std::vector<Sequence*>& seqs,
+                                                       const std::vector<std::vector<int32_t>>& tokens,
+                                                       A2ABackend& backend, bool all_logits, const ForwardOptions& opt) {
+  return step(batch_of(seqs, tokens, all_logits ? StepWant::AllLogits : StepWant::Logits, opt), backend).logits;
+}
+
 std::vector<int32_t> LanguageModel::forward_greedy(const std::vector<Sequence*>& seqs,
                                                    const std::vector<std::vector<int32_t>>& tokens,
                                                    A2ABackend& backend, const ForwardOptions& opt) {
-  const auto logits = forward(seqs, tokens, backend, /*all_logits=*/false, opt);
-  std::vector<int32_t> next(seqs.size(), -1);
-  for (size_t i = 0; i < seqs.size(); i++)
-    if (!logits[i].empty()) next[i] = argmax(logits[i].data(), config().vocab_size);
-  return next;
+  return step(batch_of(seqs, tokens, StepWant::Argmax, opt), backend).argmax;
 }
 
-std::vector<Drawn> LanguageModel::forward_draw(const std::vector<Sequence*>&, const std::vector<std::vector<int32_t>>&,
-                                               A2ABackend&, const std::vector<DrawRequest>&, const ForwardOptions&) {
-  throw Error("forward_draw: the " + std::string(device_name(device())) + " model draws on the host");
+std::vector<Drawn> LanguageModel::forward_draw(const std::vector<Sequence*>& seqs,
+                                               const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
+                                               const std::vector<DrawRequest>& draws, const ForwardOptions& opt) {
+  StepBatch b = batch_of(seqs, tokens, StepWant::Nothing, opt);
+  for (const DrawRequest& d : draws) {
+    EPMOE_ASSERT(d.row >= 0 && size_t(d.row) < seqs.size() && !tokens[size_t(d.row)].empty(),
+                 "forward_draw: row " + std::to_string(d.row) + " has no new token in this step");
+    b.want[size_t(d.row)] = StepWant::Draw;
+  }
+  b.draws = draws;
+  return step(b, backend).drawn;
+}
+
+// The rows of each sequence a step computes logits for: none, its last, or all its new ones.
+std::vector<LogitRows> logit_rows_of(const StepBatch& b) {
+  std::vector<LogitRows> out(b.want.size(), LogitRows::None);
+  for (size_t i = 0; i < b.want.size(); i++) {
+    switch (b.want[i]) {
+      case StepWant::Nothing: break;
+      case StepWant::AllLogits: out[i] = LogitRows::All; break;
+      case StepWant::Logits:
+      case StepWant::Argmax:
+      case StepWant::Draw: out[i] = LogitRows::Last; break;
+    }
+  }
+  return out;
 }
 
 }  // namespace epmoe

@@ -103,6 +103,36 @@ struct Drawn {
   std::vector<std::pair<int32_t, float>> top;
 };
 
+// One model step (LanguageModel::step): the new tokens of several sequences, and for each
+// sequence what it wants back. Every device implements this one call; forward, forward_greedy and
+// forward_draw below are its three common shapes.
+enum class StepWant {
+  Nothing,    // no output (its logits are never computed: a prompt chunk nobody reads)
+  Logits,     // the logits of its last new token, [1, V] on the host
+  AllLogits,  // the logits of every new token, [n, V] on the host
+  Argmax,     // the argmax of its last logits (ties to the lower id), picked where the logits are
+  Draw,       // tokens drawn from its last logits (StepBatch::draws; draws_on_device() models only)
+};
+struct StepBatch {
+  std::vector<Sequence*> seqs;
+  std::vector<std::vector<int32_t>> tokens;  // appended to seqs[i], one list per sequence
+  std::vector<StepWant> want;                // one per sequence
+  // The draws from Draw rows' last logits (DrawRequest::row), any number from one row (the n
+  // samples of one prompt draw their first tokens from its last row).
+  std::vector<DrawRequest> draws;
+  ForwardOptions opt;
+};
+struct StepResult {
+  std::vector<std::vector<float>> logits;  // per sequence: its rows for Logits / AllLogits, else empty
+  std::vector<int32_t> argmax;             // per sequence: Argmax's token (-1 otherwise or without new tokens)
+  std::vector<Drawn> drawn;                // per draw: the token, its log-prob and top_n alternatives
+};
+
+// Which rows of a sequence a step computes logits for (every device's lm_head runs on these only):
+// Logits, Argmax and Draw want the last new row, AllLogits every new row, Nothing none.
+enum class LogitRows { None, Last, All };
+std::vector<LogitRows> logit_rows_of(const StepBatch& batch);
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -116,29 +146,32 @@ class LanguageModel {
   // through the pool instead, with the blocks a request needs promised).
   Sequence new_sequence(uint64_t id) { return Sequence{id, 0, kv_pool().open()}; }
 
-  // Appends tokens[i] to seqs[i] for every i and returns logits on the host: for each sequence,
-  // all positions [n_i, V] when all_logits, else only the last [1, V] (empty when n_i = 0).
-  virtual std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
-                                                  const std::vector<std::vector<int32_t>>& tokens,
-                                                  A2ABackend& backend, bool all_logits,
-                                                  const ForwardOptions& opt = {}) = 0;
+  // The step: appends batch.tokens[i] to batch.seqs[i] for every i (the KV cache written, each
+  // sequence's len advanced) and returns what each row wants. The one forward call a device
+  // implements.
+  virtual StepResult step(const StepBatch& batch, A2ABackend& backend) = 0;
 
-  // The same step for greedy decoding: the next token of each sequence (argmax of its last
-  // logits, ties to the lower id; -1 when it has no new tokens). The default computes the logits
-  // on the host; a device may pick on the device (the GPU does, unless numerics are checked).
-  virtual std::vector<int32_t> forward_greedy(const std::vector<Sequence*>& seqs,
-                                              const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                              const ForwardOptions& opt = {});
-
-  // The same step with tokens drawn where the logits are (engine/sampling.h without masks): one
-  // draw per entry of `draws`, from the last logits of seqs[draw.row]; only the tokens, their
-  // log-probs and top_n alternatives come back, the same bits as sample_token and RowLogprobs
-  // (at, top) on the host give for those logits. Called only when draws_on_device() (the GPU);
-  // the host draws otherwise.
+  // Whether step() takes StepWant::Draw (tokens drawn where the logits are, engine/sampling.h
+  // without masks: the same bits as sample_token and RowLogprobs (at, top) on the host give for
+  // those logits). The GPU does; on the CPU the host draws from the logits.
   virtual bool draws_on_device() const { return false; }
-  virtual std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs,
+
+  // step() with every sequence's logits on the host: all positions [n_i, V] when all_logits, else
+  // only the last [1, V] (empty when n_i = 0).
+  std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
                                           const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                          const std::vector<DrawRequest>& draws, const ForwardOptions& opt = {});
+                                          bool all_logits, const ForwardOptions& opt = {});
+  // step() for greedy decoding: the next token of each sequence (argmax of its last logits, ties to
+  // the lower id; -1 when it has no new tokens), picked on the device where the model can.
+  std::vector<int32_t> forward_greedy(const std::vector<Sequence*>& seqs,
+                                      const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
+                                      const ForwardOptions& opt = {});
+  // step() with one draw per entry of `draws`, from the last logits of seqs[draw.row] (at most one
+  // a row; rows without a draw compute no logits); only the tokens, their log-probs and top_n
+  // alternatives come back. draws_on_device() models only.
+  std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+                                  A2ABackend& backend, const std::vector<DrawRequest>& draws,
+                                  const ForwardOptions& opt = {});
 
   // The MoE (or dense MLP) block of layer l alone, host in/out: x [T, H] -> y [T, H]. For tests
   // against the goldens' per-layer input/output.

@@ -328,12 +328,14 @@ struct Model::StepOps {
   }
 };
 
-std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seqs,
-                                               const std::vector<std::vector<int32_t>>& tokens,
-                                               A2ABackend& backend, bool all_logits, const ForwardOptions& opt) {
+StepResult Model::step(const StepBatch& b, A2ABackend& backend) {
+  const std::vector<Sequence*>& seqs = b.seqs;
+  const std::vector<std::vector<int32_t>>& tokens = b.tokens;
+  const ForwardOptions& opt = b.opt;
+  if (!b.draws.empty()) throw Error("step: the cpu model draws on the host (draws_on_device() is false)");
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   std::optional<StageScope> embed(std::in_place, Stage::Embed);
-  const DecoderStep st = plan_decoder_step(cfg_, seqs, tokens, all_logits);
+  const DecoderStep st = plan_decoder_step(cfg_, seqs, tokens, logit_rows_of(b));
   const int64_t T = st.T();
   float* x = buf_.x.get(size_t(T * H));
   for (int64_t t = 0; t < T; t++) {
@@ -355,9 +357,12 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
   run_decoder_layers(cfg_, ops);
   for (size_t s = 0; s < seqs.size(); s++) seqs[s]->len += int64_t(tokens[s].size());
 
-  // Each sequence's wanted rows (consecutive) through the final norm and lm_head.
+  // Each sequence's wanted rows (consecutive) through the final norm and lm_head; an argmax is
+  // picked from its row here.
   float* hn = ops.hn;
-  std::vector<std::vector<float>> logits(seqs.size());
+  StepResult out;
+  out.logits.resize(seqs.size());
+  out.argmax.assign(seqs.size(), -1);
   for (size_t s = 0; s < seqs.size(); s++) {
     const auto [at, rows] = st.logit_span[s];
     if (rows == 0) continue;
@@ -367,11 +372,16 @@ std::vector<std::vector<float>> Model::forward(const std::vector<Sequence*>& seq
       rmsnorm(x + first * H, rows, H, w_.final_norm, cfg_.rms_norm_eps, hn + first * H);
     }
     StageScope stage(Stage::LmHead);
-    logits[s].resize(static_cast<size_t>(rows * V));
-    matmul(hn + first * H, rows, w_.lm_head, logits[s].data(), compute_);
-    if (opt.check_numerics) check_finite(logits[s].data(), rows * V, "lm_head");
+    std::vector<float>& l = out.logits[s];
+    l.resize(static_cast<size_t>(rows * V));
+    matmul(hn + first * H, rows, w_.lm_head, l.data(), compute_);
+    if (opt.check_numerics) check_finite(l.data(), rows * V, "lm_head");
+    if (b.want[s] == StepWant::Argmax) {
+      out.argmax[s] = argmax(l.data(), V);
+      l.clear();
+    }
   }
-  return logits;
+  return out;
 }
 
 }  // namespace epmoe

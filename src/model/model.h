@@ -40,11 +40,9 @@ class Model final : public LanguageModel {
 
   KvPool& kv_pool() override { return *pool_; }
 
-  // LanguageModel::forward; check_numerics stops at the first layer that produces NaN/Inf.
-  std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
-                                          const std::vector<std::vector<int32_t>>& tokens,
-                                          A2ABackend& backend, bool all_logits,
-                                          const ForwardOptions& opt = {}) override;
+  // LanguageModel::step (logits, argmax; the host draws); check_numerics stops at the first layer
+  // that produces NaN/Inf.
+  StepResult step(const StepBatch& batch, A2ABackend& backend) override;
 
   void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend, float* y) override;
 

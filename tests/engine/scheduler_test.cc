@@ -307,20 +307,18 @@ class HostDrawsAsDevice : public LanguageModel {
   const ModelConfig& config() const override { return m_.config(); }
   Device device() const override { return m_.device(); }
   KvPool& kv_pool() override { return m_.kv_pool(); }
-  std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
-                                          const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                          bool all_logits, const ForwardOptions& opt) override {
-    return m_.forward(seqs, tokens, backend, all_logits, opt);
-  }
   bool draws_on_device() const override { return true; }
-  std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
-                                  A2ABackend& backend, const std::vector<DrawRequest>& draws,
-                                  const ForwardOptions& opt) override {
-    const auto logits = m_.forward(seqs, tokens, backend, false, opt);
+  // The wrapped model's step with each Draw row asking for its logits instead, then the draw
+  // from them on the host.
+  StepResult step(const StepBatch& batch, A2ABackend& backend) override {
+    StepBatch host = batch;
+    host.draws.clear();
+    for (StepWant& w : host.want)
+      if (w == StepWant::Draw) w = StepWant::Logits;
+    StepResult out = m_.step(host, backend);
     const int64_t V = config().vocab_size;
-    std::vector<Drawn> out;
-    for (const DrawRequest& d : draws) {
-      const float* row = logits[size_t(d.row)].data();
+    for (const DrawRequest& d : batch.draws) {
+      const float* row = out.logits[size_t(d.row)].data();
       SamplingParams sp;
       sp.temperature = d.temperature;
       const RowLogprobs lp(row, V, d.temperature);
@@ -329,9 +327,12 @@ class HostDrawsAsDevice : public LanguageModel {
       dr.logprob = lp.at(dr.token);
       dr.top = lp.top(d.top_n);
       top_draws += d.top_n > 0;
-      out.push_back(std::move(dr));
+      out.drawn.push_back(std::move(dr));
     }
-    draw_steps++;
+    for (size_t q = 0; q < batch.want.size(); q++)
+      if (batch.want[q] == StepWant::Draw) out.logits[q].clear();
+    const bool draws = !batch.draws.empty();
+    draw_steps += draws;
     return out;
   }
   void mlp_block(int layer, const float* x, int64_t T, const uint64_t* gids, A2ABackend& backend,

@@ -259,6 +259,7 @@ struct GpuModel final : LanguageModel {
   DeviceArray<int32_t> tables;
   DeviceArray<DrawSpec> specs;  // this step's draws (forward_draw)
   DeviceArray<float> draw_lp;
+  DeviceArray<int32_t> draw_ids;  // the draws' tokens (best_ids: the argmax rows', both in one step)
   DeviceArray<float> draw_norm;  // each draw's max and log-sum-exp, for its top-N (top_rows)
   DeviceArray<int32_t> top_ids;  // [draw][stride]: the draws' top-N (DrawRequest::top_n)
   DeviceArray<float> top_lp;
@@ -1100,35 +1101,28 @@ struct GpuModel final : LanguageModel {
   Device device() const override { return Device::Cuda; }
   KvPool& kv_pool() override { return *pool_; }
 
-  std::vector<std::vector<float>> forward(const std::vector<Sequence*>& seqs,
-                                          const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                          bool all_logits, const ForwardOptions& opt) override {
-    std::vector<std::vector<float>> logits;
-    with_routing_io(opt, tokens, [&] { logits = run(seqs, tokens, backend, all_logits, nullptr); });
-    if (opt.check_numerics)
-      for (const auto& l : logits) check_finite(l, "logits");
-    return logits;
-  }
-
-  std::vector<int32_t> forward_greedy(const std::vector<Sequence*>& seqs,
-                                      const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                      const ForwardOptions& opt) override {
-    // --check-numerics: the logits come to the host to be checked, and the argmax is taken there
-    // (the same choice: ties to the lower id on both).
-    if (opt.check_numerics) return LanguageModel::forward_greedy(seqs, tokens, backend, opt);
-    std::vector<int32_t> next;
-    with_routing_io(opt, tokens, [&] { run(seqs, tokens, backend, false, &next); });  // argmax on the device
-    return next;
-  }
-
   bool draws_on_device() const override { return true; }
 
-  std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
-                                  A2ABackend& backend, const std::vector<DrawRequest>& draws,
-                                  const ForwardOptions& opt) override {
-    EPMOE_ASSERT(!opt.check_numerics, "forward_draw: --check-numerics checks the logits on the host");
-    std::vector<Drawn> out;
-    with_routing_io(opt, tokens, [&] { run(seqs, tokens, backend, false, nullptr, &draws, &out); });
+  StepResult step(const StepBatch& batch, A2ABackend& backend) override {
+    StepResult out;
+    if (!batch.opt.check_numerics) {
+      with_routing_io(batch.opt, batch.tokens, [&] { out = run(batch, backend); });
+      return out;
+    }
+    // --check-numerics: every wanted row's logits come to the host to be checked, and an argmax is
+    // taken there (the same choice: ties to the lower id on both); draws are the host's then.
+    EPMOE_ASSERT(batch.draws.empty(), "step: --check-numerics checks the logits on the host, which draws");
+    StepBatch host = batch;
+    for (StepWant& w : host.want)
+      if (w == StepWant::Argmax) w = StepWant::Logits;
+    with_routing_io(batch.opt, batch.tokens, [&] { out = run(host, backend); });
+    for (size_t q = 0; q < out.logits.size(); q++) {
+      check_finite(out.logits[q], "logits");
+      if (batch.want[q] == StepWant::Argmax && !out.logits[q].empty()) {
+        out.argmax[q] = argmax(out.logits[q].data(), V);
+        out.logits[q].clear();
+      }
+    }
     return out;
   }
 
@@ -1229,14 +1223,13 @@ struct GpuModel final : LanguageModel {
 
   void set_graphs(bool on) { graphs.set(on); }
 
-  // greedy != nullptr: only the argmax of each sequence's last logits comes back (-1 for none).
-  // draws != nullptr: only the draws' tokens and log-probs (into drawn).
-  std::vector<std::vector<float>> run(const std::vector<Sequence*>& seqs,
-                                      const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
-                                      bool all_logits, std::vector<int32_t>* greedy,
-                                      const std::vector<DrawRequest>* draws = nullptr, std::vector<Drawn>* drawn = nullptr) {
+  // The step: the layers, lm_head on the wanted rows only, then per row what it wants -- an argmax
+  // and the draws picked on the device, only the Logits / AllLogits rows downloaded -- after one wait.
+  StepResult run(const StepBatch& batch, A2ABackend& backend) {
     EPMOE_ASSERT(backend.device() == Device::Cuda, "the GPU model runs a backend of the GPU, not " + backend.name());
-    const DecoderStep st = plan_decoder_step(cfg, seqs, tokens, all_logits);
+    const std::vector<Sequence*>& seqs = batch.seqs;
+    const std::vector<std::vector<int32_t>>& tokens = batch.tokens;
+    const DecoderStep st = plan_decoder_step(cfg, seqs, tokens, logit_rows_of(batch));
     const int64_t T_ = st.T();
     st_run = 1;
     for (auto& t : tokens) st_run = std::max(st_run, int(t.size()));
@@ -1264,22 +1257,29 @@ struct GpuModel final : LanguageModel {
     // local, no collective.)
     const std::vector<int32_t>& sel_h = st.logit_rows;
     const std::vector<std::pair<int64_t, int64_t>>& span = st.logit_span;
+    // The draws (a Draw row's last logits row) and the argmax rows, as indices into the wanted rows.
     std::vector<DrawSpec> specs_h;
-    if (draws)
-      for (const DrawRequest& d : *draws) {
-        EPMOE_ASSERT(d.row >= 0 && size_t(d.row) < seqs.size() && span[size_t(d.row)].second > 0,
-                     "forward_draw: row " + std::to_string(d.row) + " has no logits in this step");
-        EPMOE_ASSERT(d.top_n >= 0 && d.top_n <= kMaxDrawTopN,
-                     "forward_draw: top_n " + std::to_string(d.top_n) + " outside [0, " +
-                         std::to_string(kMaxDrawTopN) + "]");
-        specs_h.push_back({int32_t(span[size_t(d.row)].first), d.temperature, d.seed, d.position, d.top_n});
-      }
+    bool any_argmax = false, any_logits = false;
+    for (size_t q = 0; q < seqs.size(); q++) {
+      if (span[q].second == 0) continue;
+      any_argmax |= batch.want[q] == StepWant::Argmax;
+      any_logits |= batch.want[q] == StepWant::Logits || batch.want[q] == StepWant::AllLogits;
+    }
+    for (const DrawRequest& d : batch.draws) {
+      EPMOE_ASSERT(d.row >= 0 && size_t(d.row) < seqs.size() && batch.want[size_t(d.row)] == StepWant::Draw &&
+                       span[size_t(d.row)].second > 0,
+                   "step: a draw from row " + std::to_string(d.row) + ", which has no Draw logits in this step");
+      EPMOE_ASSERT(d.top_n >= 0 && d.top_n <= kMaxDrawTopN,
+                   "step: top_n " + std::to_string(d.top_n) + " outside [0, " + std::to_string(kMaxDrawTopN) + "]");
+      specs_h.push_back({int32_t(span[size_t(d.row)].first), d.temperature, d.seed, d.position, d.top_n});
+    }
     cudaStream_t s = stream();
     const int64_t R = int64_t(sel_h.size());
     if (!specs_h.empty()) specs.upload(specs_h);
     // A decode step replays its graph (uploading its inputs into the graph's own buffer); any
     // other step, or one the graph path declines, runs kernel by kernel.
-    const bool graphed = R > 0 && !replaying_ && graph_eligible(tokens, backend, T_) &&
+    // (A graph computes lm_head for every row of the step: all of them must be wanted.)
+    const bool graphed = R > 0 && R == T_ && !replaying_ && graph_eligible(tokens, backend, T_) &&
                          graph_step(backend, T_, max_ctx, StepInputsHost{gids_h, slots_h, ids_h, sel_h, tables_h});
     if (!graphed) {
       ids.upload(ids_h);
@@ -1295,59 +1295,64 @@ struct GpuModel final : LanguageModel {
     }
     for (size_t q = 0; q < seqs.size(); q++) seqs[q]->len += int64_t(tokens[q].size());
 
-    std::vector<std::vector<float>> out(seqs.size());
-    if (greedy) greedy->assign(seqs.size(), -1);
+    StepResult out;
+    out.logits.resize(seqs.size());
+    out.argmax.assign(seqs.size(), -1);
+    out.drawn.resize(specs_h.size());
     if (R == 0) {
       wait_stream("forward");
       return out;
     }
-    if (draws) {
-      const int n = int(specs_h.size());
-      best_ids.reserve(size_t(std::max(n, 1)));
-      draw_lp.reserve(size_t(std::max(n, 1)));
-      // Top-N alternatives (logprobs: N): a second kernel over the rows that ask, with the draw's
-      // normaliser; only N pairs a draw come back, not the row.
-      int stride = 0;
+    // Draws, with their top-N alternatives (logprobs: N) by a second kernel over the rows that ask,
+    // with the draw's normaliser: only N pairs a draw come back, not the row.
+    const int n = int(specs_h.size());
+    int stride = 0;
+    if (n > 0) {
+      draw_ids.reserve(size_t(n));
+      draw_lp.reserve(size_t(n));
       for (const DrawSpec& d : specs_h) stride = std::max(stride, int(d.top_n));
       if (stride > 0) {
         draw_norm.reserve(size_t(2 * n));
         top_ids.reserve(size_t(n) * size_t(stride));
         top_lp.reserve(size_t(n) * size_t(stride));
       }
-      draw_rows(logits.data(), V, specs.data(), n, best_ids.data(), draw_lp.data(), s,
+      draw_rows(logits.data(), V, specs.data(), n, draw_ids.data(), draw_lp.data(), s,
                 stride > 0 ? draw_norm.data() : nullptr);
       if (stride > 0)
         top_rows(logits.data(), V, specs.data(), n, draw_norm.data(), stride, top_ids.data(), top_lp.data(), s);
-      wait_stream("forward: drawn tokens");
-      const std::vector<int32_t> tok = best_ids.download(size_t(n));
+    }
+    if (any_argmax) {
+      best_ids.reserve(size_t(R));
+      argmax_rows(logits.data(), R, V, best_ids.data(), s);
+    }
+    wait_stream("forward: the step's outputs");
+    if (n > 0) {
+      const std::vector<int32_t> tok = draw_ids.download(size_t(n));
       const std::vector<float> lp = draw_lp.download(size_t(n));
       const std::vector<int32_t> tid = top_ids.download(size_t(n) * size_t(stride));
       const std::vector<float> tlp = top_lp.download(size_t(n) * size_t(stride));
-      drawn->resize(size_t(n));
       for (int d = 0; d < n; d++) {
-        Drawn& dr = (*drawn)[size_t(d)];
+        Drawn& dr = out.drawn[size_t(d)];
         dr = {tok[size_t(d)], lp[size_t(d)], {}};
         for (int r = 0; r < specs_h[size_t(d)].top_n; r++) {
           const size_t k = size_t(d) * size_t(stride) + size_t(r);
           if (tid[k] >= 0) dr.top.push_back({tid[k], tlp[k]});  // (-1: past a vocabulary smaller than N)
         }
       }
-      return out;
     }
-    if (greedy) {
-      best_ids.reserve(size_t(R));
-      argmax_rows(logits.data(), R, V, best_ids.data(), s);
-      wait_stream("forward: next tokens");
-      std::vector<int32_t> best = best_ids.download(size_t(R));
+    if (any_argmax) {
+      const std::vector<int32_t> best = best_ids.download(size_t(R));
       for (size_t q = 0; q < seqs.size(); q++)
-        if (span[q].second > 0) (*greedy)[q] = best[size_t(span[q].first)];
-      return out;
+        if (span[q].second > 0 && batch.want[q] == StepWant::Argmax) out.argmax[q] = best[size_t(span[q].first)];
     }
-    wait_stream("forward: logits");
-    std::vector<float> all = logits.download(size_t(R) * size_t(V));
-    for (size_t q = 0; q < seqs.size(); q++) {
-      if (span[q].second == 0) continue;
-      out[q].assign(all.begin() + span[q].first * V, all.begin() + (span[q].first + span[q].second) * V);
+    if (any_logits) {  // each such sequence's rows (consecutive in logits), not the others'
+      for (size_t q = 0; q < seqs.size(); q++) {
+        const StepWant w = batch.want[q];
+        if (span[q].second == 0 || (w != StepWant::Logits && w != StepWant::AllLogits)) continue;
+        out.logits[q].resize(size_t(span[q].second) * size_t(V));
+        EPMOE_CUDA_CHECK(cudaMemcpy(out.logits[q].data(), logits.data() + size_t(span[q].first) * size_t(V),
+                                    out.logits[q].size() * sizeof(float), cudaMemcpyDeviceToHost));
+      }
     }
     return out;
   }
