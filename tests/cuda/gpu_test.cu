@@ -2357,6 +2357,68 @@ TEST(GpuDraw, ForwardDrawTopNIsForwardThenTheHostTop) {
   }
 }
 
+// One step (LanguageModel::step) with every kind of want at once -- Logits, AllLogits, Argmax,
+// Draw (two draws from one row, one with top-N) and Nothing -- gives each row what the separate
+// calls give: the logits bits of forward() on a twin model, its argmax, the host's draw from them;
+// a Nothing row advances its sequence (the next step's logits equal the twin's) and returns nothing.
+TEST(GpuStep, MixedWantsAreTheSeparateCalls) {
+  REQUIRE_GPU();
+  for (bool f32 : {false, true}) {
+    KvModel a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16});
+    const std::vector<std::vector<int32_t>> prompts = {
+        {5, 17, 42, 99, 3}, {7, 7, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {11, 12}, {30, 31, 32, 33}};
+    std::vector<Sequence> sa, sb;
+    for (uint64_t i = 0; i < prompts.size(); i++) {
+      sa.push_back(a.model->new_sequence(i));
+      sb.push_back(b.model->new_sequence(i));
+    }
+    std::vector<Sequence*> pa, pb;
+    for (auto& x : sa) pa.push_back(&x);
+    for (auto& x : sb) pb.push_back(&x);
+    StepBatch batch{pa, prompts,
+                    {StepWant::Logits, StepWant::Argmax, StepWant::Draw, StepWant::Nothing, StepWant::AllLogits},
+                    {{2, 0.7f, 9, 9, 0}, {2, 1.3f, 10, 9, 5}},
+                    {}};
+    const StepResult got = a.model->step(batch, *a.be);
+    const auto all = b.model->forward(pb, prompts, *b.be, /*all_logits=*/true);
+    const int64_t V = a.cfg.vocab_size;
+    auto same_bits = [](const float* x, const float* y, size_t n) { return std::memcmp(x, y, n * sizeof(float)) == 0; };
+    auto last_row = [&](size_t q) { return all[q].data() + (int64_t(prompts[q].size()) - 1) * V; };
+    ASSERT_EQ(got.logits.size(), prompts.size());
+    ASSERT_EQ(got.logits[0].size(), size_t(V));
+    EXPECT_TRUE(same_bits(got.logits[0].data(), last_row(0), size_t(V))) << "Logits: the last row, forward's bits";
+    EXPECT_EQ(got.argmax[1], argmax(last_row(1), V)) << "Argmax";
+    EXPECT_TRUE(got.logits[1].empty() && got.logits[2].empty() && got.logits[3].empty()) << "no logits asked";
+    EXPECT_EQ(got.argmax[0], -1);
+    ASSERT_EQ(got.logits[4].size(), all[4].size());
+    EXPECT_TRUE(same_bits(got.logits[4].data(), all[4].data(), all[4].size())) << "AllLogits: every row";
+    ASSERT_EQ(got.drawn.size(), 2u);
+    for (size_t d = 0; d < 2; d++) {
+      const DrawRequest& dr = batch.draws[d];
+      SamplingParams sp;
+      sp.temperature = dr.temperature;
+      const RowLogprobs lp(last_row(2), V, sp.temperature);
+      const int32_t want = sample_token(last_row(2), V, sp, dr.seed, dr.position);
+      EXPECT_EQ(got.drawn[d].token, want) << "draw " << d;
+      const float want_lp = lp.at(want);
+      EXPECT_TRUE(same_bits(&got.drawn[d].logprob, &want_lp, 1)) << "draw " << d;
+      const auto top = lp.top(dr.top_n);
+      ASSERT_EQ(got.drawn[d].top.size(), top.size()) << "draw " << d;
+      for (size_t r = 0; r < top.size(); r++) {
+        EXPECT_EQ(got.drawn[d].top[r].first, top[r].first);
+        EXPECT_TRUE(same_bits(&got.drawn[d].top[r].second, &top[r].second, 1));
+      }
+    }
+    // Every sequence advanced, the Nothing row included: one more token each, the same bits.
+    for (size_t q = 0; q < prompts.size(); q++) EXPECT_EQ(sa[q].len, int64_t(prompts[q].size()));
+    const std::vector<std::vector<int32_t>> next = {{4}, {4}, {4}, {4}, {4}};
+    const auto la = a.model->forward(pa, next, *a.be, false);
+    const auto lb = b.model->forward(pb, next, *b.be, false);
+    for (size_t q = 0; q < prompts.size(); q++)
+      EXPECT_TRUE(same_bits(la[q].data(), lb[q].data(), size_t(V))) << "sequence " << q << " after the mixed step";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode steps as CUDA graphs (GpuModelOptions::cuda_graph; docs/gpu.md "Decode as one CUDA
 // graph"). Two models of the same checkpoint, one replaying graphs and one running every kernel
