@@ -1492,51 +1492,6 @@ TEST(GpuGemm, SplitLinear) {
     }
 }
 
-// The attention norm writing the q/k/v projection's split_gemv fragments (x_fragments.cuh) gives
-// the projection the bits it gets when it splits the norm's output itself: rmsnorm and
-// residual_rmsnorm, 1 to 16 rows (one or two row halves of fragments, rows past T written as
-// zeros), over fragments poisoned first.
-TEST(GpuGemm, NormWritesSplitGemvFragments) {
-  REQUIRE_GPU();
-  int cases = 0;
-  for (int T : {1, 3, 8, 9, 16})
-    for (int K : {64, 2048})
-      for (bool residual : {false, true}) {
-        const int N = 530;
-        auto fw = randu(size_t(N) * K, 0.1f), fx = randu(size_t(T) * K), fr = randu(size_t(T) * K),
-             fn = randu(size_t(K));
-        for (auto& v : fw) v = round_bf16(v);
-        SplitWeight sw;
-        sw.init(fw, N, K);
-        sw.pack_fragments(stream());
-        ASSERT_TRUE(split_gemv_fits(sw, T));
-        EPMOE_CUDA_CHECK(cudaMemset(sw.xfrag.data(), 0xff, sizeof(uint32_t) * 2 * size_t(K / 64) * 32 * 16));
-        DeviceArray<float> x0, x1, routed, nw, hf0, hf1, y0, y1;
-        DeviceArray<bf16> ha0, ha1, xs;
-        x0.upload(fx), x1.upload(fx), routed.upload(fr), nw.upload(fn);
-        for (auto* a : {&hf0, &hf1, &y0, &y1}) a->reserve(size_t(T) * std::max(N, K));
-        ha0.reserve(size_t(T) * K), ha1.reserve(size_t(T) * K);
-        MoeResidual m{routed.data(), nullptr, nullptr};
-        // The two-launch path, then the fused one (the fragments overwritten by the norm).
-        if (residual) residual_rmsnorm<bf16>(x0.data(), m, nw.data(), 1e-6f, T, K, hf0.data(), ha0.data(), stream());
-        else rmsnorm<bf16>(x0.data(), nw.data(), 1e-6f, T, K, nullptr, hf0.data(), ha0.data(), stream());
-        split_linear(sw, hf0.data(), K, T, xs, y0.data(), nullptr, Epilogue::Store, stream());
-        const XFragments xf = split_gemv_x_fragments(sw, T);
-        if (residual)
-          residual_rmsnorm<bf16>(x1.data(), m, nw.data(), 1e-6f, T, K, hf1.data(), ha1.data(), stream(), xf);
-        else rmsnorm<bf16>(x1.data(), nw.data(), 1e-6f, T, K, nullptr, hf1.data(), ha1.data(), stream(), xf);
-        split_linear(sw, nullptr, K, T, xs, y1.data(), nullptr, Epilogue::Store, stream(), false, true);
-        EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-        const auto a = y0.download(size_t(T) * N), b = y1.download(size_t(T) * N);
-        const auto ha = hf0.download(size_t(T) * K), hb = hf1.download(size_t(T) * K);
-        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-            << "T " << T << " K " << K << (residual ? " residual" : "");
-        ASSERT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(float)), 0) << "the norm's own output";
-        cases++;
-      }
-  EXPECT_EQ(cases, 20);
-}
-
 // split_gemv (a decode step's split_linear in one kernel) against split_rows + the mma.sync tile
 // kernel, bit for bit, outputs NaN-poisoned: 1 to 16 rows, x rows wider than K, N not a multiple
 // of 8, K of 1 to 64 weight blocks (fewer and more than the blocks in flight), store, bias,

@@ -6,19 +6,13 @@ namespace {
 
 // res.routed: first x[t] += the MoE output (residual_rmsnorm; rows is then nullptr). Each thread
 // writes and then reads back its own elements i = tid, tid + 256, ...: no barrier needed.
-// xf.xf: the outputs also go to split_gemv's fragments, pair by pair (H even); the blocks past T
-// (up to xf.rows) write that row's fragments as zeros, as split_gemv's own split does.
 template <class TA>
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
-                               TA* oa, const MoeResidual res, int T, const XFragments xf) {
+                               TA* oa, const MoeResidual res) {
   __shared__ float scratch[32];
   pdl_wait();  // (launched with launch_pdl)
   pdl_trigger();
   const int64_t t = blockIdx.x;
-  if (t >= T) {  // (only with xf: a row of the fragments past the step's rows)
-    for (int i = 2 * threadIdx.x; i < H; i += 2 * blockDim.x) store_x_pair(xf, int(t), i, 0.f, 0.f);
-    return;
-  }
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
   if (res.routed) {
     float* xr = const_cast<float*>(r);
@@ -33,10 +27,6 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
     if (of) of[t * H + i] = v;
     if (oa) oa[t * H + i] = from_f32<TA>(v);
   }
-  if (!xf.xf) return;
-  // The same values again (the same expression on the same inputs: the same bits), two at a time.
-  for (int i = 2 * threadIdx.x; i < H; i += 2 * blockDim.x)
-    store_x_pair(xf, int(t), i, w[i] * (r[i] * inv), w[i + 1] * (r[i + 1] * inv));
 }
 
 template <class TW>
@@ -76,36 +66,28 @@ __global__ void fill_random_kernel(T* p, int64_t n, uint64_t seed, float scale) 
 
 template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
-             TA* out_act, cudaStream_t s, const XFragments& xf) {
+             TA* out_act, cudaStream_t s) {
   if (T == 0) return;
-  EPMOE_ASSERT(!xf.xf || (!rows && H % 2 == 0 && xf.nblk * 64 == H && T <= xf.rows),
-               "rmsnorm: split_gemv fragments need all rows, H = 64 nblk and T <= their rows");
-  const unsigned grid = unsigned(xf.xf ? int64_t(xf.rows) : T);
-  launch_pdl(rmsnorm_kernel<TA>, dim3(grid), dim3(256), 0, s, x, w, eps, H, rows, out_f32, out_act, MoeResidual{},
-             int(T), xf);
+  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, x, w, eps, H, rows, out_f32, out_act,
+             MoeResidual{});
   EPMOE_CUDA_LAUNCHED();
 }
-template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t,
-                             const XFragments&);
-template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t,
-                            const XFragments&);
+template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t);
+template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t);
 
 template <class TA>
 void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
-                      TA* out_act, cudaStream_t s, const XFragments& xf) {
+                      TA* out_act, cudaStream_t s) {
   if (T == 0) return;
   EPMOE_ASSERT(m.routed, "residual_rmsnorm: no MoE output to add");
-  EPMOE_ASSERT(!xf.xf || (H % 2 == 0 && xf.nblk * 64 == H && T <= xf.rows),
-               "residual_rmsnorm: split_gemv fragments need H = 64 nblk and T <= their rows");
-  const unsigned grid = unsigned(xf.xf ? int64_t(xf.rows) : T);
-  launch_pdl(rmsnorm_kernel<TA>, dim3(grid), dim3(256), 0, s, static_cast<const float*>(x), w, eps, H,
-             static_cast<const int32_t*>(nullptr), out_f32, out_act, m, int(T), xf);
+  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, static_cast<const float*>(x), w, eps, H,
+             static_cast<const int32_t*>(nullptr), out_f32, out_act, m);
   EPMOE_CUDA_LAUNCHED();
 }
 template void residual_rmsnorm<float>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, float*,
-                                      cudaStream_t, const XFragments&);
+                                      cudaStream_t);
 template void residual_rmsnorm<bf16>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, bf16*,
-                                     cudaStream_t, const XFragments&);
+                                     cudaStream_t);
 
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s) {

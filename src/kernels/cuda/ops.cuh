@@ -4,16 +4,14 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/x_fragments.cuh"
 
 namespace epmoe::cuda {
 
 // kernels/ops.cc rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)); writes fp32 and/or act copies.
-// rows (optional): output row t normalises input row rows[t]. xf (optional): the output's split
-// into split_gemv's fragments too (the next projection then skips its split launch).
+// rows (optional): output row t normalises input row rows[t].
 template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
-             TA* out_act, cudaStream_t s, const XFragments& xf = {});
+             TA* out_act, cudaStream_t s);
 
 // A MoE layer's output as the decoder adds it into the residual (moe/cuda/experts.cuh moe_output):
 // routed (+ sigmoid(gate_logit[t]) * shared, or + shared without a gate). One definition for
@@ -36,7 +34,7 @@ __device__ inline float moe_residual_value(const MoeResidual& m, int64_t i, int 
 // the end of one layer and the input norm of the next in one launch.
 template <class TA>
 void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
-                      TA* out_act, cudaStream_t s, const XFragments& xf = {});
+                      TA* out_act, cudaStream_t s);
 
 // Embedding rows: out[t] = float(table[ids[t]]).
 template <class TW>

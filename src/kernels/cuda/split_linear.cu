@@ -118,10 +118,9 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
 }
 
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
-                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate, bool x_in_fragments) {
+                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate) {
   if (T == 0) return;
-  if (split_gemv_fits(W, T)) return split_gemv(W, x, lda, T, y, bias, ep, s, accumulate, x_in_fragments);
-  EPMOE_ASSERT(!x_in_fragments, "split_linear: x's fragments given for a weight that does not take split_gemv");
+  if (split_gemv_fits(W, T)) return split_gemv(W, x, lda, T, y, bias, ep, s, accumulate);
   const int Kp = W.P * W.K;
   split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
   GemmArgs g;

@@ -16,8 +16,6 @@
 // row (GemmArgs::b_k_twice), so the bytes from DRAM are those of the bf16 weights.
 #pragma once
 
-#include "kernels/cuda/x_fragments.cuh"
-
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -57,10 +55,9 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
 
 // y [T, N] (fp32; ldc N) = x [T, K] (fp32, rows lda apart) W^T (+ bias with Store; or the SwiGLU
 // epilogue on gate/up rows interleaved in W: y [T, N/2]); accumulate (Store): y += that instead.
-// xs: scratch for the split rows. x_in_fragments: split_gemv_fits(W, T), and x's split already
-// sits in split_gemv_x_fragments(W, T) (written by the kernel that produced x): x is not read.
+// xs: scratch for the split rows.
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
-                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate = false, bool x_in_fragments = false);
+                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate = false);
 
 // Per-head products (latent attention's W_UK^T and W_UV): G groups of M rows, group g's weights
 // rows [g N/G, (g+1) N/G) of W; x [G M, K] group-major (row g M + r, rows lda apart), output row
@@ -87,9 +84,6 @@ SplitGemvConfig split_gemv_config();
 bool split_gemv_enabled();  // not turned off by EPMOE_SPLIT_GEMV=0 (then nothing need be packed)
 bool split_gemv_fits(const SplitWeight& W, int64_t T);
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
-                Epilogue ep, cudaStream_t s, bool accumulate = false, bool x_in_fragments = false);
-// Where split_gemv reads x's fragments for W at T rows (T rounded up to 8 or 16): a kernel that
-// produces x may write them there (kernels/cuda/x_fragments.cuh) and split_gemv skip its split.
-XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T);
+                Epilogue ep, cudaStream_t s, bool accumulate = false);
 
 }  // namespace epmoe::cuda

@@ -984,8 +984,7 @@ struct GpuModel final : LanguageModel {
     cudaStream_t s = stream();
     const float* bias = L.has_bias ? L.qkv_bias.data() : nullptr;
     if constexpr (kBf16) {
-      split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s, false,
-                   /*x_in_fragments=*/qkv_fragments(l, T_).xf != nullptr);
+      split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s);
       rope_and_attend(L, l, T_, max_ctx, ctx_f.data());
       split_linear(L.o_s, ctx_f.data(), qd, T_, xs, residual_out(T_), nullptr, Epilogue::Store, s, add_in_epilogue(T_));
       residual_add(T_);
@@ -1019,29 +1018,16 @@ struct GpuModel final : LanguageModel {
     residual_add(T_);
   }
 
-  // xf: the normalised rows also into the next projection's split_gemv fragments (qkv_fragments).
-  void norm(const float* in, const DeviceArray<float>& w, int64_t T_, const int32_t* rows = nullptr,
-            const XFragments& xf = {}) {
+  void norm(const float* in, const DeviceArray<float>& w, int64_t T_, const int32_t* rows = nullptr) {
     if (pending_moe_.routed) {  // the previous layer's MoE output into x first, in the same launch
       EPMOE_ASSERT(in == x.data() && !rows, "gpu model: a MoE output is pending on a norm of other rows");
-      if constexpr (kBf16) residual_rmsnorm<bf16>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), hn_a.data(), stream(), xf);
-      else residual_rmsnorm<float>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), nullptr, stream(), xf);
+      if constexpr (kBf16) residual_rmsnorm<bf16>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), hn_a.data(), stream());
+      else residual_rmsnorm<float>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), nullptr, stream());
       pending_moe_ = {};
       return;
     }
-    if constexpr (kBf16) rmsnorm<bf16>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), hn_a.data(), stream(), xf);
-    else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream(), xf);
-  }
-
-  // A decode step's q/k/v projection (bf16 mode, standard attention, split_gemv) reads x's split
-  // from where the attention norm wrote it, as it wrote hn_f (kernels/cuda/x_fragments.cuh): one
-  // launch a layer fewer, the same values. Empty (the projection splits x itself) otherwise.
-  XFragments qkv_fragments(int l, int64_t T_) const {
-    if constexpr (kBf16) {
-      const SplitWeight& w = layers[size_t(l)]->qkv_s;
-      if (!mla && T_ > 0 && split_gemv_fits(w, T_)) return split_gemv_x_fragments(w, T_);
-    }
-    return {};
+    if constexpr (kBf16) rmsnorm<bf16>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), hn_a.data(), stream());
+    else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
   }
 
   // Routing replay (ForwardOptions::replay): the given routing, checked as the CPU model checks it,
@@ -1148,7 +1134,7 @@ struct GpuModel final : LanguageModel {
     int64_t T_;
     int max_ctx;
     A2ABackend& backend;
-    void attention_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->in_norm, T_, nullptr, m.qkv_fragments(l, T_)); }
+    void attention_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->in_norm, T_); }
     void attention(int l) {
       if (T_ > 0) m.attention_block(l, T_, max_ctx);  // (a rank without tokens still joins the MoE layers)
     }
