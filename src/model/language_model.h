@@ -166,9 +166,9 @@ class LanguageModel {
   std::vector<int32_t> forward_greedy(const std::vector<Sequence*>& seqs,
                                       const std::vector<std::vector<int32_t>>& tokens, A2ABackend& backend,
                                       const ForwardOptions& opt = {});
-  // step() with one draw per entry of `draws`, from the last logits of seqs[draw.row] (at most one
+  // step() with one draw per entry of `draws`, from the last logits of seqs[draw.row] (any number
   // a row; rows without a draw compute no logits); only the tokens, their log-probs and top_n
-  // alternatives come back. draws_on_device() models only.
+  // alternatives come back, in the order of `draws`. draws_on_device() models only.
   std::vector<Drawn> forward_draw(const std::vector<Sequence*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
                                   A2ABackend& backend, const std::vector<DrawRequest>& draws,
                                   const ForwardOptions& opt = {});
