@@ -142,6 +142,18 @@ if ((graph)); then
   exit 0
 fi
 
+# grep -n over every source of src/ (the pattern and grep's flags given).
+grep_src() { grep -rn "$@" "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh'; }
+# Each "file:line:text" hit of stdin is an offence against rule $1.
+report_hits() {
+  local rule=$1 hit f rest
+  while IFS= read -r hit; do
+    [[ -z $hit ]] && continue
+    f=${hit%%:*} rest=${hit#*:}
+    report "$f" "${rest%%:*}" "$rule" "${rest#*:}"
+  done
+}
+
 # ---- backend names outside src/ep/ ----
 
 while IFS= read -r hit; do
@@ -150,17 +162,12 @@ while IFS= read -r hit; do
   line=${rest%%:*} text=${rest#*:}
   words=$(grep -owE "$backend_words" <<<"$text" | sort -u | paste -sd, -)
   report "$f" "$line" "names a backend outside src/ep/ ($words)" "$text"
-done < <(grep -rnwE "$backend_words" "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
-         grep -v "^$src/ep/")
+done < <(grep_src -wE "$backend_words" | grep -v "^$src/ep/")
 
 # ---- environment variables: read through util/env.cc's table only, every entry documented ----
 
-while IFS= read -r hit; do
-  [[ -z $hit ]] && continue
-  f=${hit%%:*} rest=${hit#*:}
-  report "$f" "${rest%%:*}" "reads the environment outside util/env.cc (add the variable to its table, read it with env_get)" "${rest#*:}"
-done < <(grep -rnE '\b(std::)?(getenv|secure_getenv)\(' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
-         grep -v "^$src/util/env.cc:")
+report_hits "reads the environment outside util/env.cc (add the variable to its table, read it with env_get)" \
+  < <(grep_src -E '\b(std::)?(getenv|secure_getenv)\(' | grep -v "^$src/util/env.cc:")
 doc=$src/../docs/ARCHITECTURE.md
 if [[ -f $src/util/env.cc && -f $doc ]]; then
   while IFS= read -r name; do
@@ -172,32 +179,22 @@ fi
 # ---- one decoder loop, one MoE block ----
 
 # A `for` over num_layers whose next 12 lines call both an attention phase and an MLP/MoE phase.
-while IFS= read -r hit; do
-  [[ -z $hit ]] && continue
-  report "${hit%%:*}" "$(cut -d: -f2 <<<"$hit")" "a second decoder layer loop (the one loop is run_decoder_layers in src/model/decoder.h; give it this device's phases)" "$(cut -d: -f3- <<<"$hit")"
-done < <(sources | grep -v "^$src/model/decoder.h$" | while IFS= read -r f; do
-  awk -v f="$f" '
-    /for[[:space:]]*\(.*num_layers/ { start = FNR; text = $0; att = 0; mlp = 0 }
-    start && FNR - start <= 12 {
-      if (tolower($0) ~ /[a-z_]*attention[a-z_]*[[:space:]]*\(/) att = 1
-      if (tolower($0) ~ /[a-z_]*(mlp|moe)[a-z_]*[[:space:]]*\(/) mlp = 1
-      if (att && mlp) { print f ":" start ":" text; start = 0 }
-    }' "$f"
-done)
+report_hits "a second decoder layer loop (the one loop is run_decoder_layers in src/model/decoder.h; give it this device's phases)" \
+  < <(sources | grep -v "^$src/model/decoder.h$" | while IFS= read -r f; do
+    awk -v f="$f" '
+      /for[[:space:]]*\(.*num_layers/ { start = FNR; text = $0; att = 0; mlp = 0 }
+      start && FNR - start <= 12 {
+        if (tolower($0) ~ /[a-z_]*attention[a-z_]*[[:space:]]*\(/) att = 1
+        if (tolower($0) ~ /[a-z_]*(mlp|moe)[a-z_]*[[:space:]]*\(/) mlp = 1
+        if (att && mlp) { print f ":" start ":" text; start = 0 }
+      }' "$f"
+  done)
 
-while IFS= read -r hit; do
-  [[ -z $hit ]] && continue
-  f=${hit%%:*} rest=${hit#*:}
-  report "$f" "${rest%%:*}" "builds the backend's input outside src/ep/, src/check/, src/moe/ (the MoE block is src/moe/moe_block.h's)" "${rest#*:}"
-done < <(grep -rnw 'MoeTokens' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
-         grep -vE "^$src/(ep|check|moe)/")
+report_hits "builds the backend's input outside src/ep/, src/check/, src/moe/ (the MoE block is src/moe/moe_block.h's)" \
+  < <(grep_src -w 'MoeTokens' | grep -vE "^$src/(ep|check|moe)/")
 
-while IFS= read -r hit; do
-  [[ -z $hit ]] && continue
-  f=${hit%%:*} rest=${hit#*:}
-  report "$f" "${rest%%:*}" "runs a backend outside the one MoE block (src/moe/moe_block.h run_moe_block)" "${rest#*:}"
-done < <(grep -rnE '(\.|->)run\([[:space:]]*(tok\b|[A-Za-z_]+\.tokens\(\))' "$src" --include='*.cc' --include='*.h' --include='*.cu' --include='*.cuh' |
-         grep -vE "^$src/(ep|check)/|^$src/moe/moe_block.h:")
+report_hits "runs a backend outside the one MoE block (src/moe/moe_block.h run_moe_block)" \
+  < <(grep_src -E '(\.|->)run\([[:space:]]*(tok\b|[A-Za-z_]+\.tokens\(\))' | grep -vE "^$src/(ep|check)/|^$src/moe/moe_block.h:")
 
 if ((fail)); then
   echo "layering broken: see the lines above (rules: tests/layering_test.sh)"
