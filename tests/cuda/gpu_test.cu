@@ -724,6 +724,23 @@ struct KvModel {
         model(make_gpu_model(cfg, ckpt, pl, 0, f32, kv)), be(make_local_backend(Device::Cuda, pl)) {}
 };
 
+// Two models of one fixture (qwen3moe-tiny) given the same n new sequences: `a` runs the call under
+// test, `b` the reference forward() whose logits the host draws from.
+struct TwinSequences {
+  KvModel a, b;
+  std::vector<Sequence> sa, sb;
+  std::vector<Sequence*> pa, pb;
+  TwinSequences(bool f32, size_t n) : a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16}) {
+    for (uint64_t i = 0; i < n; i++) {
+      sa.push_back(a.model->new_sequence(i));
+      sb.push_back(b.model->new_sequence(i));
+    }
+    for (auto& x : sa) pa.push_back(&x);
+    for (auto& x : sb) pb.push_back(&x);
+  }
+  TwinSequences(const TwinSequences&) = delete;
+};
+
 // The longest golden sequence of a fixture.
 std::vector<int32_t> longest_ids(const std::string& name) {
   test::Golden g(name);
@@ -2222,16 +2239,11 @@ TEST(GpuDraw, DeviceDrawsAreTheHostBits) {
 TEST(GpuDraw, ForwardDrawIsForwardThenTheHostDraw) {
   REQUIRE_GPU();
   for (bool f32 : {false, true}) {
-    KvModel a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16});
     const std::vector<std::vector<int32_t>> prompts = {{5, 17, 42, 99, 3}, {7, 7, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9}};
-    std::vector<Sequence> sa, sb;
-    for (uint64_t i = 0; i < prompts.size(); i++) {
-      sa.push_back(a.model->new_sequence(i));
-      sb.push_back(b.model->new_sequence(i));
-    }
-    std::vector<Sequence*> pa, pb;
-    for (auto& x : sa) pa.push_back(&x);
-    for (auto& x : sb) pb.push_back(&x);
+    TwinSequences tw(f32, prompts.size());
+    KvModel &a = tw.a, &b = tw.b;
+    std::vector<Sequence*>& pa = tw.pa;
+    std::vector<Sequence*>& pb = tw.pb;
     std::vector<DrawRequest> draws;
     for (int r = 0; r < 3; r++)
       for (uint64_t k = 0; k < 2; k++)
@@ -2317,16 +2329,11 @@ TEST(GpuSampling, TopNMatchesHost) {
 TEST(GpuDraw, ForwardDrawTopNIsForwardThenTheHostTop) {
   REQUIRE_GPU();
   for (bool f32 : {false, true}) {
-    KvModel a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16});
     const std::vector<std::vector<int32_t>> prompts = {{5, 17, 42, 99, 3}, {7, 7, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9}};
-    std::vector<Sequence> sa, sb;
-    for (uint64_t i = 0; i < prompts.size(); i++) {
-      sa.push_back(a.model->new_sequence(i));
-      sb.push_back(b.model->new_sequence(i));
-    }
-    std::vector<Sequence*> pa, pb;
-    for (auto& x : sa) pa.push_back(&x);
-    for (auto& x : sb) pb.push_back(&x);
+    TwinSequences tw(f32, prompts.size());
+    KvModel &a = tw.a, &b = tw.b;
+    std::vector<Sequence*>& pa = tw.pa;
+    std::vector<Sequence*>& pb = tw.pb;
     std::vector<DrawRequest> draws;
     const int tops[] = {0, 1, 5, 20};
     for (int r = 0; r < 3; r++)
@@ -2364,17 +2371,13 @@ TEST(GpuDraw, ForwardDrawTopNIsForwardThenTheHostTop) {
 TEST(GpuStep, MixedWantsAreTheSeparateCalls) {
   REQUIRE_GPU();
   for (bool f32 : {false, true}) {
-    KvModel a("qwen3moe-tiny", f32, {4096, 16}), b("qwen3moe-tiny", f32, {4096, 16});
     const std::vector<std::vector<int32_t>> prompts = {
         {5, 17, 42, 99, 3}, {7, 7, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {11, 12}, {30, 31, 32, 33}};
-    std::vector<Sequence> sa, sb;
-    for (uint64_t i = 0; i < prompts.size(); i++) {
-      sa.push_back(a.model->new_sequence(i));
-      sb.push_back(b.model->new_sequence(i));
-    }
-    std::vector<Sequence*> pa, pb;
-    for (auto& x : sa) pa.push_back(&x);
-    for (auto& x : sb) pb.push_back(&x);
+    TwinSequences tw(f32, prompts.size());
+    KvModel &a = tw.a, &b = tw.b;
+    std::vector<Sequence>& sa = tw.sa;
+    std::vector<Sequence*>& pa = tw.pa;
+    std::vector<Sequence*>& pb = tw.pb;
     StepBatch batch{pa, prompts,
                     {StepWant::Logits, StepWant::Argmax, StepWant::Draw, StepWant::Nothing, StepWant::AllLogits},
                     {{2, 0.7f, 9, 9, 0}, {2, 1.3f, 10, 9, 5}},
