@@ -761,10 +761,9 @@ struct GpuModel final : LanguageModel {
       return;
     }
     const bool bf16_rows = kBf16 && !split_experts && !fp8_experts;
-    GpuMoeOps ops(L.router, *L.runner);
+    GpuMoeOps ops(L.router, *L.runner, [&](float* y) { swiglu(L.shared, xin, T_, y); });
     ops.shared_gate = L.has_shared_gate ? L.shared_gate.data() : nullptr;
     ops.has_shared = !L.shared.empty();
-    ops.shared_swiglu = [&](float* y) { swiglu(L.shared, xin, T_, y); };
     RouteArgs& ra = ops.ra;
     const int64_t slice = int64_t(moe_index[size_t(l)]) * T_ * K;
     ra.cfg = cfg.routing;

@@ -5,8 +5,6 @@
 // MoeResidual, which it adds into the residual stream (here or fused into the next layer's norm).
 #pragma once
 
-#include <functional>
-
 #include "ep/backend.h"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -14,16 +12,18 @@
 
 namespace epmoe::cuda {
 
+// SharedSwiglu: void(float* out), the shared expert's SwiGLU on the step's rows into out [T, H]
+// fp32 (the decoder's dense SwiGLU: its weights and GEMM path are the decoder's). A template
+// parameter, not a std::function: the block is built per layer per step.
+template <class SharedSwiglu>
 struct GpuMoeOps {
-  GpuMoeOps(RouterGpu& r, ExpertRunner& e) : router(r), runner(e) {}
+  GpuMoeOps(RouterGpu& r, ExpertRunner& e, SharedSwiglu fn) : router(r), runner(e), shared_swiglu(fn) {}
   // The layer.
   RouterGpu& router;
   ExpertRunner& runner;
   const float* shared_gate = nullptr;  // [1, H] (Qwen2-MoE) or nullptr
   bool has_shared = false;             // the family has a shared expert
-  // SwiGLU of the shared expert on the step's rows into out [T, H] fp32 (the decoder's dense
-  // SwiGLU: its weights and GEMM path are the decoder's).
-  std::function<void(float* out)> shared_swiglu;
+  SharedSwiglu shared_swiglu;
   // The step.
   RouteArgs ra;             // the layer's slices of the routing arrays, the replicas (physical), the gids
   bool replay = false;      // ra.logical / ra.weights hold a given routing (routing replay)
