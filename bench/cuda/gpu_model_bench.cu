@@ -22,6 +22,8 @@
 // --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
 // between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (scripts/gpu-decode-profile.sh).
+// --trace 1: the kernel timeline of the graph's timed decode steps (kernels/cuda/kernel_trace.h):
+// per kernel name, how long it held the step's chain of dependent kernels, median over the steps.
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -37,6 +39,7 @@
 
 #include "comm/nccl_group.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_trace.h"
 #include "kernels/cuda/split_linear.cuh"
 #include "ep/backend.h"
 #include "model/cuda/gpu_model.h"
@@ -121,6 +124,49 @@ struct StepCost {
   }
 };
 
+// The timeline of the traced steps: per kernel name, the time from its pdl_wait's return to the
+// next kernel's (the time it held the chain), summed per step, median over the steps.
+void print_trace(const std::vector<cuda::KernelTrace>& traces, int layers, int B) {
+  if (traces.empty()) {
+    std::printf("\ntrace, %d sequence(s): no complete step (a kernel without pdl_wait, or launched otherwise)\n", B);
+    return;
+  }
+  const std::vector<std::string>& names = traces[0].names;
+  std::vector<std::string> order;  // names in first-launch order
+  for (const std::string& n : names)
+    if (std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
+  std::vector<std::vector<double>> per(order.size());  // [name][step] us
+  std::vector<double> span;
+  for (const cuda::KernelTrace& t : traces) {
+    std::vector<double> sum(order.size(), 0.0);
+    for (size_t i = 0; i + 1 < t.stamps.size(); i++) {
+      const size_t k = size_t(std::find(order.begin(), order.end(), t.names[i]) - order.begin());
+      sum[k] += double(t.stamps[i + 1] - t.stamps[i]) / 1e3;
+    }
+    for (size_t k = 0; k < order.size(); k++) per[k].push_back(sum[k]);
+    span.push_back(double(t.stamps.back() - t.stamps.front()) / 1e3);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double total = median(span);
+  std::printf("\ntrace, %d sequence(s), graph on, %zu steps: %zu kernels a step; the first kernel's wait to the "
+              "last's: median %.1f us (the last kernel's own time is not in it)\n",
+              B, traces.size(), names.size(), total);
+  std::printf("| kernel | launches a step | us a step (median) | us a layer | share |\n|---|---|---|---|---|\n");
+  std::vector<size_t> idx(order.size());
+  for (size_t k = 0; k < idx.size(); k++) idx[k] = k;
+  std::vector<double> med(order.size());
+  for (size_t k = 0; k < order.size(); k++) med[k] = median(per[k]);
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return med[a] > med[b]; });
+  for (size_t k : idx) {
+    const long n = long(std::count(names.begin(), names.end(), order[k]));
+    std::printf("| %s | %ld | %.1f | %.2f | %.1f%% |\n", order[k].c_str(), n, med[k], med[k] / layers,
+                100.0 * med[k] / total);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,7 +177,7 @@ int main(int argc, char** argv) {
     double peak_tflops = 989.0;
     FILE* f = nullptr;
     std::vector<int> batches = {1, 8, 64, 256};
-    bool prefill = true, profile_step = false;
+    bool prefill = true, profile_step = false, trace = false;
     KvOptions kv;
     kv.dtype = KvDtype::BF16;
     for (int a = 1; a < argc; a += 2) {
@@ -161,6 +207,8 @@ int main(int argc, char** argv) {
         if (kv.dtype == KvDtype::Auto) kv.dtype = KvDtype::BF16;
       } else if (k == "--profile-step") {
         profile_step = v != "0";
+      } else if (k == "--trace") {
+        trace = v != "0";
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
       } else if (k == "--split-gemv-ring") {
@@ -173,7 +221,7 @@ int main(int argc, char** argv) {
       } else {
         throw std::runtime_error("unknown flag " + k +
                                  " (flags: --out, --layers, --batches, --prefill, --steps, --peak-tflops, --profile-step, "
-                                 "--kv-cache-dtype, --split-gemv-ring)");
+                                 "--kv-cache-dtype, --split-gemv-ring, --trace)");
       }
     }
     const double read_bw = measure_read_bandwidth();
@@ -273,16 +321,30 @@ int main(int argc, char** argv) {
         }
         double total = 0;
         std::vector<double> per_step;
+        // (--trace: names noted while step 1 captures the graph, stamps of every timed replay)
+        const bool traced = trace && on == 1;
+        std::vector<cuda::KernelTrace> traces;
         for (int s = 0; s < steps + 2; s++) {
           std::vector<std::vector<int32_t>> next;
           for (int b = 0; b < B; b++) next.push_back({ids[size_t(b)]});
           const bool profiled = profile_step && on == 0 && s == 2;
           if (profiled) EPMOE_CUDA_CHECK(cudaProfilerStart());
+          if (traced && s == 1) cuda::kernel_trace_start(size_t(64) * size_t(layers) + 256);
+          if (traced && s >= 2) cuda::kernel_trace_clear();
           auto t0 = now();
           ids = m.forward_greedy(ps, next, *be);
           auto t1 = now();
+          if (traced && s == 1) cuda::kernel_trace_stop_names();
+          if (traced && s >= 2) {
+            cuda::KernelTrace t = cuda::kernel_trace_read();
+            if (t.complete()) traces.push_back(std::move(t));
+          }
           if (profiled) EPMOE_CUDA_CHECK(cudaProfilerStop());
           if (s >= 2) total += ms(t0, t1), per_step.push_back(ms(t0, t1));
+        }
+        if (traced) {
+          cuda::kernel_trace_end();
+          print_trace(traces, layers, B);
         }
         std::sort(per_step.begin(), per_step.end());
         // The average context of the timed steps: 128 prompt + 1 + the 2 untimed steps + half the timed ones.

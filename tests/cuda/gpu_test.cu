@@ -42,6 +42,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemm_fp8.cuh"
+#include "kernels/cuda/kernel_trace.h"
 #include "kernels/cuda/split_linear.cuh"
 #include "engine/sampling.h"
 #include "kernels/cuda/attention.cuh"
@@ -2542,6 +2543,59 @@ void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = Gp
   check(s2.eager_steps - s0.eager_steps == 6, tag + ": prefills, the mixed step and each batch size's first step eager");
   check(e2.replays == 0 && e2.captures == 0 && e2.eager_steps == step_no,
         tag + ": the model with cuda_graph = false never captures");
+}
+
+// The kernel timeline (kernels/cuda/kernel_trace.h): a chain of PDL kernels, eager and replayed
+// from a graph, leaves one stamp per kernel in launch order, under the names noted at launch.
+TEST(GpuGraph, KernelTraceStampsEveryKernelInOrder) {
+  EXPECT_EQ(cuda::kernel_base_name("epmoe::cuda::(anonymous namespace)::split_gemv_ring_kernel<true, false, 32, 1>("
+                                   "epmoe::cuda::GemmArgs, unsigned int const*, int)"),
+            "split_gemv_ring_kernel");
+  EXPECT_EQ(cuda::kernel_base_name("add_kernel(float*, float const*, long)"), "add_kernel");
+  EXPECT_EQ(cuda::kernel_base_name("plain"), "plain");
+  REQUIRE_GPU();
+  const int64_t n = 1 << 16;
+  cuda::DeviceArray<float> x(n), y(n), w(256), o(n);
+  cudaStream_t s = cuda::stream();
+  cuda::fill_random(x.data(), n, 1, 1.0f, s);
+  cuda::fill_random(y.data(), n, 2, 1.0f, s);
+  cuda::fill_random(w.data(), 256, 3, 1.0f, s);
+  auto chain = [&] {
+    cuda::add_inplace(x.data(), y.data(), n, s);
+    cuda::rmsnorm<float>(x.data(), w.data(), 1e-6f, n / 256, 256, nullptr, o.data(), nullptr, s);
+    cuda::add_inplace(x.data(), o.data(), n, s);
+  };
+  cuda::kernel_trace_start(64);
+  chain();
+  cuda::kernel_trace_stop_names();
+  cuda::KernelTrace eager = cuda::kernel_trace_read();
+  const std::vector<std::string> want = {"add_kernel", "rmsnorm_kernel", "add_kernel"};
+  EXPECT_EQ(eager.names, want);
+  ASSERT_TRUE(eager.complete()) << eager.stamps.size() << " stamps for " << eager.names.size() << " kernels";
+  EXPECT_TRUE(std::is_sorted(eager.stamps.begin(), eager.stamps.end()));
+  EXPECT_LT(eager.stamps.front(), eager.stamps.back());
+  // Captured (no names noted: the capture's launches are not the trace's), then replayed twice.
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  chain();
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int r = 0; r < 2; r++) {
+    cuda::kernel_trace_clear();
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    cuda::KernelTrace t = cuda::kernel_trace_read();
+    EXPECT_EQ(t.names, want);
+    ASSERT_EQ(t.stamps.size(), 3u) << "replay " << r;
+    EXPECT_TRUE(std::is_sorted(t.stamps.begin(), t.stamps.end()));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // Ended: kernels stamp nothing.
+  cuda::kernel_trace_end();
+  cuda::kernel_trace_clear();
+  chain();
+  EXPECT_EQ(cuda::kernel_trace_read().stamps.size(), 0u);
 }
 
 TEST(GpuGraph, DecodeMatchesEager) {

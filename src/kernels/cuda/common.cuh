@@ -43,9 +43,45 @@ cudaStream_t stream();
 // that kernel waited for its own predecessor, everything earlier on the stream is complete too.
 // In a kernel launched the ordinary way both are no-ops. EPMOE_PDL=0 launches everything the
 // ordinary way (for measuring what PDL is worth).
-__device__ inline void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+//
+// The kernel timeline (kernels/cuda/kernel_trace.h, for `gpu_model_bench --trace`): when a trace is
+// on, CTA 0 of every kernel stamps %globaltimer the moment its pdl_wait() returns. Kernels of a
+// step form one dependent chain, so the gap from one kernel's stamp to the next's is the time that
+// kernel held the chain -- its work after the wait plus the hand-over -- inside a CUDA graph, where
+// no profiler of this machine can look. The sink is one per translation unit (no relocatable
+// device code): each registers a setter, and kernel_trace_start() fills every one. Off, it costs a
+// load issued before the wait and a branch.
+struct TraceSink {
+  unsigned long long* stamps = nullptr;  // nullptr: no trace
+  unsigned* count = nullptr;
+  unsigned capacity = 0;
+};
+// (static, not an unnamed namespace: nvcc's stubs cannot tell two unnamed namespaces apart when a
+// source opens its own beside `using namespace epmoe::cuda`.)
+static __device__ TraceSink g_trace_sink;
+using TraceSinkSetter = void (*)(const TraceSink&);
+bool register_trace_sink(TraceSinkSetter set);  // kernel_trace.cu
+// (Host code of this translation unit: its own copy of the sink.)
+static void set_trace_sink_here(const TraceSink& t) {
+  EPMOE_CUDA_CHECK(cudaMemcpyToSymbol(g_trace_sink, &t, sizeof t));
+}
+[[maybe_unused]] static const bool g_trace_sink_registered = register_trace_sink(&set_trace_sink_here);
+
+__device__ inline void pdl_wait() {
+  const TraceSink t = g_trace_sink;  // (read before the wait: the trace adds no latency after it)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (t.stamps && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    const unsigned i = atomicAdd(t.count, 1u);
+    if (i < t.capacity) t.stamps[i] = now;
+  }
+}
 __device__ inline void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 bool pdl_enabled();
+// The host half of the timeline: while recording, launch_pdl notes each kernel launched, in order.
+extern bool g_kernel_trace_recording;
+void kernel_trace_note(const void* kernel);
 template <class... KArgs, class... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
@@ -58,6 +94,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  if (g_kernel_trace_recording) kernel_trace_note(reinterpret_cast<const void*>(kernel));
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
