@@ -128,7 +128,7 @@ struct StepCost {
 // next kernel's (the time it held the chain), summed per step, median over the steps.
 void print_trace(const std::vector<cuda::KernelTrace>& traces, int layers, int B) {
   if (traces.empty()) {
-    std::printf("\ntrace, %d sequence(s): no complete step (a kernel without pdl_wait, or launched otherwise)\n", B);
+    std::printf("\ntrace, %d sequence(s): no complete step\n", B);
     return;
   }
   const std::vector<std::string>& names = traces[0].names;
@@ -209,6 +209,8 @@ int main(int argc, char** argv) {
         profile_step = v != "0";
       } else if (k == "--trace") {
         trace = v != "0";
+        if (trace && !cuda::kernel_trace_built())
+          throw std::runtime_error("--trace 1 needs a build with -DEPMOE_KERNEL_TRACE=ON (scripts/gpu-package.sh TRACE=1)");
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
       } else if (k == "--split-gemv-ring") {
@@ -321,7 +323,8 @@ int main(int argc, char** argv) {
         }
         double total = 0;
         std::vector<double> per_step;
-        // (--trace: names noted while step 1 captures the graph, stamps of every timed replay)
+        // (--trace: the names noted in step 0, which captures the graph or runs the same kernels
+        // eagerly before step 1 captures them; the stamps of every timed replay)
         const bool traced = trace && on == 1;
         std::vector<cuda::KernelTrace> traces;
         for (int s = 0; s < steps + 2; s++) {
@@ -329,15 +332,19 @@ int main(int argc, char** argv) {
           for (int b = 0; b < B; b++) next.push_back({ids[size_t(b)]});
           const bool profiled = profile_step && on == 0 && s == 2;
           if (profiled) EPMOE_CUDA_CHECK(cudaProfilerStart());
-          if (traced && s == 1) cuda::kernel_trace_start(size_t(64) * size_t(layers) + 256);
+          if (traced && s == 0) cuda::kernel_trace_start(size_t(64) * size_t(layers) + 256);
           if (traced && s >= 2) cuda::kernel_trace_clear();
           auto t0 = now();
           ids = m.forward_greedy(ps, next, *be);
           auto t1 = now();
-          if (traced && s == 1) cuda::kernel_trace_stop_names();
+          if (traced && s == 0) cuda::kernel_trace_stop_names();
           if (traced && s >= 2) {
             cuda::KernelTrace t = cuda::kernel_trace_read();
             if (t.complete()) traces.push_back(std::move(t));
+            else if (s == 2)
+              std::printf("trace, %d sequence(s): %zu kernels launched, %zu stamps (a kernel that does not call "
+                          "pdl_wait once in CTA 0, or one not launched by launch_pdl)\n",
+                          B, t.names.size(), t.stamps.size());
           }
           if (profiled) EPMOE_CUDA_CHECK(cudaProfilerStop());
           if (s >= 2) total += ms(t0, t1), per_step.push_back(ms(t0, t1));

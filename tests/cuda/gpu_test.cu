@@ -2552,8 +2552,10 @@ TEST(GpuGraph, KernelTraceStampsEveryKernelInOrder) {
                                    "epmoe::cuda::GemmArgs, unsigned int const*, int)"),
             "split_gemv_ring_kernel");
   EXPECT_EQ(cuda::kernel_base_name("add_kernel(float*, float const*, long)"), "add_kernel");
+  EXPECT_EQ(cuda::kernel_base_name("void epmoe::cuda::rmsnorm_kernel<float>(float const*)"), "rmsnorm_kernel");
   EXPECT_EQ(cuda::kernel_base_name("plain"), "plain");
   REQUIRE_GPU();
+  if (!cuda::kernel_trace_built()) GTEST_SKIP() << "a build without -DEPMOE_KERNEL_TRACE=ON: kernels do not stamp";
   const int64_t n = 1 << 16;
   cuda::DeviceArray<float> x(n), y(n), w(256), o(n);
   cudaStream_t s = cuda::stream();

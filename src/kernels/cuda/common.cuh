@@ -44,13 +44,14 @@ cudaStream_t stream();
 // In a kernel launched the ordinary way both are no-ops. EPMOE_PDL=0 launches everything the
 // ordinary way (for measuring what PDL is worth).
 //
-// The kernel timeline (kernels/cuda/kernel_trace.h, for `gpu_model_bench --trace`): when a trace is
-// on, CTA 0 of every kernel stamps %globaltimer the moment its pdl_wait() returns. Kernels of a
-// step form one dependent chain, so the gap from one kernel's stamp to the next's is the time that
-// kernel held the chain -- its work after the wait plus the hand-over -- inside a CUDA graph, where
-// no profiler of this machine can look. The sink is one per translation unit (no relocatable
-// device code): each registers a setter, and kernel_trace_start() fills every one. Off, it costs a
-// load issued before the wait and a branch.
+// The kernel timeline (kernels/cuda/kernel_trace.h, `gpu_model_bench --trace`) in a build with
+// EPMOE_KERNEL_TRACE: CTA 0 of every kernel stamps %globaltimer the moment its pdl_wait() returns.
+// Kernels of a step form one dependent chain, so the gap from one kernel's stamp to the next's is
+// the time that kernel held the chain -- its work after the wait plus the hand-over -- inside a
+// CUDA graph, where no profiler of the lent machines can look. The sink is one per translation
+// unit (no relocatable device code): each registers a setter, and kernel_trace_start() fills every
+// one. A profiling build only: the runtime's kernels carry none of it.
+#ifdef EPMOE_KERNEL_TRACE
 struct TraceSink {
   unsigned long long* stamps = nullptr;  // nullptr: no trace
   unsigned* count = nullptr;
@@ -66,16 +67,21 @@ static void set_trace_sink_here(const TraceSink& t) {
   EPMOE_CUDA_CHECK(cudaMemcpyToSymbol(g_trace_sink, &t, sizeof t));
 }
 [[maybe_unused]] static const bool g_trace_sink_registered = register_trace_sink(&set_trace_sink_here);
+#endif
 
 __device__ inline void pdl_wait() {
-  const TraceSink t = g_trace_sink;  // (read before the wait: the trace adds no latency after it)
+#ifdef EPMOE_KERNEL_TRACE
+  const TraceSink t = g_trace_sink;  // (read before the wait)
+#endif
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#ifdef EPMOE_KERNEL_TRACE
   if (t.stamps && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
     unsigned long long now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     const unsigned i = atomicAdd(t.count, 1u);
     if (i < t.capacity) t.stamps[i] = now;
   }
+#endif
 }
 __device__ inline void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 bool pdl_enabled();

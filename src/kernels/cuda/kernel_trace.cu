@@ -13,12 +13,31 @@ namespace epmoe::cuda {
 
 bool g_kernel_trace_recording = false;
 
+bool kernel_trace_built() {
+#ifdef EPMOE_KERNEL_TRACE
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef EPMOE_KERNEL_TRACE
 namespace {
 
 std::vector<TraceSinkSetter>& setters() {
   static std::vector<TraceSinkSetter> v;  // (filled by static initialisers: a function-local static)
   return v;
 }
+
+}  // namespace
+
+bool register_trace_sink(TraceSinkSetter set) {
+  setters().push_back(set);
+  return true;
+}
+#endif
+
+namespace {
 
 struct TraceState {
   DeviceArray<unsigned long long> stamps;
@@ -31,28 +50,27 @@ TraceState& state() {
   return s;
 }
 
-void set_all(const TraceSink& t) {
+// Every translation unit's sink: the stamps' arrays, or none.
+void set_all(bool on) {
+#ifdef EPMOE_KERNEL_TRACE
+  TraceState& st = state();
+  const TraceSink t = on ? TraceSink{st.stamps.data(), st.count.data(), unsigned(st.capacity)} : TraceSink{};
   for (TraceSinkSetter f : setters()) f(t);
+#else
+  (void)on;
+#endif
 }
 
 }  // namespace
 
-bool register_trace_sink(TraceSinkSetter set) {
-  setters().push_back(set);
-  return true;
-}
-
-std::string kernel_base_name(const std::string& d) {
-  // The name ends where its template arguments or parameters begin (at depth 0 of the brackets).
-  size_t end = d.size();
-  for (size_t i = 0; i < d.size(); i++)
-    if (d[i] == '<' || d[i] == '(') {
-      end = i;
-      break;
-    }
-  const std::string path = d.substr(0, end);
-  const size_t colon = path.rfind("::");
-  return colon == std::string::npos ? path : path.substr(colon + 2);
+std::string kernel_base_name(const std::string& demangled) {
+  // "(anonymous namespace)" is a scope like any other; the name ends where its template arguments
+  // or parameters begin, and a template's demangled name starts with its return type.
+  std::string d = demangled;
+  for (size_t p; (p = d.find("(anonymous namespace)")) != std::string::npos;) d.erase(p, 21);
+  const std::string path = d.substr(0, d.find_first_of("<("));
+  const size_t start = path.find_last_of(": ");
+  return start == std::string::npos ? path : path.substr(start + 1);
 }
 
 void kernel_trace_note(const void* kernel) {
@@ -67,13 +85,16 @@ void kernel_trace_note(const void* kernel) {
 }
 
 void kernel_trace_start(size_t capacity) {
+  if (!kernel_trace_built())
+    throw InputError("the kernel trace needs a build configured with -DEPMOE_KERNEL_TRACE=ON "
+                     "(scripts/gpu-package.sh TRACE=1): the runtime's kernels carry no stamps");
   TraceState& st = state();
   st.stamps.reserve(capacity);
   st.count.reserve(1);
   st.capacity = capacity;
   st.names.clear();
   kernel_trace_clear();
-  set_all({st.stamps.data(), st.count.data(), unsigned(capacity)});
+  set_all(true);
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   g_kernel_trace_recording = true;
 }
@@ -99,7 +120,7 @@ KernelTrace kernel_trace_read() {
 
 void kernel_trace_end() {
   g_kernel_trace_recording = false;
-  set_all({});
+  set_all(false);
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

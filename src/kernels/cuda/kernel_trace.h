@@ -24,6 +24,9 @@ struct KernelTrace {
   bool complete() const { return !names.empty() && names.size() == stamps.size(); }
 };
 
+// Whether this build's kernels stamp (configured with -DEPMOE_KERNEL_TRACE=ON); start() throws
+// InputError otherwise.
+bool kernel_trace_built();
 void kernel_trace_start(size_t capacity);
 void kernel_trace_stop_names();
 void kernel_trace_clear();  // the stamps only (queued on the process's stream)
