@@ -21,8 +21,8 @@ __device__ __forceinline__ int64_t kv_row(const KvPages& kv, const int32_t* tabl
 template <class KT>
 __global__ void rope_kernel(const RopeArgs a) {
   extern __shared__ float hsm[];
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int heads = a.Hq + 2 * a.Hkv, D = a.D;
   const int64_t job = int64_t(blockIdx.x) * nw + warp;
@@ -89,8 +89,8 @@ template <class TA, class KT>
 __global__ void attention_kernel(const AttnArgs a, TA* ctx) {
   extern __shared__ float asm_[];
   __shared__ float scratch[32];
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const KvPages& kv = a.kv;
   const int Hq = a.Hq, Dk = a.Dk, Dv = a.Dv;
   const int64_t t = blockIdx.x / Hq;
@@ -287,8 +287,8 @@ template <class TA, class KT, int NT, int QW>
 __global__ void __launch_bounds__(kAttnThreads, 2)
     attention_tiled_kernel(const AttnArgs a, TA* ctx, int Gs, int TQ, int ncap) {
   extern __shared__ float4 tsm[];
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   constexpr int Dk = NT * 32;
   constexpr int LQ = QW == 8 ? 3 : QW == 4 ? 2 : QW == 2 ? 1 : 0;
   const KvPages& kv = a.kv;
@@ -423,8 +423,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   constexpr int D = NT * 32;  // Dk = Dv
   KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
   float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const KvPages& kv = a.kv;
   const int64_t t = blockIdx.x / a.Hq;
   const int h = blockIdx.x % a.Hq, hk = h / (a.Hq / a.Hkv);
@@ -538,8 +538,8 @@ __device__ inline void rope_lanes(const float* in, TO* out, int dr, int pos, con
 template <class KT>
 __global__ void mla_latent_kernel(const MlaLatentArgs a) {
   __shared__ float scratch[32];
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const float* row = a.a + t * a.lda;
   if (a.q_lora > 0) {
@@ -564,8 +564,8 @@ __global__ void mla_latent_kernel(const MlaLatentArgs a) {
 
 // One warp per (token, head).
 __global__ void mla_query_kernel(const MlaQueryArgs a) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t job = int64_t(blockIdx.x) * nw + warp;
   if (job >= a.T * a.Hq) return;
@@ -579,8 +579,8 @@ __global__ void mla_query_kernel(const MlaQueryArgs a) {
 }
 
 __global__ void head_major_rows_kernel(int64_t T, int Hq, int32_t* out) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int64_t n = T * Hq;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t h = i / T, t = i - h * T;

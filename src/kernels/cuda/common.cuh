@@ -41,11 +41,6 @@ cudaStream_t stream();
 // early return -- before it reads or writes memory that an earlier kernel reads or writes.
 // pdl_wait() returns once the previous kernel has completed and its writes are visible; since
 // that kernel waited for its own predecessor, everything earlier on the stream is complete too.
-// pdl_trigger() comes first in a kernel (before its wait) unless a kernel after it relies on more
-// than that rule: the down GEMM reads the expert plan before its wait (GemmArgs::plan_precedes_a),
-// which holds only because the gate+up GEMM before it triggers after its own wait. Triggering
-// first lets a chain of small kernels launch at once, so that the next projection streams its
-// weights while they run (run 22: the kernel timeline).
 // In a kernel launched the ordinary way both are no-ops. EPMOE_PDL=0 launches everything the
 // ordinary way (for measuring what PDL is worth).
 //

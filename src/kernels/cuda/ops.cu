@@ -10,8 +10,8 @@ template <class TA>
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
                                TA* oa, const MoeResidual res) {
   __shared__ float scratch[32];
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
   if (res.routed) {
@@ -31,24 +31,24 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 
 template <class TW>
 __global__ void embed_kernel(const int32_t* ids, const TW* table, int H, float* out) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const TW* row = table + int64_t(ids[t]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = to_f32(row[i]);
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
 
 template <class TO>
 __global__ void convert_kernel(const float* in, TO* out, int64_t n) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = from_f32<TO>(in[i]);
 }

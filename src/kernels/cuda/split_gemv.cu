@@ -71,8 +71,8 @@ __global__ void pack_fragments_kernel(const bf16* w, int N, int K, uint32_t* fra
 // word 2 s + h of xh is pack(split_hi(x[r][16 s + 8 h + 2t .. +1])), word 8 + 2 s + h of xl.
 // Rows past T are zero. The split is split_rows_kernel's.
 __global__ void split_x_fragments_kernel(const float* x, int64_t lda, int T, int K, int halves, uint32_t* xf) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();
+  pdl_trigger();
   const int nblk = K / 64;
   const int64_t n = int64_t(halves) * nblk * 32 * 8;  // one thread per (half, j, lane, word of xh)
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {

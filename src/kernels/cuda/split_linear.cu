@@ -7,8 +7,8 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void split_rows_kernel(const float* x, int64_t lda, int64_t T, int K, int P, bool il64, bf16* out) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl: the GEMM after it requests its weights meanwhile)
+  pdl_trigger();
   const int64_t n = T * K;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / K;

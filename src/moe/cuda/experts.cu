@@ -194,8 +194,8 @@ void Fp8ExpertRunner::run(const ExpertJobs& j, void* out) {
 namespace {
 
 __global__ void moe_output_kernel(const MoeResidual m, int64_t T, int H, float* out, bool accumulate) {
-  pdl_trigger();  // (first: the kernels after may start, and request their weights, meanwhile)
   pdl_wait();  // (launched with launch_pdl)
+  pdl_trigger();
   const int64_t n = T * H;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float v = moe_residual_value(m, i, H);
