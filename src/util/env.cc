@@ -19,10 +19,10 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_TILED", "1 | 0", "0 uses the per-(token, head) attention kernel instead of the shared-K/V tiles"},
       {"EPMOE_ATTN_DECODE", "32 | N", "decode steps of up to N sequences use the decode attention kernel (0: never)"},
       {"EPMOE_DENSE_WGMMA", "0 | 1", "1 runs dense GEMMs of up to 16 rows on the wgmma kernel (same bits; slower)"},
-      {"EPMOE_SPLIT_GEMV", "1 | 0 | v3 | v4",
+      {"EPMOE_SPLIT_GEMV", "1 | 0 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
        "fragment copy of their weights; v3 runs split_gemv's register-prefetch version instead of the "
-       "shared-memory ring; v4 keeps the kernel that splits x before the ring kernel at 1-2 rows (same bits)"},
+       "shared-memory ring (same bits)"},
       // Launchers
       {"EPMOE_WORLD_SIZE", "unset | N", "ranks of a GPU run started by scripts/gpu-launch.sh (unset: mpirun's, or 1)"},
       {"EPMOE_RANK", "0 | r", "this process's rank under scripts/gpu-launch.sh"},

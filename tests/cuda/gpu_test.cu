@@ -1518,7 +1518,7 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
   REQUIRE_GPU();
   const SplitGemvConfig saved = split_gemv_config();
   int cases = 0, same = 0;
-  for (int T : {1, 2, 3, 8, 9, 16})
+  for (int T : {1, 3, 8, 9, 16})
     for (int N : {8, 42, 530})
       for (int K : {64, 576, 4096})
         for (int variant = 0; variant < 4; variant++) {  // store, bias, accumulate + bias, swiglu
@@ -1557,13 +1557,11 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
           gemm<bf16, float>(g, ep, stream());
           const auto r = ref.download(size_t(T) * NC);
           // v3 (registers: ring 0) at each depth, v4 (the shared-memory ring) chosen per weight and
-          // at each ring size x warps, with x split by the CTAs themselves (v5, T <= 2) and by the
-          // split kernel.
-          for (auto [depth, warps, ring, x_in_cta] :
-               {std::tuple{4, 1, 0, false}, std::tuple{8, 2, 0, false}, std::tuple{16, 4, 0, false},
-                std::tuple{8, 4, -1, true}, std::tuple{8, 4, -1, false}, std::tuple{8, 1, 8, true},
-                std::tuple{8, 2, 16, true}, std::tuple{8, 4, 32, true}, std::tuple{8, 1, 32, false}}) {
-            set_split_gemv_config({true, depth, warps, ring, x_in_cta});
+          // at each ring size x warps.
+          for (auto [depth, warps, ring] : {std::tuple{4, 1, 0}, std::tuple{8, 2, 0}, std::tuple{16, 4, 0},
+                                             std::tuple{8, 4, -1}, std::tuple{8, 1, 8}, std::tuple{8, 2, 16},
+                                             std::tuple{8, 4, 32}}) {
+            set_split_gemv_config({true, depth, warps, ring});
             if (acc) got.upload(y0);
             else EPMOE_CUDA_CHECK(cudaMemset(got.data(), 0xff, sizeof(float) * size_t(T) * NC));
             if (!split_gemv_fits(sw, T)) check(false, "split_gemv fits a periodic weight at " + std::to_string(T) + " rows");
@@ -1577,7 +1575,7 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
               check(false, "split_gemv == split_rows + tile gemm (bits): T " + std::to_string(T) + " N " +
                                std::to_string(N) + " K " + std::to_string(K) + " variant " + std::to_string(variant) +
                                " depth " + std::to_string(depth) + " warps " + std::to_string(warps) +
-                               " ring " + std::to_string(ring) + (x_in_cta ? " x split in the CTA" : "") +
+                               " ring " + std::to_string(ring) +
                                (finite ? "" : " (an output left unwritten)"));
           }
         }

@@ -95,21 +95,13 @@ __global__ void split_x_fragments_kernel(const float* x, int64_t lda, int T, int
 
 // One 64-wide k block of a warp's 8 columns, shared by v3 and v4 (so both run one chain):
 // lane's x fragments of block j (rows r and r + 8; zeros past T or past the last block) ...
-// (SMEM: the CTA's own split in shared memory, `stride` uint4s from one block to the next; else xf
-// in global memory, 128 apart.)
-template <bool SMEM = false>
 __device__ __forceinline__ void load_x_block(const uint4* xlo, const uint4* xhi, int j, int nblk, bool ok_lo,
-                                             bool ok_hi, uint4 (&xa)[4], uint4 (&xb)[4], int stride = 128) {
+                                             bool ok_hi, uint4 (&xa)[4], uint4 (&xb)[4]) {
   const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int q = 0; q < 4; q++) {
-    if constexpr (SMEM) {
-      xa[q] = ok_lo && j < nblk ? xlo[stride * j + q] : z;
-      xb[q] = ok_hi && j < nblk ? xhi[stride * j + q] : z;
-    } else {
-      xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
-      xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
-    }
+    xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
+    xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
   }
 }
 
@@ -200,32 +192,10 @@ __device__ inline void ring_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// x [T, K] (fp32, rows p.lda apart) split by the CTA's threads into shared memory, T <= 2 rows,
-// in split_x_fragments_kernel's order and arithmetic but only for the T rows: word w (< 8: xh,
-// >= 8: xl) of lane (r, t) for block j at ((j T + r) 4 + t) 16 + w. What a fragment load of the
-// ring kernel reads instead of xf when XS is set.
-__device__ __forceinline__ void split_x_into_smem(const float* x, int64_t lda, int T, int K, uint32_t* sx) {
-  const int n = T * (K / 2);  // one (row, j, t, word) per hi/lo pair of columns
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int word = i & 7, t = (i >> 3) & 3, rj = i >> 5;
-    const int r = rj % T, j = rj / T;
-    const int k = 64 * j + frag_k(t, word);
-    const float2 v = *reinterpret_cast<const float2*>(x + int64_t(r) * lda + k);
-    const bf16 h0 = __float2bfloat16_rn(v.x), h1 = __float2bfloat16_rn(v.y);
-    uint32_t* dst = sx + ((j * T + r) * 4 + t) * 16;
-    dst[word] = pack_bf16(h0, h1);
-    dst[8 + word] = pack_bf16(__float2bfloat16_rn(v.x - __bfloat162float(h0)), __float2bfloat16_rn(v.y - __bfloat162float(h1)));
-  }
-  __syncthreads();
-}
-
 // v4: the weight blocks through a shared-memory ring of RING blocks per warp (cp.async), x's
 // fragments XA blocks ahead in registers; the same MMA chain as v3, so the same bits.
-// XS (v5, T <= 2): x is split by the CTA itself into shared memory after the wait (one kernel
-// less on the step's chain: the split kernel's hand-over cost more than the split), xs = x.
-template <bool SWIGLU, bool ROWS16, int RING, int WARPS, bool XS>
-__global__ void __launch_bounds__(WARPS * 32)
-    split_gemv_ring_kernel(const GemmArgs p, const uint32_t* xf, int T, const float* xs, int64_t xs_lda) {
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmArgs p, const uint32_t* xf, int T) {
   extern __shared__ uint4 ring_smem[];
   constexpr int XA = ROWS16 ? 2 : 4;  // (x ring registers: 16 per block ahead and row half)
   pdl_trigger();  // (the next kernel may request its weights meanwhile)
@@ -233,7 +203,6 @@ __global__ void __launch_bounds__(WARPS * 32)
   const int g = int(blockIdx.x) * WARPS + warp;
   if (8 * g >= p.N) {
     pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
-    if (XS) split_x_into_smem(xs, xs_lda, T, p.K, reinterpret_cast<uint32_t*>(ring_smem + WARPS * RING * 64));
     return;
   }
   const int nblk = p.K / 64;
@@ -252,24 +221,12 @@ __global__ void __launch_bounds__(WARPS * 32)
   pdl_wait();
   const int r = lane >> 2;
   const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
+  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
+  const uint4* xhi = xlo + int64_t(nblk) * 128;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xr[XA][4], xr8[XA][4];
-  const uint4* xlo;
-  const uint4* xhi;
-  int xstride;  // uint4s from block j to j + 1
-  if constexpr (XS) {
-    const uint4* sx = ring_smem + WARPS * RING * 64;
-    split_x_into_smem(xs, xs_lda, T, p.K, reinterpret_cast<uint32_t*>(const_cast<uint4*>(sx)));
-    xlo = sx + ((ok_lo ? r : 0) * 4 + (lane & 3)) * 4;  // block j: + 16 T j
-    xhi = xlo;
-    xstride = 16 * T;
-  } else {
-    xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
-    xhi = xlo + int64_t(nblk) * 128;
-    xstride = 128;
-  }
   auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
-    load_x_block<XS>(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb, xstride);
+    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
   };
 #pragma unroll
   for (int a = 0; a < XA; a++) load_x(a, xr[a], xr8[a]);
@@ -308,24 +265,6 @@ SplitGemvConfig g_config = [] {
   if (v && std::string(v) == "v3") c.ring = 0;
   return c;
 }();
-// EPMOE_SPLIT_GEMV=v4: the ring kernel with x split by its own kernel (v5 off).
-bool env_v4() {
-  static const bool on = [] {
-    const char* v = env_get("EPMOE_SPLIT_GEMV");
-    return v && std::string(v) == "v4";
-  }();
-  return on;
-}
-
-// v5's input: x itself (the CTA splits it), or nullptr (xf, split by split_x_fragments_kernel).
-struct XSource {
-  const float* x = nullptr;
-  int64_t lda = 0;
-};
-constexpr size_t kXSplitMaxBytes = size_t(2) * 8192 * 4;  // T <= 2 rows of K <= 8192
-
-int ring_blocks(int K) { return g_config.ring > 0 ? g_config.ring : (K >= 2048 ? 32 : 16); }
-int ring_warps() { return g_config.ring > 0 ? g_config.warps : 1; }
 
 template <bool SWIGLU, bool ROWS16, int DEPTH, int WARPS>
 void launch_depth_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
@@ -352,38 +291,27 @@ void launch_rows(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
   }
 }
 
-// The x split's shared memory when the CTA splits x itself (v5), 0 otherwise.
-size_t x_split_bytes(const XSource& xsrc, int T, int K) { return xsrc.x ? size_t(T) * size_t(K) * 4 : 0; }
-
-template <bool SWIGLU, bool ROWS16, int RING, int WARPS, bool XS>
-void launch_ring_warps_xs(const GemmArgs& g, const uint32_t* xf, int T, const XSource& xsrc, cudaStream_t s) {
-  auto kernel = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS, XS>;
-  const size_t smem = size_t(WARPS) * RING * 1024 + x_split_bytes(xsrc, T, g.K);
-  // (Raised to the most any call may take, once, at the first call: an eager step, before any graph
-  // captures this kernel.)
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  auto kernel = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
+  constexpr size_t smem = size_t(WARPS) * RING * 1024;
+  // (Raised once, at the first call: an eager step, before any graph captures this kernel.)
   static const bool raised = [&] {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(size_t(WARPS) * RING * 1024 + (XS ? kXSplitMaxBytes : 0))));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)raised;
   const dim3 grid(unsigned(ceil_div(g.N, 8 * WARPS)));
-  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T, xsrc.x, xsrc.lda);
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
   EPMOE_CUDA_LAUNCHED();
 }
 
-template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
-void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, const XSource& xsrc, cudaStream_t s) {
-  if (xsrc.x) launch_ring_warps_xs<SWIGLU, ROWS16, RING, WARPS, true>(g, xf, T, xsrc, s);
-  else launch_ring_warps_xs<SWIGLU, ROWS16, RING, WARPS, false>(g, xf, T, xsrc, s);
-}
-
 template <bool SWIGLU, bool ROWS16, int RING>
-void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, const XSource& xsrc, cudaStream_t s, int warps) {
+void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
   switch (warps) {
-    case 1: return launch_ring_warps<SWIGLU, ROWS16, RING, 1>(g, xf, T, xsrc, s);
-    case 2: return launch_ring_warps<SWIGLU, ROWS16, RING, 2>(g, xf, T, xsrc, s);
-    default: return launch_ring_warps<SWIGLU, ROWS16, RING, 4>(g, xf, T, xsrc, s);
+    case 1: return launch_ring_warps<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
+    case 2: return launch_ring_warps<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
+    default: return launch_ring_warps<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
   }
 }
 
@@ -391,12 +319,13 @@ void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, const XSource& xs
 // set_split_gemv_config chose: 32 KB per CTA lets six CTAs share an SM, so every warp of the q/k/v
 // (640) and o (256) projections is resident at once with its ring in flight.
 template <bool SWIGLU, bool ROWS16>
-void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, const XSource& xsrc, cudaStream_t s) {
-  const int ring = ring_blocks(g.K), warps = ring_warps();
+void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  const int ring = g_config.ring > 0 ? g_config.ring : (g.K >= 2048 ? 32 : 16);
+  const int warps = g_config.ring > 0 ? g_config.warps : 1;
   switch (ring) {
-    case 8: return launch_ring<SWIGLU, ROWS16, 8>(g, xf, T, xsrc, s, warps);
-    case 16: return launch_ring<SWIGLU, ROWS16, 16>(g, xf, T, xsrc, s, warps);
-    default: return launch_ring<SWIGLU, ROWS16, 32>(g, xf, T, xsrc, s, warps);
+    case 8: return launch_ring<SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
+    case 16: return launch_ring<SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
+    default: return launch_ring<SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
   }
 }
 
@@ -445,21 +374,10 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   EPMOE_ASSERT(ep != Epilogue::SwiGLU || (W.N % 2 == 0 && !bias), "split_gemv: SwiGLU needs an even N and no bias");
   const bool rows16 = T > 8;
   const int halves = rows16 ? 2 : 1, nblk = W.K / 64;
-  // v5: the CTAs split x themselves where the split fits beside the ring with every warp of the
-  // projection still resident at once (T <= 2; EPMOE_SPLIT_GEMV=v4 keeps the split kernel).
-  XSource xsrc;
-  if (g_config.ring != 0 && g_config.x_in_cta && T <= 2 && W.K <= 8192 && !env_v4() && lda % 2 == 0 &&
-      reinterpret_cast<uintptr_t>(x) % 8 == 0) {  // (float2 loads)
-    const size_t smem = size_t(ring_warps()) * size_t(ring_blocks(W.K)) * 1024 + size_t(T) * size_t(W.K) * 4;
-    const int64_t per_sm = std::min<int64_t>(32, (int64_t(227) * 1024) / int64_t(smem + 1024));
-    if (per_sm * sm_count() * ring_warps() * 8 >= W.N) xsrc = {x, lda};
-  }
-  if (!xsrc.x) {
-    // (xfrag is W's own: calls on the one stream run in order, so no two use it at once.)
-    launch_pdl(split_x_fragments_kernel, dim3(unsigned(blocks_for(int64_t(halves) * nblk * 256))), dim3(256), 0, s, x,
-               lda, int(T), W.K, halves, W.xfrag.data());
-    EPMOE_CUDA_LAUNCHED();
-  }
+  // (xfrag is W's own: calls on the one stream run in order, so no two use it at once.)
+  launch_pdl(split_x_fragments_kernel, dim3(unsigned(blocks_for(int64_t(halves) * nblk * 256))), dim3(256), 0, s, x,
+             lda, int(T), W.K, halves, W.xfrag.data());
+  EPMOE_CUDA_LAUNCHED();
   GemmArgs g;
   g.B = W.frag.data();
   g.N = W.N;
@@ -472,10 +390,10 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   const uint32_t* xf = W.xfrag.data();
   const bool swiglu = ep == Epilogue::SwiGLU;
   if (g_config.ring != 0) {
-    if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), xsrc, s);
-    else if (swiglu) launch_rows_ring<true, false>(g, xf, int(T), xsrc, s);
-    else if (rows16) launch_rows_ring<false, true>(g, xf, int(T), xsrc, s);
-    else launch_rows_ring<false, false>(g, xf, int(T), xsrc, s);
+    if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s);
+    else if (swiglu) launch_rows_ring<true, false>(g, xf, int(T), s);
+    else if (rows16) launch_rows_ring<false, true>(g, xf, int(T), s);
+    else launch_rows_ring<false, false>(g, xf, int(T), s);
     return;
   }
   if (swiglu && rows16) launch_rows<true, true>(g, xf, int(T), s);

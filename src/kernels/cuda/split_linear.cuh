@@ -78,10 +78,6 @@ struct SplitGemvConfig {
   // v4's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight (32, or 16
   // for K < 2048, one warp per CTA), 8 / 16 / 32 (with `warps`); 0 runs v3 (registers, `depth`).
   int ring = -1;
-  // v5 (ring > 0 or -1, T <= 2): each CTA splits x into shared memory itself, no split kernel
-  // before it, where every warp of the projection stays resident; false (or EPMOE_SPLIT_GEMV=v4)
-  // keeps the split kernel.
-  bool x_in_cta = true;
 };
 void set_split_gemv_config(SplitGemvConfig c);  // benchmarks and tests: every choice has the same bits
 SplitGemvConfig split_gemv_config();
