@@ -2545,6 +2545,47 @@ void test_graph_decode(const std::string& name, bool f32, GpuFp8Compute fp8 = Gp
         tag + ": the model with cuda_graph = false never captures");
 }
 
+// RMSNorm's row-in-registers kernel (H <= 4096) against the loop kernel it replaced, bit for bit:
+// plain, with selected rows, and with a MoE output (routed, shared and gated) added into x first
+// -- the normalised rows in fp32 and bf16 and the updated x.
+TEST(GpuOps, RmsnormRegistersKeepTheLoopKernelsBits) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  for (int H : {64, 576, 1000, 2048, 4096, 7168})
+    for (int T : {1, 3, 17})
+      for (int mode = 0; mode < 4; mode++) {  // plain, selected rows, + routed, + routed + gated shared
+        const bool moe = mode >= 2, gated = mode == 3;
+        const int R = mode == 1 ? 2 : T;  // (rows: the last and the first)
+        auto fx = randu(size_t(T) * H, 3.0f), fw = randu(size_t(H)), fr = randu(size_t(T) * H),
+             fs = randu(size_t(T) * H), fg = randu(size_t(T));
+        DeviceArray<float> x0, x1, w, routed, shared, gate, of0, of1;
+        DeviceArray<bf16> oa0, oa1;
+        DeviceArray<int32_t> rows;
+        x0.upload(fx), x1.upload(fx), w.upload(fw), routed.upload(fr), shared.upload(fs), gate.upload(fg);
+        rows.upload(std::vector<int32_t>{T - 1, 0});
+        of0.reserve(size_t(R) * H), of1.reserve(size_t(R) * H), oa0.reserve(size_t(R) * H), oa1.reserve(size_t(R) * H);
+        MoeResidual m;
+        if (moe) m.routed = routed.data();
+        if (gated) m.shared = shared.data(), m.gate_logit = gate.data();
+        const int32_t* sel = mode == 1 ? rows.data() : nullptr;
+        rmsnorm_loop_kernel<bf16>(x0.data(), m, w.data(), 1e-6f, R, H, sel, of0.data(), oa0.data(), stream());
+        if (moe) residual_rmsnorm<bf16>(x1.data(), m, w.data(), 1e-6f, R, H, of1.data(), oa1.data(), stream());
+        else rmsnorm<bf16>(x1.data(), w.data(), 1e-6f, R, H, sel, of1.data(), oa1.data(), stream());
+        const auto a = of0.download(size_t(R) * H), b = of1.download(size_t(R) * H);
+        const auto ax = x0.download(size_t(T) * H), bx = x1.download(size_t(T) * H);
+        const auto ha = oa0.download(size_t(R) * H), hb = oa1.download(size_t(R) * H);
+        const bool ok = std::memcmp(a.data(), b.data(), a.size() * 4) == 0 &&
+                        std::memcmp(ax.data(), bx.data(), ax.size() * 4) == 0 &&
+                        std::memcmp(ha.data(), hb.data(), ha.size() * 2) == 0 && (!moe || ax != fx);
+        cases++, same += ok;
+        if (!ok)
+          check(false, "rmsnorm registers == loop kernel (bits): H " + std::to_string(H) + " T " + std::to_string(T) +
+                           " mode " + std::to_string(mode));
+      }
+  check(same == cases && cases == 72, "rmsnorm: the register kernel keeps the loop kernel's bits in " +
+                                          std::to_string(same) + "/" + std::to_string(cases) + " cases");
+}
+
 // The kernel timeline (kernels/cuda/kernel_trace.h): a chain of PDL kernels, eager and replayed
 // from a graph, leaves one stamp per kernel in launch order, under the names noted at launch.
 TEST(GpuGraph, KernelTraceStampsEveryKernelInOrder) {

@@ -423,8 +423,9 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   constexpr int D = NT * 32;  // Dk = Dv
   KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
   float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
-  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
-  pdl_trigger();
+  // Before the wait only the step's inputs (slots, block tables: copied in before the step's first
+  // kernel) and K/V rows of earlier positions, which no kernel of this step writes: every sequence
+  // has one token here (max_run 1), whose row, at slot.pos, the kernel before (rope) writes.
   const KvPages& kv = a.kv;
   const int64_t t = blockIdx.x / a.Hq;
   const int h = blockIdx.x % a.Hq, hk = h / (a.Hq / a.Hkv);
@@ -444,8 +445,17 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
     }
     ptx::cp_async_commit();
   };
-#pragma unroll
-  for (int f = 0; f < kDecStages - 1; f++) issue(f);
+  // The first tiles while the kernels before still run, up to the first that holds the token's own
+  // row (the commit groups stay in tile order), the rest after the wait.
+  auto before_own_row = [&](int f) {
+    const int j0 = (f < nk ? f : f - nk) * kAttnRows;
+    return slot.pos < j0 || slot.pos >= j0 + kAttnRows;
+  };
+  int issued = 0;
+  while (issued < kDecStages - 1 && before_own_row(issued)) issue(issued++);
+  pdl_wait();  // (launched with launch_pdl: nothing an earlier kernel of the step writes is touched before this)
+  pdl_trigger();
+  while (issued < kDecStages - 1) issue(issued++);
   float qr[NT];
   const float* qh = a.q + t * a.q_tok + int64_t(h) * a.q_head;
 #pragma unroll

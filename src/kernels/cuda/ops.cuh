@@ -36,6 +36,12 @@ template <class TA>
 void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
                       TA* out_act, cudaStream_t s);
 
+// Both of the above on the loop kernel whatever H (rows re-read from memory; the row-in-registers
+// kernel they take for H <= 4096 must give its bits: tests only).
+template <class TA>
+void rmsnorm_loop_kernel(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
+                         const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s);
+
 // Embedding rows: out[t] = float(table[ids[t]]).
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s);
