@@ -19,6 +19,8 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_TILED", "1 | 0", "0 uses the per-(token, head) attention kernel instead of the shared-K/V tiles"},
       {"EPMOE_ATTN_DECODE", "32 | N", "decode steps of up to N sequences use the decode attention kernel (0: never)"},
       {"EPMOE_DENSE_WGMMA", "0 | 1", "1 runs dense GEMMs of up to 16 rows on the wgmma kernel (same bits; slower)"},
+      {"EPMOE_ROUTER_ROUTES", "1 | 0",
+       "0 routes decode steps by the route kernel after the router instead of in the router's last CTA (same bits)"},
       {"EPMOE_SPLIT_GEMV", "1 | 0 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
        "fragment copy of their weights; v3 runs split_gemv's register-prefetch version instead of the "

@@ -1716,6 +1716,97 @@ TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
   for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
 }
 
+// RouterGpu::run_and_route (decode steps): the router's last CTA routes, against the router then
+// the route kernel -- the same logical ids, replicas and weight bits, launched twice (the counter
+// the last CTA resets) and replayed from a CUDA graph.
+void test_router_routes(int64_t T, int H, int E, int K, bool renorm, int replicas) {
+  RoutingConfig c;
+  c.kind = RoutingKind::SoftmaxTopK;
+  c.num_experts = E;
+  c.top_k = K;
+  c.norm_topk_prob = renorm;
+  RouterGpu router;
+  router.init(randu(size_t(E) * H, 0.05f), E, H, true);
+  DeviceArray<float> dx;
+  dx.upload(randu(size_t(T) * H, 2.0f));
+  std::vector<uint64_t> gids(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; t++) gids[size_t(t)] = uint64_t(1000 + 7 * t);
+  // Logical e's replicas: e itself, plus (for the first `replicas` experts) E + e.
+  std::vector<int32_t> off(size_t(E) + 1, 0), list;
+  for (int e = 0; e < E; e++) {
+    list.push_back(e);
+    if (e < replicas) list.push_back(E + e);
+    off[size_t(e) + 1] = int32_t(list.size());
+  }
+  DeviceArray<uint64_t> dg;
+  DeviceArray<int32_t> doff, dlist, lg[2], ph[2];
+  DeviceArray<float> wt[2];
+  dg.upload(gids), doff.upload(off), dlist.upload(list);
+  auto args = [&](int i) {
+    lg[i].reserve(size_t(T) * K), ph[i].reserve(size_t(T) * K), wt[i].reserve(size_t(T) * K);
+    RouteArgs ra;
+    ra.cfg = c;
+    ra.T = T;
+    ra.gids = dg.data();
+    ra.identity = replicas == 0;
+    ra.rep_off = doff.data();
+    ra.rep_list = dlist.data();
+    ra.logical = lg[i].data(), ra.physical = ph[i].data(), ra.weights = wt[i].data();
+    return ra;
+  };
+  RouteArgs two = args(0), one = args(1);
+  check(router.routes(one, T), "the router routes " + std::to_string(T) + " rows itself");
+  const RouterGpu::Logits l = router.run(dx.data(), T, stream());
+  two.logits = l.ptr, two.parts = l.parts, two.part_stride = l.stride;
+  route(two, stream());
+  const auto want_l = lg[0].download(size_t(T) * K), want_p = ph[0].download(size_t(T) * K);
+  const auto want_w = wt[0].download(size_t(T) * K);
+  auto same = [&](const std::string& what) {
+    const auto gl = lg[1].download(size_t(T) * K), gp = ph[1].download(size_t(T) * K);
+    const auto gw = wt[1].download(size_t(T) * K);
+    check(gl == want_l && gp == want_p && std::memcmp(gw.data(), want_w.data(), gw.size() * 4) == 0,
+          "router + route in one launch == router, route (" + what + "): T " + std::to_string(T) + " E " +
+              std::to_string(E) + " top-" + std::to_string(K) + (renorm ? " renorm" : "") + " replicas " +
+              std::to_string(replicas));
+  };
+  for (int rep = 0; rep < 2; rep++) {
+    EPMOE_CUDA_CHECK(cudaMemset(wt[1].data(), 0xff, size_t(T) * K * 4));
+    router.run_and_route(dx.data(), T, one, stream());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    same(rep == 0 ? "first launch" : "second launch");
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  EPMOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+  router.run_and_route(dx.data(), T, one, stream());
+  EPMOE_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+  EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; rep++) {
+    EPMOE_CUDA_CHECK(cudaMemset(wt[1].data(), 0xff, size_t(T) * K * 4));
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream()));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    same("graph replay " + std::to_string(rep));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(GpuRouting, RouterRoutesInItsLastCta) {
+  REQUIRE_GPU();
+  for (int64_t T : {1, 2, 8, 16}) test_router_routes(T, 2048, 128, 8, true, 0);  // Qwen3-30B-A3B decode
+  test_router_routes(3, 2048, 128, 8, true, 5);                                   // replicas
+  test_router_routes(5, 64, 60, 4, false, 3);                                     // Qwen2-MoE's 60
+  test_router_routes(1, 96, 8, 2, true, 0);                                       // Mixtral's 8
+  test_router_routes(4, 512, 256, 8, true, 0);
+  RouteArgs ra;
+  ra.cfg.kind = RoutingKind::SoftmaxTopK;
+  ra.cfg.num_experts = 128;
+  ra.cfg.top_k = 8;
+  check(!router_routes(ra, 17), "not above 16 rows (the route kernel spreads them)");
+  ra.cfg.kind = RoutingKind::SigmoidGroupLimited;
+  check(!router_routes(ra, 1), "not for group-limited routing");
+}
+
 TEST(GpuRouting, SoftmaxRegisterKernelIsTheGeneralKernel) {
   REQUIRE_GPU();
   test_route_softmax_kernels(128, 8, 16, true);  // Qwen3-30B-A3B, the split router's partials

@@ -41,8 +41,16 @@ struct GpuMoeOps {
   bool replaying() const { return replay; }
   void replayed_route() { replica_slots(ra, s); }
   RouterGpu::Logits lg{};
-  void router_logits() { lg = router.run(x_f32, T, s); }
+  // A decode step's routing is enqueued with its logits (RouterGpu::routes: the router's last CTA
+  // routes, one kernel fewer on the step's chain); route() then has nothing left to enqueue.
+  bool routed_with_logits = false;
+  void router_logits() {
+    routed_with_logits = router.routes(ra, T);
+    if (routed_with_logits) router.run_and_route(x_f32, T, ra, s);
+    else lg = router.run(x_f32, T, s);
+  }
   void route() {
+    if (routed_with_logits) return;
     ra.logits = lg.ptr;
     ra.parts = lg.parts;
     ra.part_stride = lg.stride;

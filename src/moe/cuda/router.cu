@@ -6,6 +6,7 @@
 // route()), so the logits have the same bits -- the tests compare the two. One CTA per (chunk,
 // m-tile, n-tile) writes chunk s's partial [s][T][E] for route() to add in order.
 #include "kernels/cuda/mma_ptx.cuh"
+#include "moe/cuda/route_softmax.cuh"
 #include "moe/cuda/routing.cuh"
 
 namespace epmoe::cuda {
@@ -25,6 +26,11 @@ struct RouterArgs {
   int64_t T;
   int H, E, S, Kc;    // K' = 3H in S chunks of Kc
   float* out;         // partials [S][T][E]
+  // run_and_route: the last CTA to finish (done counts them; it resets it) routes the T tokens
+  // from the partials -- route()'s SoftmaxTopK -- so a decode step has no route kernel on its chain.
+  bool route = false;
+  RouteArgs ra;
+  unsigned* done = nullptr;
 };
 
 template <int BM, int BN, int WM, int WN, int STAGES>
@@ -113,10 +119,23 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
         if (e + 1 < p.E) out[t * p.E + e + 1] = v[2 * h + 1];
       }
     }
+  if (!p.route) return;
+  // The last CTA routes (the CUDA samples' threadFenceReduction): every CTA makes its partials
+  // visible before it counts itself, so the one that counts last reads them all.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(p.done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t t = warp; t < p.ra.T; t += NT / 32) route_softmax_token<8>(p.ra, t, lane);
+  if (tid == 0) *p.done = 0;  // (for the next launch: graph replays too)
 }
 
 template <int BM, int BN, int WM, int WN, int STAGES>
 void launch_router(const RouterArgs& a, cudaStream_t s) {
+  EPMOE_ASSERT(!a.route || (a.done && BM >= a.T), "gpu router: routes in its last CTA only one row tile");
   constexpr int BK = 64;
   constexpr size_t smem = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
   static const bool ready = [] {
@@ -136,10 +155,28 @@ void launch_router(const RouterArgs& a, cudaStream_t s) {
 // a CTA that ran every chunk of its rows and added them itself (tried) either reads all the
 // weights once per 32 rows (L2-bound: 111 us at 4096 rows) or leaves most of the chip idle.
 
-void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s) {
+bool router_routes(const RouteArgs& ra, int64_t T) {
+  return T >= 1 && T <= kRouterRoutesRows && ra.cfg.kind == RoutingKind::SoftmaxTopK && ra.cfg.num_experts <= 256 &&
+         ra.cfg.top_k <= 32 && !ra.general_kernel;
+}
+
+void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
+                   const RouteArgs* route, unsigned* done) {
   if (T == 0) return;
   EPMOE_ASSERT(H % 8 == 0 && (3 * H) % (8 * S) == 0, "gpu router: H a multiple of 8 and 3H of 8 S");
-  const RouterArgs a{x, w3, T, H, E, S, 3 * H / S, out};
+  RouterArgs a;
+  a.x = x, a.w3 = w3, a.T = T, a.H = H, a.E = E, a.S = S, a.Kc = 3 * H / S, a.out = out;
+  if (route) {
+    EPMOE_ASSERT(router_routes(*route, T) && S <= kMaxRouterParts && route->cfg.num_experts == E,
+                 "gpu router: routing in the router's last CTA needs SoftmaxTopK, <= 256 experts and <= 16 rows");
+    a.route = true;
+    a.ra = *route;
+    a.ra.logits = out;
+    a.ra.parts = S;
+    a.ra.part_stride = T * E;
+    a.ra.T = T;
+    a.done = done;
+  }
   // (16 x 16 tiles of one warp with every k-tile of the chunk in flight were slower at one row:
   // 8.8 against 6.6 us.)
   if (T <= 128) launch_router<16, 32, 1, 2, 4>(a, s);

@@ -1,6 +1,8 @@
 // Routing on the GPU (moe/routing.cc is the reference): one warp per token computes the scores
 // of every strategy of RoutingConfig, the top-k, the weights, and the replica of each slot.
 #include "moe/cuda/routing.cuh"
+#include "moe/cuda/route_softmax.cuh"
+#include "util/env.h"
 
 namespace epmoe::cuda {
 
@@ -25,22 +27,6 @@ __device__ inline void warp_topk(const float* v, int n, int k, int* sel) {
     if (lane == 0) sel[j] = bi;
     __syncwarp();
   }
-}
-
-constexpr int kMaxRouterParts = 16;  // router_chunks() never returns more
-
-// The replica of slot k of token t and the three outputs (one lane per slot).
-__device__ inline void write_slot(const RouteArgs& a, int64_t t, uint64_t gid, int k, int l, float w) {
-  int phys = l;
-  if (!a.identity) {
-    const int r0 = a.rep_off[l], nr = a.rep_off[l + 1] - r0;
-    // The replica hash of Placement::choose (util/hash.h): the same choice as on the CPU.
-    phys = nr == 1 ? a.rep_list[r0] : a.rep_list[r0 + int(replica_index(gid, k, uint64_t(nr)))];
-  }
-  const int K = a.cfg.top_k;
-  if (a.logical) a.logical[t * K + k] = l;
-  a.physical[t * K + k] = phys;
-  a.weights[t * K + k] = w;
 }
 
 __global__ void route_kernel(const RouteArgs a) {
@@ -156,73 +142,13 @@ __global__ void route_kernel(const RouteArgs a) {
   if (lane < K) write_slot(a, t, gid, lane, sel[lane], wsm[lane]);
 }
 
-// SoftmaxTopK (Qwen, Mixtral) with every score in registers: expert e = lane + 32 r lives in
-// v[r] of `lane`. The same arithmetic in the same order as route_kernel (per-lane sums in
-// ascending e, the same warp trees, the same ties), so the same bits; but no shared memory, every
-// logit load issued before the first add, and no rescans of the chosen ids: at one token the
-// kernel is a chain of a few hundred dependent instructions instead of several microseconds.
+// SoftmaxTopK from registers (route_softmax.cuh), one warp per token.
 template <int R>
 __global__ void route_softmax_kernel(const RouteArgs a) {
   pdl_trigger();
   pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
-  const RoutingConfig& c = a.cfg;
-  const int E = c.num_experts, K = c.top_k;
-  const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (t >= a.T) return;
-  const uint64_t gid = a.identity ? 0 : a.gids[t];
-  float part[R][kMaxRouterParts];
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const int e = lane + 32 * r;
-#pragma unroll
-    for (int p = 0; p < kMaxRouterParts; p++)
-      part[r][p] = p < a.parts && e < E ? a.logits[p * a.part_stride + t * E + e] : 0.f;
-  }
-  float v[R];
-  float m = -INFINITY;
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    float x = 0.f;
-#pragma unroll
-    for (int p = 0; p < kMaxRouterParts; p++)
-      if (p < a.parts) x += part[r][p];
-    v[r] = x;
-    if (lane + 32 * r < E) m = fmaxf(m, x);
-  }
-  m = warp_max(m);
-  float sum = 0.f;
-#pragma unroll
-  for (int r = 0; r < R; r++)
-    if (lane + 32 * r < E) {
-      v[r] = expf(v[r] - m);
-      sum += v[r];
-    }
-  sum = warp_sum(sum);
-  const float inv = 1.0f / sum;
-#pragma unroll
-  for (int r = 0; r < R; r++) v[r] *= inv;
-  // Top-k: K rounds of (best untaken score of the lane, lowest e first) + warp argmax.
-  uint32_t taken = 0;
-  int my_id = -1;  // lane k < K: the k-th chosen expert and its probability
-  float my_w = 0.f;
-  for (int j = 0; j < K; j++) {
-    float bv = -INFINITY;
-    int bi = -1;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      const int e = lane + 32 * r;
-      if (e < E && !(taken >> r & 1u) && (bi < 0 || v[r] > bv)) bv = v[r], bi = e;
-    }
-    warp_argmax(bv, bi);
-    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-    if (lane == j) my_id = bi, my_w = bv;
-  }
-  // The sum of the K weights in slot order, as lane 0 of route_kernel adds them.
-  float wsum = 0.f;
-  for (int k = 0; k < K; k++) wsum += __shfl_sync(0xffffffffu, my_w, k);
-  if (c.norm_topk_prob) my_w /= wsum;
-  if (lane < K) write_slot(a, t, gid, lane, my_id, my_w);
+  if (t < a.T) route_softmax_token<R>(a, t, threadIdx.x & 31);
 }
 
 __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf16* out) {
@@ -246,6 +172,11 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
 }
 
 }  // namespace
+
+bool route_off() {
+  static const bool off = env_off("EPMOE_ROUTER_ROUTES");
+  return off;
+}
 
 void route(const RouteArgs& a, cudaStream_t s) {
   if (a.T == 0) return;

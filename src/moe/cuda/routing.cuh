@@ -50,7 +50,16 @@ int router_chunks(int H);
 // router_split + the split GEMM over S chunks in one kernel (moe/cuda/router.cu), the same bits:
 // x [T, H] fp32, w3 = router_split_weights [E, 3H]; writes the S partials [S][T][E] to out, for
 // route() to add in order.
-void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s);
+// route (decode steps, router_routes): the router's last CTA also routes the T rows -- route()'s
+// SoftmaxTopK over those partials, the same bits -- with ra's outputs; done: a zeroed counter the
+// kernel leaves zeroed.
+constexpr int kRouterRoutesRows = 16;
+bool router_routes(const RouteArgs& ra, int64_t T);
+void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
+                   const RouteArgs* route = nullptr, unsigned* done = nullptr);
+
+// EPMOE_ROUTER_ROUTES=0: the route kernel after the router at every step (for measuring).
+bool route_off();
 
 // The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
 // bf16 mode: the split-bf16 tensor-core GEMM above (fp32-grade logits, batch-invariant);
@@ -66,6 +75,7 @@ struct RouterGpu {
     E = E_, H = H_, split = split_, S = router_chunks(H_);
     if (split) w3.upload(router_split_weights(w, E, H));
     else w32.upload(w);
+    done.upload(std::vector<unsigned>{0u});  // (here: a decode step's graph capture may not allocate)
   }
   // Logits for route(): either one [T, E] array (parts = 1) or S split-K partials [S][T, E] that
   // route() sums in order.
@@ -74,6 +84,14 @@ struct RouterGpu {
     int parts;
     int64_t stride;
   };
+  // Decode steps (router_routes: SoftmaxTopK, up to 16 rows, split mode): the logits and the
+  // routing of ra in one launch, the routing by the router's last CTA (moe/cuda/router.cu).
+  bool routes(const RouteArgs& ra, int64_t T) const { return split && !route_off() && router_routes(ra, T); }
+  void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s) {
+    part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data());
+  }
+  DeviceArray<unsigned> done;  // the last-CTA counter of run_and_route
   Logits run(const float* x, int64_t T, cudaStream_t s) {
     GemmArgs g;
     g.N = E;
