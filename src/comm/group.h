@@ -50,6 +50,14 @@ class Group {
     return out;
   }
 
+  // While on, waits poll gently: after a short spin they sleep between polls (50 us, doubling to
+  // 0.8 ms). For collectives whose wait is for a peer that may have nothing to do for seconds -- the
+  // serve loop's command exchange, where the other ranks wait on rank 0's next request -- so that
+  // idle ranks do not burn a core each (on a machine with few cores they starved the HTTP threads
+  // and the clients). Never around bulk transfers: MPI progresses them only while polled. Hint
+  // only: an implementation may ignore it (NcclGroup does). IdleWaits sets it for a scope.
+  virtual void set_idle_waits(bool on) { (void)on; }
+
   // Waits, under the group's deadline, for the work this rank has queued on its device (NCCL: the
   // process's stream, whose collectives may wait on a peer; MPI: nothing is queued).
   virtual void wait_device(const char* what) { (void)what; }
@@ -60,6 +68,18 @@ class Group {
   // Bytes this rank has sent to other ranks so far (payload, self excluded); benchmarks read it.
   virtual uint64_t bytes_sent() const = 0;
   virtual void add_bytes_sent(uint64_t n) = 0;
+};
+
+// Group::set_idle_waits(true) for one scope.
+class IdleWaits {
+ public:
+  explicit IdleWaits(Group& g) : g_(g) { g_.set_idle_waits(true); }
+  ~IdleWaits() { g_.set_idle_waits(false); }
+  IdleWaits(const IdleWaits&) = delete;
+  IdleWaits& operator=(const IdleWaits&) = delete;
+
+ private:
+  Group& g_;
 };
 
 // The group a command runs in, once the engine has chosen a device (nullptr before): main()

@@ -99,7 +99,7 @@ void MpiGroup::begin_op(const char* op) {
 
 void MpiGroup::wait(void* request, const char* op) {
   EPMOE_ASSERT(watchdog_, std::string(op) + ": a request to wait for in a group of one without MPI");
-  watchdog_->wait(request, op, {ops_, current_op_});
+  watchdog_->wait(request, op, {ops_, current_op_}, idle_waits_);
 }
 
 uint64_t MpiGroup::others(const std::vector<size_t>& per_peer) const {

@@ -52,6 +52,7 @@ class MpiGroup final : public Group {
   bool mpi_initialised() const { return mpi_; }
   void set_timeout(double seconds) override { timeout_s_ = seconds; }
   double timeout() const override { return timeout_s_; }
+  void set_idle_waits(bool on) override { idle_waits_ = on; }
 
   void barrier() override;
   // Every rank contributes `bytes` bytes; recv holds size() * bytes, in rank order.
@@ -100,6 +101,7 @@ class MpiGroup final : public Group {
 
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
+  bool idle_waits_ = false;  // set_idle_waits
   bool mpi_ = false;
   uint64_t bytes_sent_ = 0;
   uint64_t ops_ = 0;

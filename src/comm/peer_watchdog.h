@@ -38,8 +38,9 @@ class PeerWatchdog {
   PeerWatchdog& operator=(const PeerWatchdog&) = delete;
 
   // Polls an MPI request (MPI_Request*) until it completes; after the group's timeout, aborts the
-  // group with a message naming `op`, this rank and the peers that do not answer.
-  void wait(void* request, const char* op, Position here);
+  // group with a message naming `op`, this rank and the peers that do not answer. `idle`: the
+  // wait may be long and carries no bulk data (Group::set_idle_waits): sleep between polls.
+  void wait(void* request, const char* op, Position here, bool idle = false);
 
  private:
   // A message on the side channel.

@@ -6,6 +6,7 @@
 #include <random>
 #include <tuple>
 
+#include "comm/group.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "io/json_util.h"
@@ -922,7 +923,12 @@ ServeEngine::Op ServeEngine::exchange(Op op, std::string& arg) {
   const bool root = g.rank() == 0;
   const int64_t mine[2] = {root ? int64_t(op) : 0, root ? int64_t(arg.size()) : 0};
   std::vector<int64_t> all(size_t(g.size()) * 2);
-  g.allgather(mine, sizeof mine, all.data());
+  {
+    // The other ranks wait here for rank 0's next command, for as long as no request comes: an
+    // idle wait (Group::set_idle_waits), not a core each spinning. The arg below may be bulk.
+    IdleWaits idle(g);
+    g.allgather(mine, sizeof mine, all.data());
+  }
   const Op got = Op(all[0]);
   const size_t len = size_t(all[1]);
   if (len > 0) {

@@ -66,8 +66,10 @@ def loads(url):
 
 def run(url, reqs, during=None):
     """Every request at once; `during(url)` runs once they are all generating."""
-    with concurrent.futures.ThreadPoolExecutor(len(reqs)) as ex:
-        futs = [ex.submit(lambda b: httpx.post(url + "/generate", json=b, timeout=300).json(), b) for b in reqs]
+    # One client (one connection pool) for the batch, as an RL framework holds one.
+    with httpx.Client(timeout=300, trust_env=False, limits=httpx.Limits(max_connections=len(reqs))) as c, \
+            concurrent.futures.ThreadPoolExecutor(len(reqs)) as ex:
+        futs = [ex.submit(lambda b: c.post(url + "/generate", json=b).json(), b) for b in reqs]
         if during:
             deadline = time.time() + 30
             while time.time() < deadline:
