@@ -8,6 +8,8 @@
 # DEVICE=cpu runs the same comparison on the CPU (for refactors that claim to keep the CPU's bits).
 # NEW_ARGS: flags for the new binary only, where a change of default is the only difference meant
 # (e.g. NEW_ARGS="--kv-cache-dtype fp32" after the GPU's KV cache became bf16 for bf16 models).
+# NEW_ENV: environment assignments for the new binary only, e.g. NEW_ENV="EPMOE_RMSNORM_REGS=1": the
+# same binary twice then compares an opt-in kernel path with the default one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -eq 2 ]] || { echo "usage: scripts/gpu-same-bits.sh OLD_EPMOE NEW_EPMOE" >&2; exit 2; }
@@ -21,8 +23,8 @@ for cfg in tests/data/*/config.json; do
   dir=$(dirname "$cfg") name=$(basename "$(dirname "$cfg")")
   for compute in bf16 f32; do
     for side in old new; do
-      bin=$old extra=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-}
-      if ! timeout 120 "$bin" score --device $device --compute $compute --model "$dir" --ids $ids $extra \
+      bin=$old extra="" envs=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-} envs=${NEW_ENV:-}
+      if ! env $envs timeout 120 "$bin" score --device $device --compute $compute --model "$dir" --ids $ids $extra \
           --out "$tmp/$side.$name.$compute.safetensors" > "$tmp/$side.log" 2>&1; then
         echo "$name $compute: the $side binary failed: $(tail -1 "$tmp/$side.log")"
         failed=$((failed + 1))
@@ -40,8 +42,8 @@ done
 echo "logits files identical: $same, different: $differ, failed: $failed"
 for name in qwen3moe-tiny deepseek-v3-tiny; do
   for side in old new; do
-    bin=$old extra=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-}
-    timeout 120 "$bin" generate --device $device --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
+    bin=$old extra="" envs=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-} envs=${NEW_ENV:-}
+    env $envs timeout 120 "$bin" generate --device $device --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
       2>/dev/null | tail -2 > "$tmp/gen.$side"
   done
   if cmp -s "$tmp/gen.old" "$tmp/gen.new"; then echo "generate $name: same tokens"

@@ -19,8 +19,15 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_TILED", "1 | 0", "0 uses the per-(token, head) attention kernel instead of the shared-K/V tiles"},
       {"EPMOE_ATTN_DECODE", "32 | N", "decode steps of up to N sequences use the decode attention kernel (0: never)"},
       {"EPMOE_DENSE_WGMMA", "0 | 1", "1 runs dense GEMMs of up to 16 rows on the wgmma kernel (same bits; slower)"},
-      {"EPMOE_ROUTER_ROUTES", "1 | 0",
-       "0 routes decode steps by the route kernel after the router instead of in the router's last CTA (same bits)"},
+      {"EPMOE_ROUTER_ROUTES", "0 | 1",
+       "1 routes decode steps in the router's last CTA instead of by the route kernel after it (meant to keep the "
+       "bits; opt-in until a GPU run checks it)"},
+      {"EPMOE_RMSNORM_REGS", "0 | 1",
+       "1 runs RMSNorm of rows up to 4096 wide with the row in registers instead of the loop kernel (meant to keep "
+       "the bits; opt-in until a GPU run checks it)"},
+      {"EPMOE_ATTN_EARLY_TILES", "0 | 1",
+       "1 lets decode attention request the K/V tiles of earlier positions before its PDL wait (the same values; "
+       "opt-in until a GPU run checks it)"},
       {"EPMOE_SPLIT_GEMV", "1 | 0 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
        "fragment copy of their weights; v3 runs split_gemv's register-prefetch version instead of the "
@@ -53,6 +60,11 @@ const char* env_get(const char* name) {
 bool env_off(const char* name) {
   const char* v = env_get(name);
   return v && std::strcmp(v, "0") == 0;
+}
+
+bool env_on(const char* name) {
+  const char* v = env_get(name);
+  return v && std::strcmp(v, "1") == 0;
 }
 
 long long env_int(const char* name, long long dflt) {

@@ -26,6 +26,8 @@ const std::vector<EnvVar>& env_table();
 const char* env_get(const char* name);
 // Set to "0": a path that is on by default turned off.
 bool env_off(const char* name);
+// Set to "1": a path that is off by default turned on.
+bool env_on(const char* name);
 // An integer, or `dflt` when unset.
 long long env_int(const char* name, long long dflt);
 

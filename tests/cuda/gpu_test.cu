@@ -1755,7 +1755,7 @@ void test_router_routes(int64_t T, int H, int E, int K, bool renorm, int replica
     return ra;
   };
   RouteArgs two = args(0), one = args(1);
-  check(router.routes(one, T), "the router routes " + std::to_string(T) + " rows itself");
+  check(router.can_route(one, T), "the router can route " + std::to_string(T) + " rows itself");
   const RouterGpu::Logits l = router.run(dx.data(), T, stream());
   two.logits = l.ptr, two.parts = l.parts, two.part_stride = l.stride;
   route(two, stream());
@@ -2083,7 +2083,7 @@ struct AttnCase {
 
 template <class TA>
 static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_bf16 = false,
-                                 AttnKernel kernel = AttnKernel::Tiled) {
+                                 AttnKernel kernel = AttnKernel::Tiled, bool early_tiles = false) {
   const int Hq = c.G * c.Hkv, D = c.D, Bt = 16, layers = 2, layer = 1;
   const int64_t kvd = int64_t(c.Hkv) * D;
   std::vector<TokenSlot> slots;
@@ -2147,12 +2147,13 @@ static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_b
   a.kernel = AttnKernel::Reference;
   attention<TA>(a, o_ref.data(), stream());
   a.kernel = kernel;
+  a.early_tiles = early_tiles;
   attention<TA>(a, o_new.data(), stream());
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   const auto r = o_ref.download(n_out), t = o_new.download(n_out);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s kernel, G %d, Hkv %d, D %d, %s, %s KV, T %lld, max_ctx %d, max_run %d",
-                kernel == AttnKernel::Decode ? "decode" : "tiled", c.G, c.Hkv, D,
+  std::snprintf(buf, sizeof buf, "%s kernel%s, G %d, Hkv %d, D %d, %s, %s KV, T %lld, max_ctx %d, max_run %d",
+                kernel == AttnKernel::Decode ? "decode" : "tiled", early_tiles ? " (early tiles)" : "", c.G, c.Hkv, D,
                 std::is_same_v<TA, float> ? "f32" : "bf16", kv_bf16 ? "bf16" : "fp32", (long long)T, max_ctx, max_run);
   *what = buf;
   return std::memcmp(r.data(), t.data(), n_out * sizeof(TA)) == 0;
@@ -2195,7 +2196,8 @@ TEST(GpuAttention, TiledKernelKeepsTheBits) {
 
 // The decode kernel (one token per sequence, K/V tiles streamed ahead through shared memory) gives
 // attention_kernel's bits: one and several sequences, contexts within one tile, across tiles and
-// blocks, long ones; groups 1, 4, 8; head dims 64 and 128; fp32 and bf16 caches and outputs.
+// blocks, long ones; groups 1, 4, 8; head dims 64 and 128; fp32 and bf16 caches and outputs; with
+// and without the early tiles (requested before the PDL wait).
 TEST(GpuAttention, DecodeKernelKeepsTheBits) {
   REQUIRE_GPU();
   int cases = 0, same = 0;
@@ -2207,13 +2209,14 @@ TEST(GpuAttention, DecodeKernelKeepsTheBits) {
         cs.push_back({G, 2, D, {{ctx, 1}, {ctx / 3 + 1, 1}, {1, 1}, {(ctx * 7) / 8 + 1, 1}, {ctx / 2 + 2, 1}}});
         for (const AttnCase& c : cs)
           for (bool f32 : {true, false})
-            for (bool kvb : {false, true}) {
-              std::string what;
-              const bool ok = f32 ? attention_tiled_case<float>(c, &what, kvb, AttnKernel::Decode)
-                                  : attention_tiled_case<bf16>(c, &what, kvb, AttnKernel::Decode);
-              cases++, same += ok;
-              if (!ok) check(false, "decode attention == reference (bits): " + what);
-            }
+            for (bool kvb : {false, true})
+              for (bool early : {false, true}) {
+                std::string what;
+                const bool ok = f32 ? attention_tiled_case<float>(c, &what, kvb, AttnKernel::Decode, early)
+                                    : attention_tiled_case<bf16>(c, &what, kvb, AttnKernel::Decode, early);
+                cases++, same += ok;
+                if (!ok) check(false, "decode attention == reference (bits): " + what);
+              }
       }
   for (bool kvb : {false, true}) {  // 8000 positions: the scores beside four bf16 / fp32 stages
     std::string what;
@@ -2659,9 +2662,8 @@ TEST(GpuOps, RmsnormRegistersKeepTheLoopKernelsBits) {
         if (moe) m.routed = routed.data();
         if (gated) m.shared = shared.data(), m.gate_logit = gate.data();
         const int32_t* sel = mode == 1 ? rows.data() : nullptr;
-        rmsnorm_loop_kernel<bf16>(x0.data(), m, w.data(), 1e-6f, R, H, sel, of0.data(), oa0.data(), stream());
-        if (moe) residual_rmsnorm<bf16>(x1.data(), m, w.data(), 1e-6f, R, H, of1.data(), oa1.data(), stream());
-        else rmsnorm<bf16>(x1.data(), w.data(), 1e-6f, R, H, sel, of1.data(), oa1.data(), stream());
+        rmsnorm_on_kernel<bf16>(false, x0.data(), m, w.data(), 1e-6f, R, H, sel, of0.data(), oa0.data(), stream());
+        rmsnorm_on_kernel<bf16>(true, x1.data(), m, w.data(), 1e-6f, R, H, sel, of1.data(), oa1.data(), stream());
         const auto a = of0.download(size_t(R) * H), b = of1.download(size_t(R) * H);
         const auto ax = x0.download(size_t(T) * H), bx = x1.download(size_t(T) * H);
         const auto ha = oa0.download(size_t(R) * H), hb = oa1.download(size_t(R) * H);

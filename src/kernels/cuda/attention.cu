@@ -424,8 +424,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
   float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
   // Before the wait only the step's inputs (slots, block tables: copied in before the step's first
-  // kernel) and K/V rows of earlier positions, which no kernel of this step writes: every sequence
-  // has one token here (max_run 1), whose row, at slot.pos, the kernel before (rope) writes.
+  // kernel) and, with a.early_tiles, K/V rows of earlier positions (below): every sequence has one
+  // token here (max_run 1), whose row, at slot.pos, the kernel before (rope) writes.
   const KvPages& kv = a.kv;
   const int64_t t = blockIdx.x / a.Hq;
   const int h = blockIdx.x % a.Hq, hk = h / (a.Hq / a.Hkv);
@@ -445,14 +445,20 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
     }
     ptx::cp_async_commit();
   };
-  // The first tiles while the kernels before still run, up to the first that holds the token's own
-  // row (the commit groups stay in tile order), the rest after the wait.
+  // a.early_tiles: the first tiles while the kernels before still run, up to the first that holds
+  // the token's own row (the commit groups stay in tile order), the rest after the wait. What makes
+  // the early reads safe is an ordering, not this kernel: before its wait, a kernel is only known to
+  // run after its predecessor triggered, and the kernels of the step that trigger only after their
+  // own wait (RMSNorm, the x split) have every earlier kernel complete by then -- the copy-on-write
+  // block copy queued before the step included (kv_pool.h), the one kernel that writes rows of
+  // earlier positions. A kernel between the copy and the first attention that triggers before its
+  // wait at every layer would break it (run 22's early triggers, reverted, would have).
   auto before_own_row = [&](int f) {
     const int j0 = (f < nk ? f : f - nk) * kAttnRows;
     return slot.pos < j0 || slot.pos >= j0 + kAttnRows;
   };
   int issued = 0;
-  while (issued < kDecStages - 1 && before_own_row(issued)) issue(issued++);
+  while (a.early_tiles && issued < kDecStages - 1 && before_own_row(issued)) issue(issued++);
   pdl_wait();  // (launched with launch_pdl: nothing an earlier kernel of the step writes is touched before this)
   pdl_trigger();
   while (issued < kDecStages - 1) issue(issued++);
@@ -752,7 +758,10 @@ void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
     EPMOE_ASSERT(a.max_run == 1 && decode_applies(a), "gpu attention: the decode kernel does not apply to this step");
     raise_decode_smem();
     auto k = a.kv.bf16 ? decode_instance<TA, bf16>(a.Dk) : decode_instance<TA, float>(a.Dk);
-    launch_pdl(k, dim3(unsigned(a.T * a.Hq)), dim3(kDecThreads), decode_smem(a), s, a, ctx);
+    static const bool early_on = env_on("EPMOE_ATTN_EARLY_TILES");
+    AttnArgs b = a;
+    b.early_tiles = a.early_tiles || early_on;
+    launch_pdl(k, dim3(unsigned(b.T * b.Hq)), dim3(kDecThreads), decode_smem(b), s, b, ctx);
     EPMOE_CUDA_LAUNCHED();
     return;
   }

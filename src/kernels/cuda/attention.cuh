@@ -89,6 +89,9 @@ struct AttnArgs {
   // one elsewhere it applies, the reference kernel otherwise); the tests force each. Every kernel
   // gives every query row the same bits.
   AttnKernel kernel = AttnKernel::Auto;
+  // The decode kernel requests the K/V tiles of earlier positions before its PDL wait
+  // (EPMOE_ATTN_EARLY_TILES=1 sets it for every call; opt-in until a GPU run has checked it).
+  bool early_tiles = false;
 };
 template <class TA>
 void attention(const AttnArgs& a, TA* ctx, cudaStream_t s);

@@ -1,5 +1,7 @@
 #include "kernels/cuda/ops.cuh"
 
+#include "util/env.h"
+
 namespace epmoe::cuda {
 
 namespace {
@@ -82,17 +84,24 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
   }
 }
 
-// The norm of T rows: the register kernel for rows of up to 4096 (every model here but
-// DeepSeek-V3's 7168), the loop kernel above it; 256 threads either way (the sum's tree).
+// The norm of T rows: with `regs`, the register kernel for rows of up to 4096 (every model here
+// but DeepSeek-V3's 7168); the loop kernel otherwise. 256 threads either way (the sum's tree).
 template <class TA>
 void launch_rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* of,
-                    TA* oa, const MoeResidual& res, cudaStream_t s) {
+                    TA* oa, const MoeResidual& res, cudaStream_t s, bool regs) {
   const dim3 grid{unsigned(T)}, block{256u};
-  if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
+  if (!regs || H > 4096) launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
+  else if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
   else if (H <= 2048) launch_pdl(rmsnorm_regs_kernel<TA, 8>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
-  else if (H <= 4096) launch_pdl(rmsnorm_regs_kernel<TA, 16>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
-  else launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
+  else launch_pdl(rmsnorm_regs_kernel<TA, 16>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
   EPMOE_CUDA_LAUNCHED();
+}
+
+// EPMOE_RMSNORM_REGS=1: the register kernel. Opt-in until a GPU run has checked it (written in
+// run 22 without a device; GpuOps.RmsnormRegistersKeepTheLoopKernelsBits is that check).
+bool rmsnorm_regs() {
+  static const bool on = env_on("EPMOE_RMSNORM_REGS");
+  return on;
 }
 
 template <class TW>
@@ -134,7 +143,7 @@ template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
              TA* out_act, cudaStream_t s) {
   if (T == 0) return;
-  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, MoeResidual{}, s);
+  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, MoeResidual{}, s, rmsnorm_regs());
 }
 template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t);
 template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t);
@@ -144,7 +153,7 @@ void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps,
                       TA* out_act, cudaStream_t s) {
   if (T == 0) return;
   EPMOE_ASSERT(m.routed, "residual_rmsnorm: no MoE output to add");
-  launch_rmsnorm<TA>(x, w, eps, T, H, nullptr, out_f32, out_act, m, s);
+  launch_rmsnorm<TA>(x, w, eps, T, H, nullptr, out_f32, out_act, m, s, rmsnorm_regs());
 }
 template void residual_rmsnorm<float>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, float*,
                                       cudaStream_t);
@@ -152,17 +161,15 @@ template void residual_rmsnorm<bf16>(float*, const MoeResidual&, const float*, f
                                      cudaStream_t);
 
 template <class TA>
-void rmsnorm_loop_kernel(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
-                         const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s) {
+void rmsnorm_on_kernel(bool registers, float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
+                       const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s) {
   if (T == 0) return;
-  launch_pdl(rmsnorm_kernel<TA>, dim3(unsigned(T)), dim3(256), 0, s, static_cast<const float*>(x), w, eps, H, rows,
-             out_f32, out_act, m);
-  EPMOE_CUDA_LAUNCHED();
+  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, m, s, registers);
 }
-template void rmsnorm_loop_kernel<float>(float*, const MoeResidual&, const float*, float, int64_t, int, const int32_t*,
-                                         float*, float*, cudaStream_t);
-template void rmsnorm_loop_kernel<bf16>(float*, const MoeResidual&, const float*, float, int64_t, int, const int32_t*,
-                                        float*, bf16*, cudaStream_t);
+template void rmsnorm_on_kernel<float>(bool, float*, const MoeResidual&, const float*, float, int64_t, int,
+                                       const int32_t*, float*, float*, cudaStream_t);
+template void rmsnorm_on_kernel<bf16>(bool, float*, const MoeResidual&, const float*, float, int64_t, int,
+                                      const int32_t*, float*, bf16*, cudaStream_t);
 
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s) {

@@ -36,11 +36,12 @@ template <class TA>
 void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
                       TA* out_act, cudaStream_t s);
 
-// Both of the above on the loop kernel whatever H (rows re-read from memory; the row-in-registers
-// kernel they take for H <= 4096 must give its bits: tests only).
+// Both of the above (m.routed null: rmsnorm) on the chosen kernel whatever EPMOE_RMSNORM_REGS says:
+// the loop kernel (rows re-read from memory) or, for H <= 4096, the row-in-registers kernel, which
+// must give the loop kernel's bits (tests only).
 template <class TA>
-void rmsnorm_loop_kernel(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
-                         const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s);
+void rmsnorm_on_kernel(bool registers, float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
+                       const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s);
 
 // Embedding rows: out[t] = float(table[ids[t]]).
 template <class TW>

@@ -173,9 +173,9 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
 
 }  // namespace
 
-bool route_off() {
-  static const bool off = env_off("EPMOE_ROUTER_ROUTES");
-  return off;
+bool route_in_router() {
+  static const bool on = env_on("EPMOE_ROUTER_ROUTES");
+  return on;
 }
 
 void route(const RouteArgs& a, cudaStream_t s) {

@@ -58,8 +58,9 @@ bool router_routes(const RouteArgs& ra, int64_t T);
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
                    const RouteArgs* route = nullptr, unsigned* done = nullptr);
 
-// EPMOE_ROUTER_ROUTES=0: the route kernel after the router at every step (for measuring).
-bool route_off();
+// EPMOE_ROUTER_ROUTES=1: decode steps route in the router's last CTA (RouterGpu::routes). Opt-in
+// until a GPU run has checked it (written in run 22 without a device: docs/gpu.md, "Not done").
+bool route_in_router();
 
 // The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
 // bf16 mode: the split-bf16 tensor-core GEMM above (fp32-grade logits, batch-invariant);
@@ -86,7 +87,9 @@ struct RouterGpu {
   };
   // Decode steps (router_routes: SoftmaxTopK, up to 16 rows, split mode): the logits and the
   // routing of ra in one launch, the routing by the router's last CTA (moe/cuda/router.cu).
-  bool routes(const RouteArgs& ra, int64_t T) const { return split && !route_off() && router_routes(ra, T); }
+  // can_route: the shapes allow it; routes: and EPMOE_ROUTER_ROUTES=1 asks for it.
+  bool can_route(const RouteArgs& ra, int64_t T) const { return split && router_routes(ra, T); }
+  bool routes(const RouteArgs& ra, int64_t T) const { return route_in_router() && can_route(ra, T); }
   void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s) {
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
     router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data());
