@@ -36,7 +36,7 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 // launch is one dependent trip to memory instead of three (load and add, read back for the sum,
 // read back for the output: ~6.8 us of a one-sequence decode step's chain per norm, run 22's
 // kernel timeline). The same arithmetic in the same order per thread and the same block_sum, so
-// the same bits (GpuOps.RmsnormIsTheReferenceTree).
+// the same bits (GpuOps.RmsnormRegistersKeepTheLoopKernelsBits).
 template <class TA, int C>
 __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const float* w, float eps, int H,
                                                             const int32_t* rows, float* of, TA* oa,
