@@ -50,7 +50,7 @@ class Group {
     return out;
   }
 
-  // While on, waits poll gently: after a short spin they sleep between polls (50 us, doubling to
+  // While on, waits poll gently: after 10 ms of spinning they sleep between polls (50 us, doubling to
   // 0.8 ms). For collectives whose wait is for a peer that may have nothing to do for seconds -- the
   // serve loop's command exchange, where the other ranks wait on rank 0's next request -- so that
   // idle ranks do not burn a core each (on a machine with few cores they starved the HTTP threads

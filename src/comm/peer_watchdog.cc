@@ -141,11 +141,13 @@ void PeerWatchdog::wait(void* request, const char* op, Position here, bool idle)
     // Keep calling MPI_Test (it drives the progress of large messages), but yield the core after
     // a short spin: ranks are often oversubscribed on few cores. Sleeping here instead would
     // starve the progress engine and slow big transfers by an order of magnitude -- except in an
-    // idle wait (no bulk data, a peer with nothing to do): there, past 1 ms, sleep between polls,
+    // idle wait (no bulk data, a peer with nothing to do): there, past 10 ms, sleep between polls,
     // 50 us doubling to 0.8 ms, so that an idle rank costs ~1% of a core instead of all of it. (The
-    // sleeps stay far below the deadline and the peers' grace period, so queries are answered.)
+    // 10 ms first: while serving, rank 0's turn between two steps is shorter, and a sleeping rank
+    // would start the next step up to 0.8 ms late. The sleeps stay far below the deadline and the
+    // peers' grace period, so queries are answered.)
     ++spins;
-    if (idle && now - start > std::chrono::milliseconds(1)) {
+    if (idle && now - start > std::chrono::milliseconds(10)) {
       std::this_thread::sleep_for(std::chrono::microseconds(50 << std::min(naps++, 4u)));
     } else if (spins > 64) {
       sched_yield();
