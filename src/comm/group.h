@@ -55,7 +55,7 @@ class Group {
   // serve loop's command exchange, where the other ranks wait on rank 0's next request -- so that
   // idle ranks do not burn a core each (on a machine with few cores they starved the HTTP threads
   // and the clients). Never around bulk transfers: MPI progresses them only while polled. Hint
-  // only: an implementation may ignore it (NcclGroup does). IdleWaits sets it for a scope.
+  // only: an implementation may ignore it. IdleWaits sets it for a scope.
   virtual void set_idle_waits(bool on) { (void)on; }
 
   // Waits, under the group's deadline, for the work this rank has queued on its device (NCCL: the

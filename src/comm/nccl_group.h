@@ -40,6 +40,7 @@ class NcclGroup final : public Group {
   int size() const override { return size_; }
   void set_timeout(double seconds) override { timeout_s_ = seconds; }
   double timeout() const override { return timeout_s_; }
+  void set_idle_waits(bool on) override { idle_waits_ = on; }
   const char* transport() const override { return "NCCL"; }
 
   void barrier() override;
@@ -90,6 +91,7 @@ class NcclGroup final : public Group {
   int rank_ = 0, size_ = 1;
   void* comm_ = nullptr;
   double timeout_s_ = 60.0;
+  bool idle_waits_ = false;  // set_idle_waits
   uint64_t bytes_sent_ = 0;
   uint64_t ops_ = 0;
   std::string status_base_;  // "<id file>.rank" (empty in a group of one)
