@@ -9,20 +9,27 @@
 # 48-layer decode bench at 1 / 8 / 64 sequences, alternating off / on / on without the router
 # routing, two rounds. A switch whose tests and bits pass and whose bench row wins becomes the
 # default (docs/gpu.md: "Not done"). Logs under OUT. Exit status 0 when the tests and bits pass.
+# STEPS (default "tests bits bench") picks the parts -- all three may not fit one 10-minute device
+# call: STEPS="tests bits" then STEPS=bench; ROUNDS (2) the bench's rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
 out=${OUT:-/tmp/epmoe-gpu}
 mkdir -p "$out"
 on=(EPMOE_RMSNORM_REGS=1 EPMOE_ATTN_EARLY_TILES=1 EPMOE_ROUTER_ROUTES=1)
+steps=" ${STEPS:-tests bits bench} "
 status=0
-echo "=== gpu_test with ${on[*]}"
-env "${on[@]}" timeout 300 "$GPU_BIN/gpu_test" --gtest_color=no > "$out/optin-gpu_test.log" 2>&1 || status=1
-grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$out/optin-gpu_test.log" | tail -15
-echo "=== same bits, default against ${on[*]}"
-NEW_ENV="${on[*]}" timeout 300 bash scripts/gpu-same-bits.sh "$GPU_BIN/epmoe" "$GPU_BIN/epmoe" \
-  > "$out/optin-same-bits.log" 2>&1 || status=1
-tail -4 "$out/optin-same-bits.log"
+if [[ $steps == *" tests "* ]]; then
+  echo "=== gpu_test with ${on[*]}"
+  env "${on[@]}" timeout 300 "$GPU_BIN/gpu_test" --gtest_color=no > "$out/optin-gpu_test.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$out/optin-gpu_test.log" | tail -15
+fi
+if [[ $steps == *" bits "* ]]; then
+  echo "=== same bits, default against ${on[*]}"
+  NEW_ENV="${on[*]}" timeout 300 bash scripts/gpu-same-bits.sh "$GPU_BIN/epmoe" "$GPU_BIN/epmoe" \
+    > "$out/optin-same-bits.log" 2>&1 || status=1
+  tail -4 "$out/optin-same-bits.log"
+fi
 bench() {  # bench LABEL ENV...
   local label=$1
   shift
@@ -31,9 +38,11 @@ bench() {  # bench LABEL ENV...
     --out "$out/optin-bench.$label.tsv" > "$out/optin-bench.$label.log" 2>&1
   grep -E "^\| decode" "$out/optin-bench.$label.log"
 }
-for round in 1 2; do
-  bench "off$round"
-  bench "on$round" "${on[@]}"
-  bench "on-no-router-routes$round" EPMOE_RMSNORM_REGS=1 EPMOE_ATTN_EARLY_TILES=1
-done
+if [[ $steps == *" bench "* ]]; then
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    bench "off$round"
+    bench "on$round" "${on[@]}"
+    bench "on-no-router-routes$round" EPMOE_RMSNORM_REGS=1 EPMOE_ATTN_EARLY_TILES=1
+  done
+fi
 exit $status
