@@ -11,9 +11,12 @@
 //   - abort_group() is the one path by which a failing rank ends the whole group.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace epmoe {
@@ -50,8 +53,8 @@ class Group {
     return out;
   }
 
-  // While on, waits poll gently: after 10 ms of spinning they sleep between polls (50 us, doubling to
-  // 0.8 ms). For collectives whose wait is for a peer that may have nothing to do for seconds -- the
+  // While on, waits poll gently: after 10 ms of spinning they sleep between polls (IdleBackoff).
+  // For collectives whose wait is for a peer that may have nothing to do for seconds -- the
   // serve loop's command exchange, where the other ranks wait on rank 0's next request -- so that
   // idle ranks do not burn a core each (on a machine with few cores they starved the HTTP threads
   // and the clients). Never around bulk transfers: MPI progresses them only while polled. Hint
@@ -68,6 +71,25 @@ class Group {
   // Bytes this rank has sent to other ranks so far (payload, self excluded); benchmarks read it.
   virtual uint64_t bytes_sent() const = 0;
   virtual void add_bytes_sent(uint64_t n) = 0;
+};
+
+// The pause between two polls of an idle wait (Group::set_idle_waits), for the groups' wait loops:
+// none for the first 10 ms -- while serving, a step follows rank 0's turn at once, and a sleeping
+// rank would start it late -- then sleeps of 50 us doubling to 0.8 ms, so that an idle rank costs
+// ~1-3 % of a core instead of all of it. The sleeps stay far below any deadline or grace period.
+class IdleBackoff {
+ public:
+  explicit IdleBackoff(std::chrono::steady_clock::time_point start) : start_(start) {}
+  // Sleeps and returns true once the wait is past its first 10 ms; false (no sleep) before.
+  bool nap(std::chrono::steady_clock::time_point now) {
+    if (now - start_ <= std::chrono::milliseconds(10)) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50 << std::min(naps_++, 4u)));
+    return true;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  unsigned naps_ = 0;
 };
 
 // Group::set_idle_waits(true) for one scope.

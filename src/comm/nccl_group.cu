@@ -208,7 +208,7 @@ void NcclGroup::sync(const char* what) {
   }
   const auto start = std::chrono::steady_clock::now();
   auto next_status = start + kStatusAfter;
-  unsigned naps = 0;
+  IdleBackoff backoff(start);
   for (;;) {
     const cudaError_t e = cudaStreamQuery(stream());
     // A device-side wait gave up on a peer (device_peer_fault): it names the peer, whatever the
@@ -239,12 +239,9 @@ void NcclGroup::sync(const char* what) {
                       std::to_string(int(timeout_s_)) + " s (--comm-timeout): " + diagnose_peers() +
                       ". Aborting the group.",
                   1);
-    // An idle wait (set_idle_waits: rank 0 has no request for seconds) sleeps between queries
-    // after 10 ms, as the MPI group does; NCCL progresses on the device whatever the host does.
-    if (idle_waits_ && now - start > std::chrono::milliseconds(10))
-      std::this_thread::sleep_for(std::chrono::microseconds(50 << std::min(naps++, 4u)));
-    else
-      std::this_thread::yield();
+    // An idle wait (set_idle_waits) naps between queries: NCCL progresses on the device whatever
+    // the host does.
+    if (!(idle_waits_ && backoff.nap(now))) std::this_thread::yield();
   }
 }
 

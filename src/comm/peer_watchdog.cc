@@ -10,7 +10,6 @@
 #include <cstring>
 
 #include <sched.h>
-#include <thread>
 
 #include "comm/group.h"
 
@@ -118,7 +117,8 @@ void PeerWatchdog::wait(void* request, const char* op, Position here, bool idle)
   // Peers only ask after a timeout, so a collective that completes quickly never probes.
   const auto answer_from = start + std::chrono::milliseconds(50);
   int done = 0;
-  unsigned spins = 0, naps = 0;
+  unsigned spins = 0;
+  IdleBackoff backoff(start);
   for (;;) {
     int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
@@ -141,17 +141,10 @@ void PeerWatchdog::wait(void* request, const char* op, Position here, bool idle)
     // Keep calling MPI_Test (it drives the progress of large messages), but yield the core after
     // a short spin: ranks are often oversubscribed on few cores. Sleeping here instead would
     // starve the progress engine and slow big transfers by an order of magnitude -- except in an
-    // idle wait (no bulk data, a peer with nothing to do): there, past 10 ms, sleep between polls,
-    // 50 us doubling to 0.8 ms, so that an idle rank costs ~1% of a core instead of all of it. (The
-    // 10 ms first: while serving, rank 0's turn between two steps is shorter, and a sleeping rank
-    // would start the next step up to 0.8 ms late. The sleeps stay far below the deadline and the
-    // peers' grace period, so queries are answered.)
+    // idle wait (no bulk data, a peer with nothing to do), which naps (IdleBackoff; queries are
+    // still answered between naps).
     ++spins;
-    if (idle && now - start > std::chrono::milliseconds(10)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50 << std::min(naps++, 4u)));
-    } else if (spins > 64) {
-      sched_yield();
-    }
+    if (!(idle && backoff.nap(now)) && spins > 64) sched_yield();
   }
 }
 

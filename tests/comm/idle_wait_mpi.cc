@@ -46,10 +46,11 @@ int main() {
     int64_t all[2] = {0, 0};
     const double c0 = cpu_seconds(), w0 = wall_seconds();
     if (g.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    {
-      if (idle) g.set_idle_waits(true);
+    if (idle) {
+      IdleWaits gentle(g);
       g.allgather(&mine, sizeof mine, all);
-      g.set_idle_waits(false);
+    } else {
+      g.allgather(&mine, sizeof mine, all);
     }
     const double cpu = cpu_seconds() - c0, wall = wall_seconds() - w0;
     if (g.rank() != 1) continue;
