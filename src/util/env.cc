@@ -25,6 +25,10 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_RMSNORM_REGS", "0 | 1",
        "1 runs RMSNorm of rows up to 4096 wide with the row in registers instead of the loop kernel (meant to keep "
        "the bits; opt-in until a GPU run checks it)"},
+      {"EPMOE_NORM_SPLITS", "0 | 1 | 2",
+       "1: in a decode step the input norm writes the q/k/v projection's split x fragments and decode attention "
+       "the o projection's (two launches fewer a layer; the same bits); 2: that, with the norm starting the "
+       "projection after its stores. Opt-in until a GPU run measures it"},
       {"EPMOE_ATTN_EARLY_TILES", "0 | 1",
        "1 lets decode attention request the K/V tiles of earlier positions before its PDL wait (the same values; "
        "opt-in until a GPU run checks it)"},

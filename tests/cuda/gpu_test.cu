@@ -2083,7 +2083,8 @@ struct AttnCase {
 
 template <class TA>
 static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_bf16 = false,
-                                 AttnKernel kernel = AttnKernel::Tiled, bool early_tiles = false) {
+                                 AttnKernel kernel = AttnKernel::Tiled, bool early_tiles = false,
+                                 bool o_frag = false) {
   const int Hq = c.G * c.Hkv, D = c.D, Bt = 16, layers = 2, layer = 1;
   const int64_t kvd = int64_t(c.Hkv) * D;
   std::vector<TokenSlot> slots;
@@ -2148,15 +2149,44 @@ static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_b
   attention<TA>(a, o_ref.data(), stream());
   a.kernel = kernel;
   a.early_tiles = early_tiles;
-  attention<TA>(a, o_new.data(), stream());
+  // o_frag (fp32 output): the o projection's x fragments written by the kernel must be the words
+  // split_gemv's own split of the reference output writes (zero rows past T: the buffer is 0xff
+  // first), and split_gemv given them the same bits.
+  SplitWeight ow;
+  DeviceArray<float> y_ref, y_new;
+  std::vector<uint32_t> want, got;
+  const int ON = 24, OK = Hq * D;
+  if (o_frag) {
+    if constexpr (std::is_same_v<TA, float>) {
+      auto fw = randu(size_t(ON) * OK, 0.1f);
+      for (auto& w : fw) w = round_bf16(w);
+      ow.init(fw, ON, OK);
+      ow.pack_fragments(stream());
+      y_ref.reserve(size_t(T) * ON), y_new.reserve(size_t(T) * ON);
+      split_gemv(ow, o_ref.data(), OK, T, y_ref.data(), nullptr, Epilogue::Store, stream());
+      a.o_frag = split_gemv_x_fragments(ow, T);
+      want.resize(size_t(a.o_frag.rows / 8) * (OK / 64) * 32 * 16), got.resize(want.size());
+      EPMOE_CUDA_CHECK(cudaMemcpy(want.data(), ow.xfrag.data(), want.size() * 4, cudaMemcpyDeviceToHost));
+      EPMOE_CUDA_CHECK(cudaMemset(ow.xfrag.data(), 0xff, want.size() * 4));
+    }
+  }
+  const bool wrote = attention<TA>(a, o_new.data(), stream());
+  bool frag_ok = wrote == o_frag;
+  if (o_frag && wrote) {
+    EPMOE_CUDA_CHECK(cudaMemcpy(got.data(), ow.xfrag.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+    split_gemv(ow, nullptr, OK, T, y_new.data(), nullptr, Epilogue::Store, stream(), false, /*x_split_given=*/true);
+    const auto ya = y_ref.download(size_t(T) * ON), yb = y_new.download(size_t(T) * ON);
+    frag_ok = want == got && std::memcmp(ya.data(), yb.data(), ya.size() * 4) == 0;
+  }
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   const auto r = o_ref.download(n_out), t = o_new.download(n_out);
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s kernel%s, G %d, Hkv %d, D %d, %s, %s KV, T %lld, max_ctx %d, max_run %d",
-                kernel == AttnKernel::Decode ? "decode" : "tiled", early_tiles ? " (early tiles)" : "", c.G, c.Hkv, D,
-                std::is_same_v<TA, float> ? "f32" : "bf16", kv_bf16 ? "bf16" : "fp32", (long long)T, max_ctx, max_run);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s kernel%s%s, G %d, Hkv %d, D %d, %s, %s KV, T %lld, max_ctx %d, max_run %d%s",
+                kernel == AttnKernel::Decode ? "decode" : "tiled", early_tiles ? " (early tiles)" : "",
+                o_frag ? " (o fragments)" : "", c.G, c.Hkv, D, std::is_same_v<TA, float> ? "f32" : "bf16",
+                kv_bf16 ? "bf16" : "fp32", (long long)T, max_ctx, max_run, frag_ok ? "" : ": the o fragments differ");
   *what = buf;
-  return std::memcmp(r.data(), t.data(), n_out * sizeof(TA)) == 0;
+  return frag_ok && std::memcmp(r.data(), t.data(), n_out * sizeof(TA)) == 0;
 }
 
 TEST(GpuAttention, TiledKernelKeepsTheBits) {
@@ -2197,7 +2227,8 @@ TEST(GpuAttention, TiledKernelKeepsTheBits) {
 // The decode kernel (one token per sequence, K/V tiles streamed ahead through shared memory) gives
 // attention_kernel's bits: one and several sequences, contexts within one tile, across tiles and
 // blocks, long ones; groups 1, 4, 8; head dims 64 and 128; fp32 and bf16 caches and outputs; with
-// and without the early tiles (requested before the PDL wait).
+// and without the early tiles (requested before the PDL wait); with fp32 outputs, also writing the
+// o projection's x fragments (EPMOE_NORM_SPLITS).
 TEST(GpuAttention, DecodeKernelKeepsTheBits) {
   REQUIRE_GPU();
   int cases = 0, same = 0;
@@ -2210,9 +2241,10 @@ TEST(GpuAttention, DecodeKernelKeepsTheBits) {
         for (const AttnCase& c : cs)
           for (bool f32 : {true, false})
             for (bool kvb : {false, true})
-              for (bool early : {false, true}) {
+              for (int early_frag = 0; early_frag < (f32 ? 4 : 2); early_frag++) {
+                const bool early = early_frag & 1, frag = early_frag >= 2;  // (o fragments: fp32 rows)
                 std::string what;
-                const bool ok = f32 ? attention_tiled_case<float>(c, &what, kvb, AttnKernel::Decode, early)
+                const bool ok = f32 ? attention_tiled_case<float>(c, &what, kvb, AttnKernel::Decode, early, frag)
                                     : attention_tiled_case<bf16>(c, &what, kvb, AttnKernel::Decode, early);
                 cases++, same += ok;
                 if (!ok) check(false, "decode attention == reference (bits): " + what);
@@ -2677,6 +2709,61 @@ TEST(GpuOps, RmsnormRegistersKeepTheLoopKernelsBits) {
       }
   check(same == cases && cases == 72, "rmsnorm: the register kernel keeps the loop kernel's bits in " +
                                           std::to_string(same) + "/" + std::to_string(cases) + " cases");
+}
+
+// EPMOE_NORM_SPLITS: the norm writes split_gemv's x fragments (x_fragments.cuh) -- the same words
+// split_gemv's own x-split kernel writes, zero rows past T included (the buffer is filled with
+// 0xff first), and split_gemv given them computes the same bits; the norm's other outputs
+// unchanged. Both norm kernels, with and without a MoE output added first, 1 to 16 rows.
+TEST(GpuOps, NormWritesSplitGemvFragments) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  const int N = 40;
+  for (int H : {64, 576, 2048, 4096, 7168})
+    for (int T : {1, 3, 8, 9, 16})
+      for (int regs = 0; regs < 2; regs++)
+        for (int moe = 0; moe < 2; moe++) {
+          auto fx = randu(size_t(T) * H, 3.0f), fw = randu(size_t(H)), fr = randu(size_t(T) * H),
+               fp = randu(size_t(N) * H, 0.1f);
+          for (auto& v : fp) v = round_bf16(v);
+          SplitWeight sw;
+          sw.init(fp, N, H);
+          sw.pack_fragments(stream());
+          DeviceArray<float> x0, x1, w, routed, of0, of1, y0, y1;
+          DeviceArray<bf16> oa0, oa1;
+          x0.upload(fx), x1.upload(fx), w.upload(fw), routed.upload(fr);
+          of0.reserve(size_t(T) * H), of1.reserve(size_t(T) * H);
+          oa0.reserve(size_t(T) * H), oa1.reserve(size_t(T) * H), y0.reserve(size_t(T) * N), y1.reserve(size_t(T) * N);
+          MoeResidual m;
+          if (moe) m.routed = routed.data();
+          rmsnorm_on_kernel<bf16>(regs, x0.data(), m, w.data(), 1e-6f, T, H, nullptr, of0.data(), oa0.data(), stream());
+          split_gemv(sw, of0.data(), H, T, y0.data(), nullptr, Epilogue::Store, stream());
+          const XFragments xo = split_gemv_x_fragments(sw, T);
+          const size_t words = size_t(xo.rows / 8) * size_t(H / 64) * 32 * 16;
+          std::vector<uint32_t> want(words), got(words);
+          EPMOE_CUDA_CHECK(cudaMemcpy(want.data(), sw.xfrag.data(), words * 4, cudaMemcpyDeviceToHost));
+          EPMOE_CUDA_CHECK(cudaMemset(sw.xfrag.data(), 0xff, words * 4));
+          rmsnorm_on_kernel<bf16>(regs, x1.data(), m, w.data(), 1e-6f, T, H, nullptr, of1.data(), oa1.data(), stream(),
+                                  xo);
+          EPMOE_CUDA_CHECK(cudaMemcpy(got.data(), sw.xfrag.data(), words * 4, cudaMemcpyDeviceToHost));
+          split_gemv(sw, nullptr, H, T, y1.data(), nullptr, Epilogue::Store, stream(), false, /*x_split_given=*/true);
+          const auto a = y0.download(size_t(T) * N), b = y1.download(size_t(T) * N);
+          const auto fa = of0.download(size_t(T) * H), fb = of1.download(size_t(T) * H);
+          const auto xa = x0.download(size_t(T) * H), xb = x1.download(size_t(T) * H);
+          bool finite = true;
+          for (float v : b) finite &= std::isfinite(v);
+          const bool ok = xo.xf == sw.xfrag.data() && xo.rows == (T > 8 ? 16 : 8) && want == got && finite &&
+                          std::memcmp(a.data(), b.data(), a.size() * 4) == 0 &&
+                          std::memcmp(fa.data(), fb.data(), fa.size() * 4) == 0 &&
+                          std::memcmp(xa.data(), xb.data(), xa.size() * 4) == 0;
+          cases++, same += ok;
+          if (!ok)
+            check(false, "norm-written x fragments == split_gemv's (words " + std::to_string(want == got) +
+                             "): H " + std::to_string(H) + " T " + std::to_string(T) + " regs " +
+                             std::to_string(regs) + " moe " + std::to_string(moe));
+        }
+  check(same == cases && cases == 100, "the norm writes split_gemv's x fragments in " + std::to_string(same) + "/" +
+                                           std::to_string(cases) + " cases");
 }
 
 // The kernel timeline (kernels/cuda/kernel_trace.h): a chain of PDL kernels, eager and replayed

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/mma_ptx.cuh"
 
@@ -423,6 +424,11 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   constexpr int D = NT * 32;  // Dk = Dv
   KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
   float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
+  if (blockIdx.x >= a.T * a.Hq) {  // (blocks past the T * Hq: a.o_frag's zero rows past T)
+    pdl_wait();
+    pdl_trigger();
+    return zero_fragment_row(a.o_frag, int(a.T + (blockIdx.x - a.T * a.Hq)), a.Hq * D);
+  }
   // Before the wait only the step's inputs (slots, block tables: copied in before the step's first
   // kernel) and, with a.early_tiles, K/V rows of earlier positions (below): every sequence has one
   // token here (max_run 1), whose row, at slot.pos, the kernel before (rope) writes.
@@ -528,7 +534,9 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
 #pragma unroll
   for (int u = 0; u < NT; u++) {
     const int i = threadIdx.x + kDecThreads * u;
-    if (i < D) ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o[u]);
+    if (i >= D) break;  // (whole warps: D is a multiple of 32)
+    ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o[u]);
+    if (a.o_frag.xf) store_fragment_pair(a.o_frag, int(t), h * D + i, o[u], a.Hq * D);
   }
 }
 
@@ -742,8 +750,8 @@ void attention_prepare(int Dk, int max_ctx) {
 }
 
 template <class TA>
-void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
-  if (a.T == 0) return;
+bool attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
+  if (a.T == 0) return false;
   EPMOE_ASSERT(a.Hkv >= 1 && a.Hq % a.Hkv == 0, "gpu attention: q heads a multiple of kv heads");
   // EPMOE_ATTN_TILED=0: attention_kernel everywhere (for measuring what the tiles are worth).
   static const bool tiled_on = [] {
@@ -761,9 +769,14 @@ void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
     static const bool early_on = env_on("EPMOE_ATTN_EARLY_TILES");
     AttnArgs b = a;
     b.early_tiles = a.early_tiles || early_on;
-    launch_pdl(k, dim3(unsigned(b.T * b.Hq)), dim3(kDecThreads), decode_smem(b), s, b, ctx);
+    // The fragments only of fp32 rows [T][Hq * Dv] as split_gemv reads them (its x is fp32).
+    const bool frag = a.o_frag.xf && std::is_same_v<TA, float> && a.o_head == a.Dv && a.o_tok == int64_t(a.Hq) * a.Dv &&
+                      (a.Hq * a.Dv) % 64 == 0 && a.T <= a.o_frag.rows;
+    if (!frag) b.o_frag = {};
+    const int64_t blocks = b.T * b.Hq + (frag ? a.o_frag.rows - b.T : 0);
+    launch_pdl(k, dim3(unsigned(blocks)), dim3(kDecThreads), decode_smem(b), s, b, ctx);
     EPMOE_CUDA_LAUNCHED();
-    return;
+    return frag;
   }
   AttnTiling t;
   if (kind == AttnKernel::Tiled && attention_tiling(a, &t)) {
@@ -773,16 +786,17 @@ void attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
                        : (a.Dk == 64 ? tiled_instance<TA, float, 2>(t.QW) : tiled_instance<TA, float, 4>(t.QW));
     launch_pdl(k, dim3(unsigned(blocks)), dim3(kAttnThreads), t.smem, s, a, ctx, t.Gs, t.TQ, t.ncap);
     EPMOE_CUDA_LAUNCHED();
-    return;
+    return false;
   }
   attention_prepare(a.Dk, a.max_ctx);
   const size_t smem = attention_smem(a.Dk, a.max_ctx);
   if (a.kv.bf16) launch_pdl(attention_kernel<TA, bf16>, dim3(unsigned(a.T * a.Hq)), dim3(128), smem, s, a, ctx);
   else launch_pdl(attention_kernel<TA, float>, dim3(unsigned(a.T * a.Hq)), dim3(128), smem, s, a, ctx);
   EPMOE_CUDA_LAUNCHED();
+  return false;
 }
-template void attention<float>(const AttnArgs&, float*, cudaStream_t);
-template void attention<bf16>(const AttnArgs&, bf16*, cudaStream_t);
+template bool attention<float>(const AttnArgs&, float*, cudaStream_t);
+template bool attention<bf16>(const AttnArgs&, bf16*, cudaStream_t);
 
 void mla_latent_cache(const MlaLatentArgs& a, cudaStream_t s) {
   if (a.T == 0) return;

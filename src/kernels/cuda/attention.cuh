@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/x_fragments.cuh"
 
 namespace epmoe::cuda {
 
@@ -92,9 +93,16 @@ struct AttnArgs {
   // The decode kernel requests the K/V tiles of earlier positions before its PDL wait
   // (EPMOE_ATTN_EARLY_TILES=1 sets it for every call; opt-in until a GPU run has checked it).
   bool early_tiles = false;
+  // The o projection's x fragments (x_fragments.cuh: split_gemv_x_fragments of the o weight), for
+  // the decode kernel to write the fp32 output rows into as well, saving the projection its
+  // x-split launch (EPMOE_NORM_SPLITS); ignored by the other kernels and where the output rows are
+  // not [T][Hq * Dv] contiguous.
+  XFragments o_frag;
 };
+// Returns whether the output was also written as a.o_frag (the caller's projection then takes it
+// as given); false where a.o_frag is empty or the kernel run does not write it.
 template <class TA>
-void attention(const AttnArgs& a, TA* ctx, cudaStream_t s);
+bool attention(const AttnArgs& a, TA* ctx, cudaStream_t s);
 // Raises the attention kernel's shared-memory limit for Dk dims and max_ctx positions (what
 // attention() does on its first call of a longer context; a graph capture calls it beforehand).
 void attention_prepare(int Dk, int max_ctx);

@@ -10,11 +10,12 @@ namespace {
 // writes and then reads back its own elements i = tid, tid + 256, ...: no barrier needed.
 template <class TA>
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
-                               TA* oa, const MoeResidual res) {
+                               TA* oa, const MoeResidual res, int T, const XFragments xo, bool late_trigger) {
   __shared__ float scratch[32];
   pdl_wait();  // (launched with launch_pdl)
-  pdl_trigger();
+  if (!late_trigger) pdl_trigger();
   const int64_t t = blockIdx.x;
+  if (t >= T) return zero_fragment_row(xo, int(t), H);  // (blocks past T: xo's zero rows)
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
   if (res.routed) {
     float* xr = const_cast<float*>(r);
@@ -28,7 +29,9 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
     const float v = w[i] * (r[i] * inv);
     if (of) of[t * H + i] = v;
     if (oa) oa[t * H + i] = from_f32<TA>(v);
+    if (xo.xf) store_fragment_pair(xo, int(t), i, v, H);
   }
+  if (late_trigger) pdl_trigger();
 }
 
 // rmsnorm_kernel with the row in registers, for H <= 256 C: each thread loads its elements
@@ -40,7 +43,8 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 template <class TA, int C>
 __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const float* w, float eps, int H,
                                                             const int32_t* rows, float* of, TA* oa,
-                                                            const MoeResidual res) {
+                                                            const MoeResidual res, int T, const XFragments xo,
+                                                            bool late_trigger) {
   __shared__ float scratch[32];
   float wv[C], v[C];
 #pragma unroll
@@ -49,8 +53,9 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
     wv[c] = i < H ? w[i] : 0.f;
   }
   pdl_wait();  // (launched with launch_pdl)
-  pdl_trigger();
+  if (!late_trigger) pdl_trigger();
   const int64_t t = blockIdx.x;
+  if (t >= T) return zero_fragment_row(xo, int(t), H);  // (blocks past T: xo's zero rows)
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
 #pragma unroll
   for (int c = 0; c < C; c++) {
@@ -81,19 +86,29 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
     const float o = wv[c] * (v[c] * inv);
     if (of) of[t * H + i] = o;
     if (oa) oa[t * H + i] = from_f32<TA>(o);
+    if (xo.xf) store_fragment_pair(xo, int(t), i, o, H);
   }
+  if (late_trigger) pdl_trigger();
 }
 
 // The norm of T rows: with `regs`, the register kernel for rows of up to 4096 (every model here
 // but DeepSeek-V3's 7168); the loop kernel otherwise. 256 threads either way (the sum's tree).
+// With xo, xo.rows blocks at least (the ones past T write zero rows), and the trigger after the
+// stores when norm_splits() says 2 (what the next kernel, a projection, streams before its wait
+// then waits behind the norm instead of beside it: run 23 measures both).
 template <class TA>
 void launch_rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* of,
-                    TA* oa, const MoeResidual& res, cudaStream_t s, bool regs) {
-  const dim3 grid{unsigned(T)}, block{256u};
-  if (!regs || H > 4096) launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
-  else if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
-  else if (H <= 2048) launch_pdl(rmsnorm_regs_kernel<TA, 8>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
-  else launch_pdl(rmsnorm_regs_kernel<TA, 16>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res);
+                    TA* oa, const MoeResidual& res, cudaStream_t s, bool regs, const XFragments& xo) {
+  EPMOE_ASSERT(!xo.xf || (H % 64 == 0 && (xo.rows == 8 || xo.rows == 16) && T <= xo.rows && !rows),
+               "rmsnorm: x fragments need H % 64 == 0, 8 or 16 fragment rows >= T and no row selection (H " +
+                   std::to_string(H) + ", T " + std::to_string(T) + ", rows " + std::to_string(xo.rows) + ")");
+  const dim3 grid{unsigned(xo.xf ? std::max<int64_t>(T, xo.rows) : T)}, block{256u};
+  const bool late = xo.xf && norm_splits() == 2;
+  const int t = int(T);
+  if (!regs || H > 4096) launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
+  else if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
+  else if (H <= 2048) launch_pdl(rmsnorm_regs_kernel<TA, 8>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
+  else launch_pdl(rmsnorm_regs_kernel<TA, 16>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
   EPMOE_CUDA_LAUNCHED();
 }
 
@@ -139,37 +154,47 @@ __global__ void fill_random_kernel(T* p, int64_t n, uint64_t seed, float scale) 
 
 }  // namespace
 
+// EPMOE_NORM_SPLITS=1 (or 2: the norm triggers its successor after its stores): the input norm
+// writes the q/k/v projection's x fragments and split_gemv skips its x-split kernel. Opt-in until
+// a GPU run has measured it (GpuOps.NormWritesSplitGemvFragments checks the bits).
+int norm_splits() {
+  static const int v = int(env_int("EPMOE_NORM_SPLITS", 0));
+  return v;
+}
+
 template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
-             TA* out_act, cudaStream_t s) {
+             TA* out_act, cudaStream_t s, const XFragments& xo) {
   if (T == 0) return;
-  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, MoeResidual{}, s, rmsnorm_regs());
+  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, MoeResidual{}, s, rmsnorm_regs(), xo);
 }
-template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t);
-template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t);
+template void rmsnorm<float>(const float*, const float*, float, int64_t, int, const int32_t*, float*, float*, cudaStream_t,
+                             const XFragments&);
+template void rmsnorm<bf16>(const float*, const float*, float, int64_t, int, const int32_t*, float*, bf16*, cudaStream_t,
+                            const XFragments&);
 
 template <class TA>
 void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
-                      TA* out_act, cudaStream_t s) {
+                      TA* out_act, cudaStream_t s, const XFragments& xo) {
   if (T == 0) return;
   EPMOE_ASSERT(m.routed, "residual_rmsnorm: no MoE output to add");
-  launch_rmsnorm<TA>(x, w, eps, T, H, nullptr, out_f32, out_act, m, s, rmsnorm_regs());
+  launch_rmsnorm<TA>(x, w, eps, T, H, nullptr, out_f32, out_act, m, s, rmsnorm_regs(), xo);
 }
 template void residual_rmsnorm<float>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, float*,
-                                      cudaStream_t);
+                                      cudaStream_t, const XFragments&);
 template void residual_rmsnorm<bf16>(float*, const MoeResidual&, const float*, float, int64_t, int, float*, bf16*,
-                                     cudaStream_t);
+                                     cudaStream_t, const XFragments&);
 
 template <class TA>
 void rmsnorm_on_kernel(bool registers, float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
-                       const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s) {
+                       const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s, const XFragments& xo) {
   if (T == 0) return;
-  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, m, s, registers);
+  launch_rmsnorm<TA>(x, w, eps, T, H, rows, out_f32, out_act, m, s, registers, xo);
 }
 template void rmsnorm_on_kernel<float>(bool, float*, const MoeResidual&, const float*, float, int64_t, int,
-                                       const int32_t*, float*, float*, cudaStream_t);
+                                       const int32_t*, float*, float*, cudaStream_t, const XFragments&);
 template void rmsnorm_on_kernel<bf16>(bool, float*, const MoeResidual&, const float*, float, int64_t, int,
-                                      const int32_t*, float*, bf16*, cudaStream_t);
+                                      const int32_t*, float*, bf16*, cudaStream_t, const XFragments&);
 
 template <class TW>
 void embed(const int32_t* ids, const TW* table, int64_t T, int H, float* out, cudaStream_t s) {

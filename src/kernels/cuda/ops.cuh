@@ -4,14 +4,21 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/x_fragments.cuh"
 
 namespace epmoe::cuda {
 
 // kernels/ops.cc rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)); writes fp32 and/or act copies.
-// rows (optional): output row t normalises input row rows[t].
+// rows (optional): output row t normalises input row rows[t]. xo (optional, no rows): the output
+// also as split_gemv's x fragments of the next projection (x_fragments.cuh; H % 64 == 0).
 template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
-             TA* out_act, cudaStream_t s);
+             TA* out_act, cudaStream_t s, const XFragments& xo = {});
+
+// EPMOE_NORM_SPLITS: 0 (default) the q/k/v and o projections split their x themselves; 1 the input
+// norm writes q/k/v's fragments and decode attention o's (two launches fewer a layer); 2 that, the
+// norm triggering its successor after its stores. Opt-in until a GPU has measured it.
+int norm_splits();
 
 // A MoE layer's output as the decoder adds it into the residual (moe/cuda/experts.cuh moe_output):
 // routed (+ sigmoid(gate_logit[t]) * shared, or + shared without a gate). One definition for
@@ -34,14 +41,15 @@ __device__ inline float moe_residual_value(const MoeResidual& m, int64_t i, int 
 // the end of one layer and the input norm of the next in one launch.
 template <class TA>
 void residual_rmsnorm(float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H, float* out_f32,
-                      TA* out_act, cudaStream_t s);
+                      TA* out_act, cudaStream_t s, const XFragments& xo = {});
 
 // Both of the above (m.routed null: rmsnorm) on the chosen kernel whatever EPMOE_RMSNORM_REGS says:
 // the loop kernel (rows re-read from memory) or, for H <= 4096, the row-in-registers kernel, which
 // must give the loop kernel's bits (tests only).
 template <class TA>
 void rmsnorm_on_kernel(bool registers, float* x, const MoeResidual& m, const float* w, float eps, int64_t T, int H,
-                       const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s);
+                       const int32_t* rows, float* out_f32, TA* out_act, cudaStream_t s,
+                       const XFragments& xo = {});
 
 // Embedding rows: out[t] = float(table[ids[t]]).
 template <class TW>

@@ -35,6 +35,7 @@
 #include "kernels/cuda/mma_ptx.cuh"
 #include "util/env.h"
 #include "kernels/cuda/split_linear.cuh"
+#include "kernels/cuda/x_fragments.cuh"
 
 namespace epmoe::cuda {
 
@@ -44,13 +45,9 @@ using ptx::smem_u32;
 using ptx::mma_bf16;
 using ptx::store_pair;
 
-__device__ inline uint32_t pack_bf16(bf16 lo_k, bf16 hi_k) {
-  return uint32_t(__bfloat16_as_ushort(lo_k)) | (uint32_t(__bfloat16_as_ushort(hi_k)) << 16);
-}
-
 // Lane (r = lane / 4, t = lane % 4) of an m16n8k16 MMA holds, for k16 step s of a 64-wide block,
-// B words b0 = w[r][16 s + 2t .. +1] and b1 = w[r][16 s + 8 + 2t .. +1]; word 2 s + h of its 8.
-__device__ inline int frag_k(int lane, int word) { return 16 * (word >> 1) + 8 * (word & 1) + 2 * (lane & 3); }
+// B words b0 = w[r][16 s + 2t .. +1] and b1 = w[r][16 s + 8 + 2t .. +1]; word 2 s + h of its 8
+// (frag_k, x_fragments.cuh: the A fragments' k order is the same).
 
 // frag[g][j][q][lane][4] = the B words 4q .. 4q + 3 of lane for rows 8g.. and block j (zero past
 // N): each of a warp's two 16-byte loads of a block reads 512 contiguous bytes.
@@ -81,12 +78,7 @@ __global__ void split_x_fragments_kernel(const float* x, int64_t lda, int T, int
     const int j = int(hj % nblk), half = int(hj / nblk);
     const int row = (lane >> 2) + 8 * half, k = 64 * j + frag_k(lane, word);
     uint32_t hi = 0, lo = 0;
-    if (row < T) {
-      const float v0 = x[int64_t(row) * lda + k], v1 = x[int64_t(row) * lda + k + 1];
-      const bf16 h0 = __float2bfloat16_rn(v0), h1 = __float2bfloat16_rn(v1);
-      hi = pack_bf16(h0, h1);
-      lo = pack_bf16(__float2bfloat16_rn(v0 - __bfloat162float(h0)), __float2bfloat16_rn(v1 - __bfloat162float(h1)));
-    }
+    if (row < T) split_pair(x[int64_t(row) * lda + k], x[int64_t(row) * lda + k + 1], hi, lo);
     uint32_t* dst = xf + ((int64_t(half) * nblk + j) * 32 + lane) * 16;
     dst[word] = hi;
     dst[8 + word] = lo;
@@ -365,8 +357,13 @@ bool split_gemv_fits(const SplitWeight& W, int64_t T) {
   return g_config.enabled && enabled_by_env() && W.periodic && W.frag.data() && T >= 1 && T <= kSplitGemvMaxRows;
 }
 
+XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T) {
+  if (!split_gemv_fits(W, T)) return {};
+  return XFragments{W.xfrag.data(), T > 8 ? 16 : 8};
+}
+
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
-                Epilogue ep, cudaStream_t s, bool accumulate) {
+                Epilogue ep, cudaStream_t s, bool accumulate, bool x_split_given) {
   EPMOE_ASSERT(W.periodic && W.frag.data(), "split_gemv: needs a periodic split weight with its fragments packed");
   EPMOE_ASSERT(T >= 1 && T <= kSplitGemvMaxRows, "split_gemv: " + std::to_string(T) + " rows (1.." +
                                                      std::to_string(kSplitGemvMaxRows) + ")");
@@ -375,9 +372,11 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   const bool rows16 = T > 8;
   const int halves = rows16 ? 2 : 1, nblk = W.K / 64;
   // (xfrag is W's own: calls on the one stream run in order, so no two use it at once.)
-  launch_pdl(split_x_fragments_kernel, dim3(unsigned(blocks_for(int64_t(halves) * nblk * 256))), dim3(256), 0, s, x,
-             lda, int(T), W.K, halves, W.xfrag.data());
-  EPMOE_CUDA_LAUNCHED();
+  if (!x_split_given) {
+    launch_pdl(split_x_fragments_kernel, dim3(unsigned(blocks_for(int64_t(halves) * nblk * 256))), dim3(256), 0, s,
+               x, lda, int(T), W.K, halves, W.xfrag.data());
+    EPMOE_CUDA_LAUNCHED();
+  }
   GemmArgs g;
   g.B = W.frag.data();
   g.N = W.N;

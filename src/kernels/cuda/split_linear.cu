@@ -118,9 +118,10 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
 }
 
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
-                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate) {
+                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate, bool x_split_given) {
   if (T == 0) return;
-  if (split_gemv_fits(W, T)) return split_gemv(W, x, lda, T, y, bias, ep, s, accumulate);
+  if (split_gemv_fits(W, T)) return split_gemv(W, x, lda, T, y, bias, ep, s, accumulate, x_split_given);
+  EPMOE_ASSERT(!x_split_given, "split_linear: x given split for a call split_gemv does not take");
   const int Kp = W.P * W.K;
   split_rows(x, lda, T, W.K, W.P, xs, s, W.periodic);
   GemmArgs g;

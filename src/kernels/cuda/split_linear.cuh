@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/x_fragments.cuh"
 
 namespace epmoe::cuda {
 
@@ -57,7 +58,7 @@ void split_rows(const float* x, int64_t lda, int64_t T, int K, int P, DeviceArra
 // epilogue on gate/up rows interleaved in W: y [T, N/2]); accumulate (Store): y += that instead.
 // xs: scratch for the split rows.
 void split_linear(const SplitWeight& W, const float* x, int64_t lda, int64_t T, DeviceArray<bf16>& xs, float* y,
-                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate = false);
+                  const float* bias, Epilogue ep, cudaStream_t s, bool accumulate = false, bool x_split_given = false);
 
 // Per-head products (latent attention's W_UK^T and W_UV): G groups of M rows, group g's weights
 // rows [g N/G, (g+1) N/G) of W; x [G M, K] group-major (row g M + r, rows lda apart), output row
@@ -84,6 +85,11 @@ SplitGemvConfig split_gemv_config();
 bool split_gemv_enabled();  // not turned off by EPMOE_SPLIT_GEMV=0 (then nothing need be packed)
 bool split_gemv_fits(const SplitWeight& W, int64_t T);
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
-                Epilogue ep, cudaStream_t s, bool accumulate = false);
+                Epilogue ep, cudaStream_t s, bool accumulate = false, bool x_split_given = false);
+// Where the kernel that computes split_gemv's x may write it already split (x_fragments.cuh), for
+// a call of T rows through W: W's fragment buffer and its 8 or 16 rows; {} where split_gemv does
+// not take the call (split_gemv_fits). A split_linear / split_gemv call with x_split_given then
+// skips the x-split kernel: x is not read (pass nullptr).
+XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T);
 
 }  // namespace epmoe::cuda

@@ -791,6 +791,10 @@ struct GpuModel final : LanguageModel {
   }
   // A MoE layer's output not yet added into x (routed is set): residual_rmsnorm adds it.
   MoeResidual pending_moe_;
+  // EPMOE_NORM_SPLITS: the input norm wrote the q/k/v projection's x fragments (split_gemv's split,
+  // x_fragments.cuh), so attention_block's projection skips its x-split launch. Set by
+  // attention_norm, taken by the next attention_block.
+  bool qkv_x_given_ = false;
   void flush_moe(int64_t T_) {
     if (!pending_moe_.routed) return;
     moe_output(pending_moe_.routed, pending_moe_.shared, pending_moe_.gate_logit, T_, H, x.data(), true, stream());
@@ -798,8 +802,10 @@ struct GpuModel final : LanguageModel {
   }
 
   // q/k norm + RoPE + KV-cache write on qkv, then attention into ctx (TA: the o projection's input).
+  // o_frag: the o projection's x fragments for the decode kernel to write as well; returns whether
+  // it did (the projection then skips its x split).
   template <class TA>
-  void rope_and_attend(Layer<T>& L, int l, int64_t T_, int max_ctx, TA* ctx_out) {
+  bool rope_and_attend(Layer<T>& L, int l, int64_t T_, int max_ctx, TA* ctx_out, const XFragments& o_frag = {}) {
     cudaStream_t s = stream();
     RopeArgs ra;
     ra.qkv = qkv.data();
@@ -833,7 +839,8 @@ struct GpuModel final : LanguageModel {
     aa.scale = cfg.softmax_scale();
     aa.max_ctx = max_ctx;
     aa.max_run = st_run;
-    attention<TA>(aa, ctx_out, s);
+    aa.o_frag = o_frag;
+    return attention<TA>(aa, ctx_out, s);
   }
 
   // y [T, N] = x [T, K] (rows lda apart) p^T: fp32 SIMT (f32 mode) or fp32-grade split (bf16 mode).
@@ -983,9 +990,12 @@ struct GpuModel final : LanguageModel {
     cudaStream_t s = stream();
     const float* bias = L.has_bias ? L.qkv_bias.data() : nullptr;
     if constexpr (kBf16) {
-      split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s);
-      rope_and_attend(L, l, T_, max_ctx, ctx_f.data());
-      split_linear(L.o_s, ctx_f.data(), qd, T_, xs, residual_out(T_), nullptr, Epilogue::Store, s, add_in_epilogue(T_));
+      split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s, false, qkv_x_given_);
+      qkv_x_given_ = false;
+      const XFragments o_frag = norm_splits() != 0 ? split_gemv_x_fragments(L.o_s, T_) : XFragments{};
+      const bool o_given = rope_and_attend(L, l, T_, max_ctx, ctx_f.data(), o_frag);
+      split_linear(L.o_s, ctx_f.data(), qd, T_, xs, residual_out(T_), nullptr, Epilogue::Store, s, add_in_epilogue(T_),
+                   o_given);
       residual_add(T_);
       return;
     }
@@ -1017,16 +1027,29 @@ struct GpuModel final : LanguageModel {
     residual_add(T_);
   }
 
-  void norm(const float* in, const DeviceArray<float>& w, int64_t T_, const int32_t* rows = nullptr) {
+  // xo: the rows also as a projection's x fragments (attention_norm under EPMOE_NORM_SPLITS).
+  void norm(const float* in, const DeviceArray<float>& w, int64_t T_, const int32_t* rows = nullptr,
+            const XFragments& xo = {}) {
     if (pending_moe_.routed) {  // the previous layer's MoE output into x first, in the same launch
       EPMOE_ASSERT(in == x.data() && !rows, "gpu model: a MoE output is pending on a norm of other rows");
-      if constexpr (kBf16) residual_rmsnorm<bf16>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), hn_a.data(), stream());
-      else residual_rmsnorm<float>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), nullptr, stream());
+      if constexpr (kBf16) residual_rmsnorm<bf16>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), hn_a.data(), stream(), xo);
+      else residual_rmsnorm<float>(x.data(), pending_moe_, w.data(), cfg.rms_norm_eps, T_, H, hn_f.data(), nullptr, stream(), xo);
       pending_moe_ = {};
       return;
     }
-    if constexpr (kBf16) rmsnorm<bf16>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), hn_a.data(), stream());
-    else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream());
+    if constexpr (kBf16) rmsnorm<bf16>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), hn_a.data(), stream(), xo);
+    else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream(), xo);
+  }
+
+  // The input norm of layer l: with EPMOE_NORM_SPLITS, a bf16 model's decode step (split_gemv
+  // takes its q/k/v call) gets the norm to write the projection's x fragments -- one launch fewer
+  // on the step's chain, the same values (x_fragments.cuh is the one layout).
+  void attention_norm(int l, int64_t T_) {
+    XFragments xo;
+    if constexpr (kBf16)
+      if (!mla && norm_splits() != 0 && T_ > 0) xo = split_gemv_x_fragments(layers[size_t(l)]->qkv_s, T_);
+    norm(x.data(), layers[size_t(l)]->in_norm, T_, nullptr, xo);
+    qkv_x_given_ = xo.xf != nullptr;
   }
 
   // Routing replay (ForwardOptions::replay): the given routing, checked as the CPU model checks it,
@@ -1133,7 +1156,7 @@ struct GpuModel final : LanguageModel {
     int64_t T_;
     int max_ctx;
     A2ABackend& backend;
-    void attention_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->in_norm, T_); }
+    void attention_norm(int l) { m.attention_norm(l, T_); }
     void attention(int l) {
       if (T_ > 0) m.attention_block(l, T_, max_ctx);  // (a rank without tokens still joins the MoE layers)
     }
