@@ -20,18 +20,17 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_DECODE", "32 | N", "decode steps of up to N sequences use the decode attention kernel (0: never)"},
       {"EPMOE_DENSE_WGMMA", "0 | 1", "1 runs dense GEMMs of up to 16 rows on the wgmma kernel (same bits; slower)"},
       {"EPMOE_ROUTER_ROUTES", "0 | 1",
-       "1 routes decode steps in the router's last CTA instead of by the route kernel after it (meant to keep the "
-       "bits; opt-in until a GPU run checks it)"},
-      {"EPMOE_RMSNORM_REGS", "0 | 1",
-       "1 runs RMSNorm of rows up to 4096 wide with the row in registers instead of the loop kernel (meant to keep "
-       "the bits; opt-in until a GPU run checks it)"},
-      {"EPMOE_NORM_SPLITS", "0 | 1 | 2",
-       "1: in a decode step the input norm writes the q/k/v projection's split x fragments and decode attention "
-       "the o projection's (two launches fewer a layer; the same bits); 2: that, with the norm starting the "
-       "projection after its stores. Opt-in until a GPU run measures it"},
-      {"EPMOE_ATTN_EARLY_TILES", "0 | 1",
-       "1 lets decode attention request the K/V tiles of earlier positions before its PDL wait (the same values; "
-       "opt-in until a GPU run checks it)"},
+       "1 routes decode steps in the router's last CTA instead of by the route kernel after it (the same bits; "
+       "measured slower at 8 sequences, run 23)"},
+      {"EPMOE_RMSNORM_REGS", "1 | 0",
+       "0 runs RMSNorm on the loop kernel instead of the one that keeps the row in registers (rows up to 4096 "
+       "wide; the same bits; for measuring)"},
+      {"EPMOE_NORM_SPLITS", "1 | 0",
+       "0: the q/k/v and o projections of a decode step split their x themselves instead of the input norm and "
+       "decode attention writing it split (the same bits; for measuring)"},
+      {"EPMOE_ATTN_EARLY_TILES", "1 | 0",
+       "0: decode attention requests no K/V tiles of earlier positions before its PDL wait (the same values; for "
+       "measuring)"},
       {"EPMOE_SPLIT_GEMV", "1 | 0 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
        "fragment copy of their weights; v3 runs split_gemv's register-prefetch version instead of the "

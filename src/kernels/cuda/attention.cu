@@ -455,9 +455,9 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   // the token's own row (the commit groups stay in tile order), the rest after the wait. What makes
   // the early reads safe is an ordering, not this kernel: before its wait, a kernel is only known to
   // run after its predecessor triggered, and the kernels of the step that trigger only after their
-  // own wait (RMSNorm, the x split) have every earlier kernel complete by then -- the copy-on-write
-  // block copy queued before the step included (kv_pool.h), the one kernel that writes rows of
-  // earlier positions. A kernel between the copy and the first attention that triggers before its
+  // own wait (RMSNorm; the x split where EPMOE_NORM_SPLITS=0) have every earlier kernel complete by
+  // then -- the copy-on-write block copy queued before the step included (kv_pool.h), the one
+  // kernel that writes rows of earlier positions. A kernel between the copy and the first attention that triggers before its
   // wait at every layer would break it (run 22's early triggers, reverted, would have).
   auto before_own_row = [&](int f) {
     const int j0 = (f < nk ? f : f - nk) * kAttnRows;
@@ -766,7 +766,7 @@ bool attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
     EPMOE_ASSERT(a.max_run == 1 && decode_applies(a), "gpu attention: the decode kernel does not apply to this step");
     raise_decode_smem();
     auto k = a.kv.bf16 ? decode_instance<TA, bf16>(a.Dk) : decode_instance<TA, float>(a.Dk);
-    static const bool early_on = env_on("EPMOE_ATTN_EARLY_TILES");
+    static const bool early_on = !env_off("EPMOE_ATTN_EARLY_TILES");
     AttnArgs b = a;
     b.early_tiles = a.early_tiles || early_on;
     // The fragments only of fp32 rows [T][Hq * Dv] as split_gemv reads them (its x is fp32).

@@ -10,10 +10,10 @@ namespace {
 // writes and then reads back its own elements i = tid, tid + 256, ...: no barrier needed.
 template <class TA>
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, const int32_t* rows, float* of,
-                               TA* oa, const MoeResidual res, int T, const XFragments xo, bool late_trigger) {
+                               TA* oa, const MoeResidual res, int T, const XFragments xo) {
   __shared__ float scratch[32];
   pdl_wait();  // (launched with launch_pdl)
-  if (!late_trigger) pdl_trigger();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   if (t >= T) return zero_fragment_row(xo, int(t), H);  // (blocks past T: xo's zero rows)
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
@@ -31,7 +31,6 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
     if (oa) oa[t * H + i] = from_f32<TA>(v);
     if (xo.xf) store_fragment_pair(xo, int(t), i, v, H);
   }
-  if (late_trigger) pdl_trigger();
 }
 
 // rmsnorm_kernel with the row in registers, for H <= 256 C: each thread loads its elements
@@ -43,8 +42,7 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 template <class TA, int C>
 __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const float* w, float eps, int H,
                                                             const int32_t* rows, float* of, TA* oa,
-                                                            const MoeResidual res, int T, const XFragments xo,
-                                                            bool late_trigger) {
+                                                            const MoeResidual res, int T, const XFragments xo) {
   __shared__ float scratch[32];
   float wv[C], v[C];
 #pragma unroll
@@ -53,7 +51,7 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
     wv[c] = i < H ? w[i] : 0.f;
   }
   pdl_wait();  // (launched with launch_pdl)
-  if (!late_trigger) pdl_trigger();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   if (t >= T) return zero_fragment_row(xo, int(t), H);  // (blocks past T: xo's zero rows)
   const float* r = x + (rows ? int64_t(rows[t]) : t) * H;
@@ -88,14 +86,11 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
     if (oa) oa[t * H + i] = from_f32<TA>(o);
     if (xo.xf) store_fragment_pair(xo, int(t), i, o, H);
   }
-  if (late_trigger) pdl_trigger();
 }
 
 // The norm of T rows: with `regs`, the register kernel for rows of up to 4096 (every model here
 // but DeepSeek-V3's 7168); the loop kernel otherwise. 256 threads either way (the sum's tree).
-// With xo, xo.rows blocks at least (the ones past T write zero rows), and the trigger after the
-// stores when norm_splits() says 2 (what the next kernel, a projection, streams before its wait
-// then waits behind the norm instead of beside it: run 23 measures both).
+// With xo, xo.rows blocks at least (the ones past T write zero rows).
 template <class TA>
 void launch_rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* of,
                     TA* oa, const MoeResidual& res, cudaStream_t s, bool regs, const XFragments& xo) {
@@ -103,19 +98,18 @@ void launch_rmsnorm(const float* x, const float* w, float eps, int64_t T, int H,
                "rmsnorm: x fragments need H % 64 == 0, 8 or 16 fragment rows >= T and no row selection (H " +
                    std::to_string(H) + ", T " + std::to_string(T) + ", rows " + std::to_string(xo.rows) + ")");
   const dim3 grid{unsigned(xo.xf ? std::max<int64_t>(T, xo.rows) : T)}, block{256u};
-  const bool late = xo.xf && norm_splits() == 2;
   const int t = int(T);
-  if (!regs || H > 4096) launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
-  else if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
-  else if (H <= 2048) launch_pdl(rmsnorm_regs_kernel<TA, 8>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
-  else launch_pdl(rmsnorm_regs_kernel<TA, 16>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo, late);
+  if (!regs || H > 4096) launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo);
+  else if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo);
+  else if (H <= 2048) launch_pdl(rmsnorm_regs_kernel<TA, 8>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo);
+  else launch_pdl(rmsnorm_regs_kernel<TA, 16>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo);
   EPMOE_CUDA_LAUNCHED();
 }
 
-// EPMOE_RMSNORM_REGS=1: the register kernel. Opt-in until a GPU run has checked it (written in
-// run 22 without a device; GpuOps.RmsnormRegistersKeepTheLoopKernelsBits is that check).
+// The register kernel unless EPMOE_RMSNORM_REGS=0 (run 23, H100, 48 layers: one sequence 6.10 ->
+// 5.67 ms a token, 8 sequences 13.24 -> 12.86; GpuOps.RmsnormRegistersKeepTheLoopKernelsBits).
 bool rmsnorm_regs() {
-  static const bool on = env_on("EPMOE_RMSNORM_REGS");
+  static const bool on = !env_off("EPMOE_RMSNORM_REGS");
   return on;
 }
 
@@ -154,12 +148,12 @@ __global__ void fill_random_kernel(T* p, int64_t n, uint64_t seed, float scale) 
 
 }  // namespace
 
-// EPMOE_NORM_SPLITS=1 (or 2: the norm triggers its successor after its stores): the input norm
-// writes the q/k/v projection's x fragments and split_gemv skips its x-split kernel. Opt-in until
-// a GPU run has measured it (GpuOps.NormWritesSplitGemvFragments checks the bits).
-int norm_splits() {
-  static const int v = int(env_int("EPMOE_NORM_SPLITS", 0));
-  return v;
+// The norm and decode attention write split_gemv's x fragments unless EPMOE_NORM_SPLITS=0 (run 23,
+// H100, 48 layers: one sequence 6.10 -> 6.00 ms a token, 8 sequences 13.24 -> 13.12; with the
+// register norm 5.60 and 12.73; GpuOps.NormWritesSplitGemvFragments checks the bits).
+bool norm_splits() {
+  static const bool on = !env_off("EPMOE_NORM_SPLITS");
+  return on;
 }
 
 template <class TA>

@@ -15,10 +15,9 @@ template <class TA>
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int H, const int32_t* rows, float* out_f32,
              TA* out_act, cudaStream_t s, const XFragments& xo = {});
 
-// EPMOE_NORM_SPLITS: 0 (default) the q/k/v and o projections split their x themselves; 1 the input
-// norm writes q/k/v's fragments and decode attention o's (two launches fewer a layer); 2 that, the
-// norm triggering its successor after its stores. Opt-in until a GPU has measured it.
-int norm_splits();
+// On unless EPMOE_NORM_SPLITS=0: in a decode step the input norm writes the q/k/v projection's x
+// fragments and decode attention the o projection's (two launches fewer a layer, the same bits).
+bool norm_splits();
 
 // A MoE layer's output as the decoder adds it into the residual (moe/cuda/experts.cuh moe_output):
 // routed (+ sigmoid(gate_logit[t]) * shared, or + shared without a gate). One definition for
