@@ -1,6 +1,6 @@
 // The layout of split_gemv's x fragments, written once: split_gemv.cu's x-split kernel writes it,
-// and so may the kernel that computes x (RMSNorm, EPMOE_NORM_SPLITS), saving a launch on a decode
-// step's chain. x [T, K] fp32 is split into bf16 hi = bf16(v), lo = bf16(v - hi), and the pairs
+// and so do the kernels that compute a decode step's x (the input RMSNorm, decode attention; not
+// with EPMOE_NORM_SPLITS=0), saving the x-split launches on the step's chain. x [T, K] fp32 is split into bf16 hi = bf16(v), lo = bf16(v - hi), and the pairs
 // (k, k + 1) of row r land where lane (r % 8) * 4 + t of an m16n8k16 MMA loads its A words:
 //   xf[half = r / 8][block j = k / 64][lane][16 words], word 2 s + h of xh (8 + 2 s + h of xl),
 // for k = 64 j + 16 s + 8 h + 2 t. Rows past T are zero (split_gemv reads 8 or 16 rows).
