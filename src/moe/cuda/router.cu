@@ -33,9 +33,7 @@ struct RouterArgs {
   unsigned* done = nullptr;
 };
 
-// ROUTE: the instance whose last CTA routes (run_and_route); the plain instance carries none of
-// that code (its registers and branches), as the router before run 22.
-template <int BM, int BN, int WM, int WN, int STAGES, bool ROUTE>
+template <int BM, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p) {
   constexpr int BK = 64, NT = WM * WN * 32, TM = BM / WM, TN = BN / WN, MI = TM / 16, NI = TN / 8;
   constexpr int X_CH = BM * 16 / NT;  // 16-byte chunks of fp32 x per thread per stage (16 per row)
@@ -121,7 +119,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
         if (e + 1 < p.E) out[t * p.E + e + 1] = v[2 * h + 1];
       }
     }
-  if constexpr (!ROUTE) return;
+  if (!p.route) return;
   // The last CTA routes (the CUDA samples' threadFenceReduction): every CTA makes its partials
   // visible before it counts itself, so the one that counts last reads them all.
   __shared__ bool last;
@@ -135,20 +133,19 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   if (tid == 0) *p.done = 0;  // (for the next launch: graph replays too)
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool ROUTE = false>
+template <int BM, int BN, int WM, int WN, int STAGES>
 void launch_router(const RouterArgs& a, cudaStream_t s) {
-  EPMOE_ASSERT(a.route == ROUTE && (!ROUTE || (a.done && BM >= a.T)),
-               "gpu router: routes in its last CTA only one row tile");
+  EPMOE_ASSERT(!a.route || (a.done && BM >= a.T), "gpu router: routes in its last CTA only one row tile");
   constexpr int BK = 64;
   constexpr size_t smem = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
   static const bool ready = [] {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(router_kernel<BM, BN, WM, WN, STAGES, ROUTE>,
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(router_kernel<BM, BN, WM, WN, STAGES>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)ready;
   const dim3 grid(ceil_div(a.E, BN), unsigned(ceil_div(a.T, BM)), a.S);
-  launch_pdl(router_kernel<BM, BN, WM, WN, STAGES, ROUTE>, grid, dim3(WM * WN * 32), smem, s, a);
+  launch_pdl(router_kernel<BM, BN, WM, WN, STAGES>, grid, dim3(WM * WN * 32), smem, s, a);
 }
 
 }  // namespace
@@ -182,8 +179,7 @@ void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int 
   }
   // (16 x 16 tiles of one warp with every k-tile of the chunk in flight were slower at one row:
   // 8.8 against 6.6 us.)
-  if (a.route) launch_router<16, 32, 1, 2, 4, true>(a, s);
-  else if (T <= 128) launch_router<16, 32, 1, 2, 4>(a, s);
+  if (T <= 128) launch_router<16, 32, 1, 2, 4>(a, s);
   else if (T <= 256) launch_router<32, 128, 2, 4, 3>(a, s);
   else launch_router<64, 128, 2, 4, 3>(a, s);
 }
