@@ -457,8 +457,9 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   // run after its predecessor triggered, and the kernels of the step that trigger only after their
   // own wait (RMSNorm; the x split where EPMOE_NORM_SPLITS=0) have every earlier kernel complete by
   // then -- the copy-on-write block copy queued before the step included (kv_pool.h), the one
-  // kernel that writes rows of earlier positions. A kernel between the copy and the first attention that triggers before its
-  // wait at every layer would break it (run 22's early triggers, reverted, would have).
+  // kernel that writes rows of earlier positions. A kernel between the copy and the first attention
+  // that triggers before its wait at every layer would break it (run 22's early triggers, reverted,
+  // would have).
   auto before_own_row = [&](int f) {
     const int j0 = (f < nk ? f : f - nk) * kAttnRows;
     return slot.pos < j0 || slot.pos >= j0 + kAttnRows;

@@ -992,8 +992,7 @@ struct GpuModel final : LanguageModel {
     if constexpr (kBf16) {
       split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s, false, qkv_x_given_);
       qkv_x_given_ = false;
-      const XFragments o_frag = norm_splits() ? split_gemv_x_fragments(L.o_s, T_) : XFragments{};
-      const bool o_given = rope_and_attend(L, l, T_, max_ctx, ctx_f.data(), o_frag);
+      const bool o_given = rope_and_attend(L, l, T_, max_ctx, ctx_f.data(), producer_splits(L.o_s, T_));
       split_linear(L.o_s, ctx_f.data(), qd, T_, xs, residual_out(T_), nullptr, Epilogue::Store, s, add_in_epilogue(T_),
                    o_given);
       residual_add(T_);
@@ -1041,13 +1040,19 @@ struct GpuModel final : LanguageModel {
     else rmsnorm<float>(in, w.data(), cfg.rms_norm_eps, T_, H, rows, hn_f.data(), nullptr, stream(), xo);
   }
 
+  // Where the kernel computing a projection's x writes it split for that projection (the one
+  // EPMOE_NORM_SPLITS decision, for the norm and attention): {} where split_gemv does not take it.
+  static XFragments producer_splits(const SplitWeight& W, int64_t T_) {
+    return norm_splits() ? split_gemv_x_fragments(W, T_) : XFragments{};
+  }
+
   // The input norm of layer l: unless EPMOE_NORM_SPLITS=0, a bf16 model's decode step (split_gemv
   // takes its q/k/v call) gets the norm to write the projection's x fragments -- one launch fewer
   // on the step's chain, the same values (x_fragments.cuh is the one layout).
   void attention_norm(int l, int64_t T_) {
     XFragments xo;
     if constexpr (kBf16)
-      if (!mla && norm_splits() && T_ > 0) xo = split_gemv_x_fragments(layers[size_t(l)]->qkv_s, T_);
+      if (!mla) xo = producer_splits(layers[size_t(l)]->qkv_s, T_);
     norm(x.data(), layers[size_t(l)]->in_norm, T_, nullptr, xo);
     qkv_x_given_ = xo.xf != nullptr;
   }
