@@ -7,7 +7,8 @@
 // events (each on other weights, rotated over copies larger than L2: none cached from the call
 // before), median over --iters batches; GB/s of weight bytes, and the share of the HBM read rate
 // this bench measures first. Printed, never asserted.
-//   gpu_gemm_bench [--iters N (50)] [--rows LIST (1,8,16)]
+//   gpu_gemm_bench [--iters N (50)] [--rows LIST (1,8,16)] [--shapes LIST (q/k/v,o,lm_head)]
+// (--shapes o --rows 1: one shape's kernels alone, e.g. under Nsight Compute)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,7 @@ struct Shape {
 int main(int argc, char** argv) {
   int iters = 50;
   std::vector<int> rows = {1, 8, 16};
+  std::string shapes_wanted = "q/k/v,o,lm_head";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
@@ -100,8 +102,10 @@ int main(int argc, char** argv) {
         rows.push_back(std::stoi(s.substr(0, q)));
         s = q == std::string::npos ? "" : s.substr(q + 1);
       }
+    } else if (k == "--shapes") {
+      shapes_wanted = argv[i + 1];
     } else {
-      std::fprintf(stderr, "gpu_gemm_bench: unknown flag %s (--iters, --rows)\n", k.c_str());
+      std::fprintf(stderr, "gpu_gemm_bench: unknown flag %s (--iters, --rows, --shapes)\n", k.c_str());
       return 2;
     }
   }
@@ -109,10 +113,10 @@ int main(int argc, char** argv) {
     const double bw = read_bandwidth();
     std::printf("HBM read %.0f GB/s; one dependent mma.sync m16n8k16 bf16 step: %.1f cycles\n\n", bw / 1e9,
                 mma_chain_cycles());
-    // split_gemv's choices: (depth, warps per CTA); the first is the default.
-    // (depth, warps, ring): v4 chosen per weight (the default), v4 at each ring x warps, v3 (ring 0).
-    const std::tuple<int, int, int> gemv_cfgs[] = {{8, 1, -1}, {8, 1, 16}, {8, 2, 32}, {8, 4, 32}, {8, 4, 8},
-                                                   {8, 4, 0}, {16, 4, 0}};
+    // split_gemv's choices (version, depth, warps, ring); the first is the default: v5 chosen per
+    // weight, v5 at other rings x warps, v4 chosen per weight and at one ring, v3 (registers).
+    const std::tuple<int, int, int, int> gemv_cfgs[] = {{5, 8, 1, -1}, {5, 8, 1, 8},  {5, 8, 1, 16}, {5, 8, 1, 32},
+                                                        {5, 8, 2, 16}, {4, 8, 1, -1}, {4, 8, 4, 32}, {3, 8, 4, 0}};
     std::printf("| projection | N x K | rows | tile kernel us (GB/s) | wgmma kernel us (GB/s) | split_gemv us (GB/s) | "
                 "gemv / tile | best of HBM | split_gemv variants: us |\n"
                 "|---|---|---|---|---|---|---|---|---|\n");
@@ -122,12 +126,13 @@ int main(int argc, char** argv) {
     EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
     const SplitGemvConfig saved = split_gemv_config();
     for (const Shape& sh : shapes) {
+      if (("," + shapes_wanted + ",").find("," + std::string(sh.name) + ",") == std::string::npos) continue;
       const double wbytes = double(sh.N) * sh.K * 2;
       const int copies = std::max(1, int(200e6 / wbytes + 1));  // > 200 MB in rotation: never in L2
       std::vector<SplitWeight> ws(static_cast<size_t>(copies));
       for (int c = 0; c < copies; c++) {
         ws[size_t(c)].init_random(sh.N, sh.K, 100 + c, 0.02f, stream());
-        ws[size_t(c)].pack_fragments(stream());
+        ws[size_t(c)].pack_fragments(stream(), true);
       }
       DeviceArray<float> x(size_t(16) * sh.K), y(size_t(16) * sh.N);
       DeviceArray<bf16> xs;
@@ -173,15 +178,15 @@ int main(int argc, char** argv) {
         std::string cfg_cells;
         double gemv_us = 0;
         if (T <= kSplitGemvMaxRows)
-          for (auto [depth, warps, ring] : gemv_cfgs) {
-            set_split_gemv_config({true, depth, warps, ring});
+          for (auto [version, depth, warps, ring] : gemv_cfgs) {
+            set_split_gemv_config({true, depth, warps, ring, version});
             const double u = time([&](int i) {
               split_gemv(ws[size_t(i % copies)], x.data(), sh.K, T, y.data(), nullptr, Epilogue::Store, stream());
             });
             if (gemv_us == 0) gemv_us = u;
             char cell[64];
-            if (ring != 0)
-              std::snprintf(cell, sizeof cell, "%sring %s x %d: %.1f", cfg_cells.empty() ? "" : ", ",
+            if (version >= 4)
+              std::snprintf(cell, sizeof cell, "%sv%d ring %s x %d: %.1f", cfg_cells.empty() ? "" : ", ", version,
                             ring < 0 ? "auto" : std::to_string(ring).c_str(), warps, u);
             else
               std::snprintf(cell, sizeof cell, "%sv3 %dx%d: %.1f", cfg_cells.empty() ? "" : ", ", depth, warps, u);

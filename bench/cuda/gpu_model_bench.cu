@@ -214,11 +214,13 @@ int main(int argc, char** argv) {
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
       } else if (k == "--split-gemv-ring") {
-        // The decode projections' split_gemv: -1 v4 chosen per weight (default), 8/16/32 v4's ring
+        // The decode projections' split_gemv ring: -1 chosen per weight (default), 8/16/32 blocks
         // (one warp per CTA), 0 v3 (register prefetch) -- the same bits, to compare in one process.
+        // (EPMOE_SPLIT_GEMV=v4 chooses the version; set before the weights are packed.)
         cuda::SplitGemvConfig c = cuda::split_gemv_config();
         c.ring = std::stoi(v);
         c.warps = c.ring > 0 ? 1 : c.warps;
+        if (c.ring == 0) c.version = 3;
         cuda::set_split_gemv_config(c);
       } else {
         throw std::runtime_error("unknown flag " + k +

@@ -31,10 +31,11 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_EARLY_TILES", "1 | 0",
        "0: decode attention requests no K/V tiles of earlier positions before its PDL wait (the same values; for "
        "measuring)"},
-      {"EPMOE_SPLIT_GEMV", "1 | 0 | v3",
+      {"EPMOE_SPLIT_GEMV", "1 | 0 | v4 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
-       "fragment copy of their weights; v3 runs split_gemv's register-prefetch version instead of the "
-       "shared-memory ring (same bits)"},
+       "fragment copy of their weights; v4 runs split_gemv's earlier version (x as the MMA's A operand, 8 columns "
+       "per warp), v3 that one with the weights prefetched into registers instead of the shared-memory ring (same "
+       "bits)"},
       // Launchers
       {"EPMOE_WORLD_SIZE", "unset | N", "ranks of a GPU run started by scripts/gpu-launch.sh (unset: mpirun's, or 1)"},
       {"EPMOE_RANK", "0 | r", "this process's rank under scripts/gpu-launch.sh"},

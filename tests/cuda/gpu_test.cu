@@ -1516,7 +1516,11 @@ TEST(GpuGemm, SplitLinear) {
 // accumulate (the residual add) and SwiGLU, every depth and warps-per-CTA choice.
 TEST(GpuGemm, SplitGemvKeepsTheBits) {
   REQUIRE_GPU();
-  const SplitGemvConfig saved = split_gemv_config();
+  // (The configuration back however the test ends: a later test must not run a leftover choice.)
+  struct Restore {
+    SplitGemvConfig saved = split_gemv_config();
+    ~Restore() { set_split_gemv_config(saved); }
+  } restore;
   int cases = 0, same = 0;
   for (int T : {1, 3, 8, 9, 16})
     for (int N : {8, 42, 530})
@@ -1529,7 +1533,7 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
           for (auto& v : fw) v = round_bf16(v);
           SplitWeight sw;
           sw.init(fw, N, K);
-          sw.pack_fragments(stream());
+          sw.pack_fragments(stream(), true);
           DeviceArray<float> dx, db, ref, got;
           DeviceArray<bf16> xs;
           dx.upload(fx), db.upload(fb);
@@ -1556,12 +1560,13 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
           g.path = GemmPath::Tiled;
           gemm<bf16, float>(g, ep, stream());
           const auto r = ref.download(size_t(T) * NC);
-          // v3 (registers: ring 0) at each depth, v4 (the shared-memory ring) chosen per weight and
-          // at each ring size x warps.
-          for (auto [depth, warps, ring] : {std::tuple{4, 1, 0}, std::tuple{8, 2, 0}, std::tuple{16, 4, 0},
-                                             std::tuple{8, 4, -1}, std::tuple{8, 1, 8}, std::tuple{8, 2, 16},
-                                             std::tuple{8, 4, 32}}) {
-            set_split_gemv_config({true, depth, warps, ring});
+          // v3 (registers) at each depth; v4 (x as the A operand, the shared-memory ring) and v5 (W
+          // as the A operand, 16 columns per warp) chosen per weight and at each ring size x warps.
+          for (auto [version, depth, warps, ring] :
+               {std::tuple{3, 4, 1, 0}, std::tuple{3, 8, 2, 0}, std::tuple{3, 16, 4, 0}, std::tuple{4, 8, 4, -1},
+                std::tuple{4, 8, 1, 8}, std::tuple{4, 8, 2, 16}, std::tuple{4, 8, 4, 32}, std::tuple{5, 8, 4, -1},
+                std::tuple{5, 8, 1, 8}, std::tuple{5, 8, 2, 16}, std::tuple{5, 8, 4, 16}, std::tuple{5, 8, 1, 32}}) {
+            set_split_gemv_config({true, depth, warps, ring, version});
             if (acc) got.upload(y0);
             else EPMOE_CUDA_CHECK(cudaMemset(got.data(), 0xff, sizeof(float) * size_t(T) * NC));
             if (!split_gemv_fits(sw, T)) check(false, "split_gemv fits a periodic weight at " + std::to_string(T) + " rows");
@@ -1574,12 +1579,13 @@ TEST(GpuGemm, SplitGemvKeepsTheBits) {
             if (!ok)
               check(false, "split_gemv == split_rows + tile gemm (bits): T " + std::to_string(T) + " N " +
                                std::to_string(N) + " K " + std::to_string(K) + " variant " + std::to_string(variant) +
-                               " depth " + std::to_string(depth) + " warps " + std::to_string(warps) +
+                               " v" + std::to_string(version) + " depth " + std::to_string(depth) +
+                               " warps " + std::to_string(warps) +
                                " ring " + std::to_string(ring) +
                                (finite ? "" : " (an output left unwritten)"));
           }
         }
-  set_split_gemv_config(saved);
+  set_split_gemv_config(restore.saved);
   check(same == cases && cases > 0, "split_gemv == split_rows + mma.sync tile gemm, bit for bit: " +
                                         std::to_string(same) + "/" + std::to_string(cases) + " cases");
   // Not taken where it would not give those bits: more rows, a weight that is not periodic or not

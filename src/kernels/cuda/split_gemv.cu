@@ -63,6 +63,23 @@ __global__ void pack_fragments_kernel(const bf16* w, int N, int K, uint32_t* fra
   }
 }
 
+// v5's layout, W as the MMA's A operand: frag16[g][j][s][lane][4] = lane's A words of k16 step s
+// of block j for W's rows 16g.. (the output columns; zero past N): word 0 row r, k 16 s + 2t;
+// word 1 row r + 8, the same k; words 2 and 3 the same rows at k + 8 (r = lane / 4, t = lane % 4,
+// k within the block). A warp's 16-byte load of a step reads 512 contiguous bytes.
+__global__ void pack_fragments16_kernel(const bf16* w, int N, int K, uint32_t* frag) {
+  const int nblk = K / 64;
+  const int64_t n = int64_t((N + 15) / 16) * nblk * 4 * 32 * 4;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int word = int(i & 3), lane = int((i >> 2) & 31), s = int((i >> 7) & 3);
+    const int64_t gj = i >> 9;
+    const int j = int(gj % nblk), g = int(gj / nblk);
+    const int row = 16 * g + (lane >> 2) + 8 * (word & 1);
+    const int k = 64 * j + 16 * s + 8 * (word >> 1) + 2 * (lane & 3);
+    frag[i] = row < N ? pack_bf16(w[int64_t(row) * K + k], w[int64_t(row) * K + k + 1]) : 0u;
+  }
+}
+
 // x [T, K] fp32 -> xf[half][j][lane][16]: for rows r = lane / 4 (half 0) and r + 8 (half 1), the
 // A words a0 / a2 (a1 / a3 for half 1) of the four k16 steps of block j, xh's then xl's:
 // word 2 s + h of xh is pack(split_hi(x[r][16 s + 8 h + 2t .. +1])), word 8 + 2 s + h of xl.
@@ -250,11 +267,135 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmA
   if (ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
 }
 
-// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3: the register-prefetch version)
+// v5's MMAs of one 64-wide block: xh's four k16 steps, then xl's, each with lane's A words
+// wa[s] of the step (16 columns) and, as B, the words 2 s, 2 s + 1 of the half's 16 (uint4 q = 2 part
+// + s / 2); a second chain for rows 8..15 (ROWS16) shares the A words.
+template <bool ROWS16>
+__device__ __forceinline__ void wide_mma_block(float (&acc)[4], float (&acc8)[4], const uint4 (&wa)[4],
+                                               const uint4 (&xa)[4], const uint4 (&xb)[4]) {
+#pragma unroll
+  for (int part = 0; part < 2; part++)
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const uint32_t a[4] = {wa[s].x, wa[s].y, wa[s].z, wa[s].w};
+      const uint4 q = xa[2 * part + (s >> 1)];
+      mma_bf16(acc, a, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
+      if constexpr (ROWS16) {
+        const uint4 q8 = xb[2 * part + (s >> 1)];
+        mma_bf16(acc8, a, (s & 1) ? q8.z : q8.x, (s & 1) ? q8.w : q8.y);
+      }
+    }
+}
+
+// v5's stores. c[2h], c[2h + 1]: column 16 g + 8 h + r of rows row0 + 2t, + 1 (r = lane / 4,
+// t = lane % 4). The even lane of a pair of columns stores row 2t (its value and its odd
+// neighbour's, by one shuffle with lane ^ 4), the odd lane row 2t + 1: store_pair's adjacent
+// columns of one row (SwiGLU's (gate, up) pairs).
+template <bool SWIGLU>
+__device__ __forceinline__ void wide_store(const GemmArgs& p, const float (&c)[4], int g, int row0, int T, int lane) {
+  const int r = lane >> 2, t = lane & 3;
+  const bool odd = r & 1;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const float other = __shfl_xor_sync(0xffffffffu, odd ? c[2 * h] : c[2 * h + 1], 4);
+    const int col = 16 * g + 8 * h + (r & ~1), row = row0 + 2 * t + (odd ? 1 : 0);
+    if (row < T) {
+      if (odd) store_pair<float, SWIGLU>(p, row, col, other, c[2 * h + 1]);
+      else store_pair<float, SWIGLU>(p, row, col, c[2 * h], other);
+    }
+  }
+}
+
+// v5 (the default since run 24): the same products with the roles swapped -- W's rows are the
+// MMA's A operand (m16: 16 output columns per warp), x's rows its B operand (n8: 8 rows of x per
+// MMA). Why: with x as A (v4), a lane's A registers {row r, row r + 8} x {k, k + 8} are assembled
+// from x's loads by moves, half of them zeros at T <= 8, and 15 of the 16 A rows are zeros at one
+// sequence. As B, x's words are the aligned pairs its fragments already hold (the x_fragments.cuh
+// layout is the B layout of x^T), W's A words are one 16-byte shared load per k16 step (frag16),
+// each MMA does 16 columns' work, and a lane whose rows of x are past T loads no x at all.
+//
+// The other half of the gain (Nsight Compute, run 24): x's fragments for block j + XA are loaded
+// into the registers block j's MMAs read, *after* those MMAs. Loaded before them (v4's order), the
+// compiler loads into other registers and moves them at the loop's end, and each move waits for
+// its load: ~40% of the first v5's stall samples sat on those moves, and its 129 instructions per
+// block (47 of them moves) took 6.3 cycles each. (v4 keeps its order: moved after the MMAs it ran
+// slower, 32 against 25.7 us on the o projection.) A bulk-copy variant of the ring (one 2 KB copy
+// per block by lane 0, an mbarrier per slot) was measured too and dropped: 20.8 against 19.2 us.
+//
+// The bits: output (row i of x, column c) is still, per 64-wide block in ascending order, the four
+// k16 MMAs with xh then the four with xl, accumulated from zero -- D^T = B^T A^T computes each
+// element from the same 16 products and the same accumulator, so transposing the MMA's operands
+// leaves every element's bits (GpuGemm.SplitGemvKeepsTheBits checks it against the tile kernel;
+// gpu-same-bits.sh v5 against v4: 24/24).
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmArgs p, const uint32_t* xf, int T) {
+  extern __shared__ uint4 ring_smem[];
+  constexpr int XA = ROWS16 ? 2 : 4;  // blocks of x's fragments ahead in registers
+  pdl_trigger();                      // (the next kernel may request its weights meanwhile)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = int(blockIdx.x) * WARPS + warp;
+  if (16 * g >= p.N) {
+    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
+    return;
+  }
+  const int nblk = p.K / 64;
+  const uint4* wp = static_cast<const uint4*>(p.B) + int64_t(g) * nblk * 128 + lane;  // block j: + 128 j, step s: + 32 s
+  uint4* ring = ring_smem + int64_t(warp) * RING * 128 + lane;                         // slot: + 128 slot
+  // The weights depend on no earlier kernel: the ring is filled before the wait; one commit group
+  // per block (empty past the last), so waiting for all but RING - 1 groups means block j is in.
+#pragma unroll 1
+  for (int b = 0; b < RING; b++) {
+    if (b < nblk)
+#pragma unroll
+      for (int s = 0; s < 4; s++) ring_copy(ring + 128 * b + 32 * s, wp + 128 * b + 32 * s);
+    ring_commit();
+  }
+  pdl_wait();
+  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j (rows 0..7)
+  const uint4* xhi = xlo + int64_t(nblk) * 128;                      // rows 8..15
+  // Lane (r, t)'s B words are row r's (and r + 8's): a lane whose rows are past T loads nothing
+  // (its zeros reach only outputs of rows that are not stored), so one row reads 1/8 of x.
+  const int r = lane >> 2;
+  const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc8[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 xr[XA][4], xr8[XA][4];
+  auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
+    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
+  };
+#pragma unroll
+  for (int a = 0; a < XA; a++) load_x(a, xr[a], xr8[a]);
+  for (int j0 = 0; j0 < nblk; j0 += XA) {
+#pragma unroll
+    for (int d = 0; d < XA; d++) {
+      const int j = j0 + d;
+      if (j >= nblk) break;
+      const int slot = j % RING;
+      ring_wait<RING - 1>();
+      uint4 wa[4];
+#pragma unroll
+      for (int s = 0; s < 4; s++) wa[s] = ring[128 * slot + 32 * s];
+      wide_mma_block<ROWS16>(acc, acc8, wa, xr[d], xr8[d]);
+      // x of block j + XA into the registers the MMAs just read, after them: loaded into others
+      // and moved, the move would wait for the load (run 24's first v5 spent ~40% of its stalls so).
+      load_x(j + XA, xr[d], xr8[d]);
+      // The slot again, for block j + RING (a lane overwrites only what it read itself).
+      if (j + RING < nblk)
+#pragma unroll
+        for (int s = 0; s < 4; s++) ring_copy(ring + 128 * slot + 32 * s, wp + 128 * (j + RING) + 32 * s);
+      ring_commit();
+    }
+  }
+  ring_wait<0>();  // (nothing of this warp's left in flight at exit)
+  wide_store<SWIGLU>(p, acc, g, 0, T, lane);
+  if constexpr (ROWS16) wide_store<SWIGLU>(p, acc8, g, 8, T, lane);
+}
+
+// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4: the earlier versions)
 SplitGemvConfig g_config = [] {
   SplitGemvConfig c;
   const char* v = env_get("EPMOE_SPLIT_GEMV");
-  if (v && std::string(v) == "v3") c.ring = 0;
+  if (v && std::string(v) == "v3") c.version = 3;
+  if (v && std::string(v) == "v4") c.version = 4;
   return c;
 }();
 
@@ -321,6 +462,44 @@ void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t
   }
 }
 
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+void launch_wide_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  auto kernel = split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>;
+  constexpr size_t smem = size_t(WARPS) * RING * 2048;
+  static const bool raised = [&] {  // (as launch_ring_warps)
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)raised;
+  const dim3 grid(unsigned(ceil_div(g.N, 16 * WARPS)));
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template <bool SWIGLU, bool ROWS16, int RING>
+void launch_wide_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
+  switch (warps) {
+    case 2: return launch_wide_warps<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
+    case 4: return launch_wide_warps<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
+    default: return launch_wide_warps<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
+  }
+}
+
+// v5's shape: one warp per CTA and a ring of 8 blocks (16 KB: 16 columns x 512 k of weights), 16
+// for K >= 4096, unless set_split_gemv_config chose (run 24, H200, gpu_gemm_bench at 1 and 8 rows:
+// q/k/v 11.9 / 12.9 us with 8 against 12.5 / 13.5 with 16; o 19.2 / 20.0 with either, 19.7 / 20.5
+// with 32).
+template <bool SWIGLU, bool ROWS16>
+void launch_rows_wide(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  const int ring = g_config.ring > 0 ? g_config.ring : (g.K >= 4096 ? 16 : 8);
+  const int warps = g_config.ring > 0 ? g_config.warps : 1;
+  switch (ring) {
+    case 8: return launch_wide_ring<SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
+    case 32: return launch_wide_ring<SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
+    default: return launch_wide_ring<SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
+  }
+}
+
 bool enabled_by_env() {
   static const bool on = [] {
     return !env_off("EPMOE_SPLIT_GEMV");
@@ -332,20 +511,33 @@ int blocks_for(int64_t n) { return int(std::max<int64_t>(1, std::min<int64_t>((n
 
 }  // namespace
 
-void SplitWeight::pack_fragments(cudaStream_t s) {
+void SplitWeight::pack_fragments(cudaStream_t s, bool every_layout) {
   EPMOE_ASSERT(periodic && K % 64 == 0, "pack_fragments: needs a periodic split weight (bf16 values, K % 64 == 0)");
-  const int64_t n = int64_t((N + 7) / 8) * (K / 64) * 32 * 8;
-  frag.reserve(size_t(n));
   xfrag.reserve(size_t(2) * size_t(K / 64) * 32 * 16);
-  pack_fragments_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, frag.data());
-  EPMOE_CUDA_LAUNCHED();
+  if (every_layout || g_config.version < 5) {
+    const int64_t n = int64_t((N + 7) / 8) * (K / 64) * 32 * 8;
+    frag.reserve(size_t(n));
+    pack_fragments_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, frag.data());
+    EPMOE_CUDA_LAUNCHED();
+  }
+  if (every_layout || g_config.version >= 5) {
+    const int64_t n = int64_t((N + 15) / 16) * (K / 64) * 4 * 32 * 4;
+    frag16.reserve(size_t(n));
+    pack_fragments16_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, frag16.data());
+    EPMOE_CUDA_LAUNCHED();
+  }
 }
 
 void set_split_gemv_config(SplitGemvConfig c) {
-  EPMOE_ASSERT((c.depth == 4 || c.depth == 8 || c.depth == 16) && (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
-                   (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32),
-               "split_gemv: depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32, got " + std::to_string(c.depth) + "/" +
-                   std::to_string(c.warps) + "/" + std::to_string(c.ring));
+  // (v5: 2 KB a ring block per warp, so warps x ring <= 64 keeps a CTA within 227 KB.)
+  EPMOE_ASSERT((c.version >= 3 && c.version <= 5) && (c.depth == 4 || c.depth == 8 || c.depth == 16) &&
+                   (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
+                   (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32) &&
+                   (c.version == 3 || c.ring != 0) && (c.version < 5 || c.warps * c.ring <= 64),
+               "split_gemv: version 3/4/5, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
+               "ring <= 64 for v5), got v" +
+                   std::to_string(c.version) + " " + std::to_string(c.depth) + "/" + std::to_string(c.warps) + "/" +
+                   std::to_string(c.ring));
   g_config = c;
 }
 
@@ -354,7 +546,8 @@ SplitGemvConfig split_gemv_config() { return g_config; }
 bool split_gemv_enabled() { return enabled_by_env(); }
 
 bool split_gemv_fits(const SplitWeight& W, int64_t T) {
-  return g_config.enabled && enabled_by_env() && W.periodic && W.frag.data() && T >= 1 && T <= kSplitGemvMaxRows;
+  const bool packed = g_config.version >= 5 ? W.frag16.data() != nullptr : W.frag.data() != nullptr;
+  return g_config.enabled && enabled_by_env() && W.periodic && packed && T >= 1 && T <= kSplitGemvMaxRows;
 }
 
 XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T) {
@@ -364,7 +557,9 @@ XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T) {
 
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
                 Epilogue ep, cudaStream_t s, bool accumulate, bool x_split_given) {
-  EPMOE_ASSERT(W.periodic && W.frag.data(), "split_gemv: needs a periodic split weight with its fragments packed");
+  EPMOE_ASSERT(W.periodic && (g_config.version >= 5 ? W.frag16.data() : W.frag.data()),
+               "split_gemv: needs a periodic split weight with its fragments packed for v" +
+                   std::to_string(g_config.version) + " (pack_fragments under the same configuration)");
   EPMOE_ASSERT(T >= 1 && T <= kSplitGemvMaxRows, "split_gemv: " + std::to_string(T) + " rows (1.." +
                                                      std::to_string(kSplitGemvMaxRows) + ")");
   EPMOE_ASSERT(!accumulate || ep == Epilogue::Store, "split_gemv: accumulate needs the Store epilogue");
@@ -378,7 +573,7 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
     EPMOE_CUDA_LAUNCHED();
   }
   GemmArgs g;
-  g.B = W.frag.data();
+  g.B = g_config.version >= 5 ? static_cast<const void*>(W.frag16.data()) : static_cast<const void*>(W.frag.data());
   g.N = W.N;
   g.K = W.K;
   g.M = int(T);
@@ -388,7 +583,14 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   g.accumulate = accumulate;
   const uint32_t* xf = W.xfrag.data();
   const bool swiglu = ep == Epilogue::SwiGLU;
-  if (g_config.ring != 0) {
+  if (g_config.version >= 5) {
+    if (swiglu && rows16) launch_rows_wide<true, true>(g, xf, int(T), s);
+    else if (swiglu) launch_rows_wide<true, false>(g, xf, int(T), s);
+    else if (rows16) launch_rows_wide<false, true>(g, xf, int(T), s);
+    else launch_rows_wide<false, false>(g, xf, int(T), s);
+    return;
+  }
+  if (g_config.version == 4) {
     if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s);
     else if (swiglu) launch_rows_ring<true, false>(g, xf, int(T), s);
     else if (rows16) launch_rows_ring<false, true>(g, xf, int(T), s);

@@ -41,8 +41,11 @@ struct SplitWeight {
   // A second copy of a periodic weight for decode steps (split_gemv): w's values in the order the
   // MMA fragments read them (per 8 rows and 64-wide k-block, 32 B per lane), and room for x's
   // split in the same order. ~the weight's bytes again; asynchronous on s.
-  void pack_fragments(cudaStream_t s);
-  DeviceArray<uint32_t> frag;   // [ceil(N / 8)][K / 64][2][32 lanes][4 words]
+  // The layout the configured version reads (split_gemv_config), or every_layout (tests and
+  // benchmarks that compare versions on one weight).
+  void pack_fragments(cudaStream_t s, bool every_layout = false);
+  DeviceArray<uint32_t> frag;    // v3 / v4: [ceil(N / 8)][K / 64][2][32 lanes][4 words] (W as the B operand)
+  DeviceArray<uint32_t> frag16;  // v5: [ceil(N / 16)][K / 64][4 k16 steps][32 lanes][4 words] (W as the A operand)
   mutable DeviceArray<uint32_t> xfrag;  // [2 row halves][K / 64][32 lanes][16 words]: x split (split_gemv)
 
  private:
@@ -67,18 +70,22 @@ void split_linear_grouped(const SplitWeight& W, int G, const float* x, int64_t l
                           float* y, int64_t ldc, const int32_t* c_rows, cudaStream_t s);
 
 // A decode step's few rows (T <= kSplitGemvMaxRows) through a periodic weight with fragments
-// packed (pack_fragments): split_linear's bits from two small kernels (split_gemv.cu: x split into
-// fragment order, then one warp per 8 output columns streaming packed weight blocks into
-// registers). split_linear takes it whenever split_gemv_fits; EPMOE_SPLIT_GEMV=0 turns it off
-// (for measuring the tile kernel in the model).
+// packed (pack_fragments): split_linear's bits from one small kernel (split_gemv.cu: one warp per
+// 16 output columns streams their packed weight blocks through shared memory; x comes split into
+// fragment order by its producer or a small kernel). split_linear takes it whenever
+// split_gemv_fits; EPMOE_SPLIT_GEMV=0 turns it off (for measuring the tile kernel in the model).
 constexpr int kSplitGemvMaxRows = 16;
 struct SplitGemvConfig {
   bool enabled = true;
-  int depth = 8;  // v3 (ring 0): 64-wide weight blocks each warp keeps in flight in registers: 4, 8 or 16
-  int warps = 4;  // warps (of 8 columns each) per CTA: 1, 2 or 4 (v4: with ring > 0 only)
-  // v4's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight (32, or 16
-  // for K < 2048, one warp per CTA), 8 / 16 / 32 (with `warps`); 0 runs v3 (registers, `depth`).
+  int depth = 8;  // v3: 64-wide weight blocks each warp keeps in flight in registers: 4, 8 or 16
+  int warps = 4;  // warps per CTA: 1, 2 or 4 (v4 / v5: with ring > 0 only)
+  // v4's / v5's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight (v4:
+  // 32, or 16 for K < 2048; v5: 8, or 16 for K >= 4096; one warp per CTA), 8 / 16 / 32 (with `warps`).
   int ring = -1;
+  // 5 (default): W as the MMA's A operand, 16 columns per warp, through the ring; 4: x as A, 8
+  // columns per warp, through the ring; 3: as 4 with the weights prefetched into registers.
+  // EPMOE_SPLIT_GEMV=v3 / v4 chooses at start-up (pack_fragments packs the chosen layout).
+  int version = 5;
 };
 void set_split_gemv_config(SplitGemvConfig c);  // benchmarks and tests: every choice has the same bits
 SplitGemvConfig split_gemv_config();
