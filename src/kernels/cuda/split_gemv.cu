@@ -318,9 +318,10 @@ __device__ __forceinline__ void wide_store(const GemmArgs& p, const float (&c)[4
 // into the registers block j's MMAs read, *after* those MMAs. Loaded before them (v4's order), the
 // compiler loads into other registers and moves them at the loop's end, and each move waits for
 // its load: ~40% of the first v5's stall samples sat on those moves, and its 129 instructions per
-// block (47 of them moves) took 6.3 cycles each. (v4 keeps its order: moved after the MMAs it ran
-// slower, 32 against 25.7 us on the o projection.) A bulk-copy variant of the ring (one 2 KB copy
-// per block by lane 0, an mbarrier per slot) was measured too and dropped: 20.8 against 19.2 us.
+// block (47 of them moves) took 6.3 cycles each. (v4 keeps its order: with its loads moved the same
+// way, its o projection took 32.1 us on the H200 of that call, v5's 19.2.) A bulk-copy variant of
+// the ring (one 2 KB copy per block by lane 0, an mbarrier per slot) was measured in the same call
+// and dropped: 20.8 us.
 //
 // The bits: output (row i of x, column c) is still, per 64-wide block in ascending order, the four
 // k16 MMAs with xh then the four with xl, accumulated from zero -- D^T = B^T A^T computes each
@@ -424,80 +425,57 @@ void launch_rows(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
   }
 }
 
-template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+// v4 (x as the A operand: 8 columns and 1 KB of a ring block per warp) and v5 (WIDE, W as the A
+// operand: 16 columns, 2 KB) launch alike: a ring of RING blocks for each of WARPS warps in dynamic
+// shared memory.
+template <bool WIDE, bool SWIGLU, bool ROWS16, int RING, int WARPS>
 void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  auto kernel = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
-  constexpr size_t smem = size_t(WARPS) * RING * 1024;
+  constexpr int kCols = WIDE ? 16 : 8;  // output columns per warp
+  auto kernel = WIDE ? split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>
+                     : split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
+  constexpr size_t smem = size_t(WARPS) * RING * kCols * 128;
   // (Raised once, at the first call: an eager step, before any graph captures this kernel.)
   static const bool raised = [&] {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)raised;
-  const dim3 grid(unsigned(ceil_div(g.N, 8 * WARPS)));
+  const dim3 grid(unsigned(ceil_div(g.N, kCols * WARPS)));
   launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
   EPMOE_CUDA_LAUNCHED();
 }
 
-template <bool SWIGLU, bool ROWS16, int RING>
+template <bool WIDE, bool SWIGLU, bool ROWS16, int RING>
 void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
   switch (warps) {
-    case 1: return launch_ring_warps<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
-    case 2: return launch_ring_warps<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
-    default: return launch_ring_warps<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
+    case 1: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
+    case 2: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
+    default: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
   }
 }
 
-// v4's shape for a weight: a ring of 32 blocks (16 for K < 2048) and one warp per CTA, unless
-// set_split_gemv_config chose: 32 KB per CTA lets six CTAs share an SM, so every warp of the q/k/v
-// (640) and o (256) projections is resident at once with its ring in flight.
-template <bool SWIGLU, bool ROWS16>
-void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int ring = g_config.ring > 0 ? g_config.ring : (g.K >= 2048 ? 32 : 16);
+// The shape for a weight, one warp per CTA unless set_split_gemv_config chose the ring and warps.
+// v4: a ring of 32 blocks (16 for K < 2048): 32 KB per CTA lets six CTAs share an SM, so every warp
+// of the q/k/v (640) and o (256) projections is resident at once with its ring in flight. v5: 8
+// blocks (16 KB: 16 columns x 512 k), 16 for K >= 4096 (run 24, H200, gpu_gemm_bench at 1 and 8
+// rows: q/k/v 11.9 / 12.9 us with 8 against 12.5 / 13.5 with 16; o 19.2 / 20.0 with either, 19.7 /
+// 20.5 with 32).
+template <bool WIDE, bool SWIGLU, bool ROWS16>
+void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  const int ring = g_config.ring > 0 ? g_config.ring : WIDE ? (g.K >= 4096 ? 16 : 8) : (g.K >= 2048 ? 32 : 16);
   const int warps = g_config.ring > 0 ? g_config.warps : 1;
   switch (ring) {
-    case 8: return launch_ring<SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
-    case 16: return launch_ring<SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
-    default: return launch_ring<SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
+    case 8: return launch_ring<WIDE, SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
+    case 16: return launch_ring<WIDE, SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
+    default: return launch_ring<WIDE, SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
   }
 }
 
-template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
-void launch_wide_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  auto kernel = split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>;
-  constexpr size_t smem = size_t(WARPS) * RING * 2048;
-  static const bool raised = [&] {  // (as launch_ring_warps)
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)raised;
-  const dim3 grid(unsigned(ceil_div(g.N, 16 * WARPS)));
-  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
-  EPMOE_CUDA_LAUNCHED();
-}
-
-template <bool SWIGLU, bool ROWS16, int RING>
-void launch_wide_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
-  switch (warps) {
-    case 2: return launch_wide_warps<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
-    case 4: return launch_wide_warps<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
-    default: return launch_wide_warps<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
-  }
-}
-
-// v5's shape: one warp per CTA and a ring of 8 blocks (16 KB: 16 columns x 512 k of weights), 16
-// for K >= 4096, unless set_split_gemv_config chose (run 24, H200, gpu_gemm_bench at 1 and 8 rows:
-// q/k/v 11.9 / 12.9 us with 8 against 12.5 / 13.5 with 16; o 19.2 / 20.0 with either, 19.7 / 20.5
-// with 32).
+// v4 or v5 (wide) through the ring.
 template <bool SWIGLU, bool ROWS16>
-void launch_rows_wide(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int ring = g_config.ring > 0 ? g_config.ring : (g.K >= 4096 ? 16 : 8);
-  const int warps = g_config.ring > 0 ? g_config.warps : 1;
-  switch (ring) {
-    case 8: return launch_wide_ring<SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
-    case 32: return launch_wide_ring<SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
-    default: return launch_wide_ring<SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
-  }
+void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, bool wide) {
+  if (wide) return launch_shape<true, SWIGLU, ROWS16>(g, xf, T, s);
+  launch_shape<false, SWIGLU, ROWS16>(g, xf, T, s);
 }
 
 bool enabled_by_env() {
@@ -583,18 +561,12 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   g.accumulate = accumulate;
   const uint32_t* xf = W.xfrag.data();
   const bool swiglu = ep == Epilogue::SwiGLU;
-  if (g_config.version >= 5) {
-    if (swiglu && rows16) launch_rows_wide<true, true>(g, xf, int(T), s);
-    else if (swiglu) launch_rows_wide<true, false>(g, xf, int(T), s);
-    else if (rows16) launch_rows_wide<false, true>(g, xf, int(T), s);
-    else launch_rows_wide<false, false>(g, xf, int(T), s);
-    return;
-  }
-  if (g_config.version == 4) {
-    if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s);
-    else if (swiglu) launch_rows_ring<true, false>(g, xf, int(T), s);
-    else if (rows16) launch_rows_ring<false, true>(g, xf, int(T), s);
-    else launch_rows_ring<false, false>(g, xf, int(T), s);
+  if (g_config.version >= 4) {
+    const bool wide = g_config.version >= 5;
+    if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s, wide);
+    else if (swiglu) launch_rows_ring<true, false>(g, xf, int(T), s, wide);
+    else if (rows16) launch_rows_ring<false, true>(g, xf, int(T), s, wide);
+    else launch_rows_ring<false, false>(g, xf, int(T), s, wide);
     return;
   }
   if (swiglu && rows16) launch_rows<true, true>(g, xf, int(T), s);
