@@ -184,11 +184,14 @@ void test_grouped_gemm(int K, int N, bool swiglu) {
   std::vector<std::vector<bf16>> outs_h;  // the same products stored as bf16
   // The tile shapes of the bf16 path: mma.sync 16x64 (hint 8), wgmma 64x128 (48), 128x128 (64,
   // K <= 1024) and 128x256 (64 at K = 2048, 200, 1000); each hint once looping over m-tiles and
-  // once from a tile list as plan() lays it out (more work items than tiles). Groups of 1..300
-  // rows: partial tiles, tiles with one warpgroup's rows all past the end, several tiles per group.
+  // once from a tile list as plan() lays it out (more work items than tiles), and the mma.sync
+  // tile list once more on 32-column tiles (GemmPath::TiledNarrow, EPMOE_EXPERT_TILE=32). Groups of
+  // 1..300 rows: partial tiles, tiles with one warpgroup's rows all past the end, several tiles per group.
   for (int hint : {8, 48, 64, 200, 1000})
-    for (bool tiled : {false, true}) {
+    for (int mode = 0; mode < 3; mode++) {
+      const bool tiled = mode >= 1, narrow = mode == 2;
       if (tiled && !bf) continue;  // (the fp32 path has no tile lists)
+      if (narrow && gemm_tile_m(hint) != 16) continue;
       std::vector<int32_t> tiles;
       const int tm = gemm_tile_m(hint);
       for (int g = 0; g < G; g++)
@@ -215,6 +218,7 @@ void test_grouped_gemm(int K, int N, bool swiglu) {
       a.c_rows = dcr.data();
       a.bias = swiglu ? nullptr : db.data();
       if (tiled) a.tiles = dtiles.data(), a.num_tiles = dnt.data(), a.max_tiles = nt + 3;
+      if (narrow) a.path = GemmPath::TiledNarrow;
       gemm<TA, float>(a, swiglu ? Epilogue::SwiGLU : Epilogue::Store, stream());
       a.C = dch.data();
       gemm<TA, bf16>(a, swiglu ? Epilogue::SwiGLU : Epilogue::Store, stream());
@@ -2265,6 +2269,142 @@ TEST(GpuAttention, DecodeKernelKeepsTheBits) {
   }
   check(same == cases, "decode attention == reference kernel, bit for bit: " + std::to_string(same) + "/" +
                            std::to_string(cases) + " cases");
+}
+
+// The decode kernel doing the q/k norm, RoPE and KV-cache write of its own token
+// (AttnArgs::rope) gives what the rope kernel followed by the decode kernel gives: the same output
+// bits and the same pools, bit for bit -- the token's own rows included, which start as NaN
+// garbage in the fused run (so they are never read from the pool), and q_out is left unwritten
+// (so the rope kernel did not run). Groups 1, 4, 8; head dims 64 and 128; whole and half rotary
+// dims; with and without q/k norms; YaRN's attention factor; one and five sequences; contexts
+// within a tile, at its edge and across tiles; fp32 and bf16 caches and outputs.
+template <class TA>
+static bool rope_decode_case(int G, int D, int rot, bool norms, float af, const std::vector<int>& lens, bool kv_bf16,
+                             std::string* what) {
+  const int Hkv = 2, Hq = G * Hkv, Bt = 16, layers = 2, layer = 1, heads = Hq + 2 * Hkv;
+  const int64_t kvd = int64_t(Hkv) * D;
+  std::vector<TokenSlot> slots;
+  std::vector<int32_t> tables;
+  int max_ctx = 1, nblocks = 0;
+  for (int len : lens) nblocks += (len + Bt - 1) / Bt;
+  std::vector<int32_t> perm(size_t(nblocks) + 3);
+  for (size_t i = 0; i < perm.size(); i++) perm[i] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  for (int len : lens) {
+    const int table = int(tables.size());
+    for (int b = 0; b < (len + Bt - 1) / Bt; b++) tables.push_back(perm[next++]);
+    slots.push_back({len - 1, table});
+    max_ctx = std::max(max_ctx, len);
+  }
+  const int64_t T = int64_t(slots.size()), blocks = int64_t(perm.size());
+  const size_t pool = size_t(layers) * size_t(blocks) * Bt * size_t(kvd), vb = kv_bf16 ? 2 : 4;
+  auto pool_bytes = [&](float scale) {
+    const auto f = randu(pool, scale);
+    std::vector<unsigned char> b(pool * vb);
+    for (size_t i = 0; i < pool; i++) {
+      if (kv_bf16) {
+        const uint16_t h = f32_to_bf16(f[i]);
+        std::memcpy(&b[i * 2], &h, 2);
+      } else {
+        std::memcpy(&b[i * 4], &f[i], 4);
+      }
+    }
+    return b;
+  };
+  const auto k0 = pool_bytes(2.f), v0 = pool_bytes(1.f);
+  // The fused run's pools: the same, with every token's own rows (both pools) NaN.
+  auto k1 = k0, v1 = v0;
+  for (const TokenSlot& sl : slots) {
+    const int64_t row = ((int64_t(layer) * blocks + tables[sl.table + sl.pos / Bt]) * Bt + sl.pos % Bt) * kvd;
+    std::memset(&k1[size_t(row) * vb], 0xff, size_t(kvd) * vb);
+    std::memset(&v1[size_t(row) * vb], 0xff, size_t(kvd) * vb);
+  }
+  DeviceArray<unsigned char> dk0, dv0, dk1, dv1;
+  dk0.upload(k0), dv0.upload(v0), dk1.upload(k1), dv1.upload(v1);
+  DeviceArray<float> qkv, qn, kn, freq, q0, q1;
+  qkv.upload(randu(size_t(T) * heads * D, 2.f));
+  auto w = randu(size_t(D), 0.5f);
+  for (auto& x : w) x += 1.0f;
+  qn.upload(w);
+  w = randu(size_t(D), 0.5f);
+  for (auto& x : w) x += 1.0f;
+  kn.upload(w);
+  std::vector<float> f(size_t(rot / 2));
+  for (int i = 0; i < rot / 2; i++) f[size_t(i)] = float(std::pow(1e6, -2.0 * i / rot));
+  freq.upload(f);
+  const size_t nq = size_t(T) * Hq * D;
+  q0.reserve(nq), q1.reserve(nq);
+  EPMOE_CUDA_CHECK(cudaMemset(q1.data(), 0xff, nq * 4));
+  DeviceArray<TokenSlot> ds;
+  ds.upload(slots);
+  DeviceArray<int32_t> dt;
+  dt.upload(tables);
+  auto args = [&](unsigned char* k, unsigned char* v, float* q_out) {
+    AttnArgs a;
+    a.slots = ds.data();
+    a.kv.k = k, a.kv.v = v, a.kv.bf16 = kv_bf16, a.kv.tables = dt.data(), a.kv.blocks = blocks;
+    a.kv.block_tokens = Bt;
+    a.layer = layer, a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.Dk = a.Dv = D, a.k_stride = a.v_stride = kvd;
+    a.o_tok = int64_t(Hq) * D, a.o_head = D;
+    a.scale = 1.0f / std::sqrt(float(D));
+    a.max_ctx = max_ctx, a.max_run = 1, a.kernel = AttnKernel::Decode;
+    RopeArgs& r = a.rope;
+    r.qkv = qkv.data(), r.T = T, r.Hq = Hq, r.Hkv = Hkv, r.D = D, r.rotary_dim = rot;
+    r.q_norm = norms ? qn.data() : nullptr, r.k_norm = norms ? kn.data() : nullptr, r.eps = 1e-6f;
+    r.inv_freq = freq.data(), r.attention_factor = af, r.slots = ds.data(), r.kv = a.kv, r.layer = layer;
+    r.q_out = q_out;
+    return a;
+  };
+  DeviceArray<TA> o0(nq), o1(nq);
+  AttnArgs a0 = args(dk0.data(), dv0.data(), q0.data());
+  a0.rope_separate = true;
+  attention<TA>(a0, o0.data(), stream());
+  attention<TA>(args(dk1.data(), dv1.data(), q1.data()), o1.data(), stream());
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  const auto r0 = o0.download(nq), r1 = o1.download(nq);
+  const auto qa = q1.download(nq);
+  bool q_untouched = true;
+  for (float x : qa) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    q_untouched &= u == 0xffffffffu;
+  }
+  const bool same_out = std::memcmp(r0.data(), r1.data(), nq * sizeof(TA)) == 0;
+  const bool same_k = dk0.download(pool * vb) == dk1.download(pool * vb);
+  const bool same_v = dv0.download(pool * vb) == dv1.download(pool * vb);
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "G %d, D %d, rotary %d, norms %d, factor %.2f, %zu sequences (first %d), %s out, %s KV:%s%s%s%s",
+                G, D, rot, int(norms), af, lens.size(), lens[0], std::is_same_v<TA, float> ? "f32" : "bf16",
+                kv_bf16 ? "bf16" : "fp32", same_out ? "" : " outputs differ", same_k ? "" : " K pools differ",
+                same_v ? "" : " V pools differ", q_untouched ? "" : " the rope kernel ran");
+  *what = buf;
+  return same_out && same_k && same_v && q_untouched;
+}
+
+TEST(GpuAttention, DecodeKernelRopesItsOwnToken) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  for (int G : {1, 4, 8})
+    for (int D : {64, 128})
+      for (int ctx : {1, 2, 64, 65, 300}) {
+        const std::vector<std::vector<int>> seqs = {{ctx}, {ctx, ctx / 3 + 1, 1, (ctx * 7) / 8 + 1, ctx / 2 + 2}};
+        for (const auto& lens : seqs)
+          for (int variant = 0; variant < 4; variant++) {
+            const bool f32 = variant & 1, kvb = variant & 2;
+            // Rotary halves, norms and the factor vary with the case instead of multiplying it.
+            const int rot = (cases % 3 == 2) ? D / 2 : D;
+            const bool norms = cases % 4 != 3;
+            const float af = cases % 5 == 4 ? 1.25f : 1.0f;
+            std::string what;
+            const bool ok = f32 ? rope_decode_case<float>(G, D, rot, norms, af, lens, kvb, &what)
+                                : rope_decode_case<bf16>(G, D, rot, norms, af, lens, kvb, &what);
+            cases++, same += ok;
+            if (!ok) check(false, "decode attention with its own rope == rope kernel + decode attention: " + what);
+          }
+      }
+  check(same == cases, "decode attention with its own rope == rope kernel + decode attention, bit for bit: " +
+                           std::to_string(same) + "/" + std::to_string(cases) + " cases");
 }
 
 // ---------------------------------------------------------------------------------------------

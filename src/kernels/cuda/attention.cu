@@ -17,6 +17,35 @@ __device__ __forceinline__ int64_t kv_row(const KvPages& kv, const int32_t* tabl
   return ((int64_t(layer) * kv.blocks + table[j / B]) * B + j % B) * kvd;
 }
 
+// One head of a token by one warp (rope_kernel's job, and the decode kernel's for its own token):
+// src's D values staged in s (the warp's D floats of shared memory), RMS-normalised by w when
+// given, then rotated (the first rotary_dim dims, halves) at position pos; put(i, value) for every
+// dim. One body for both kernels, so their q and k have the same bits.
+template <class Put>
+__device__ __forceinline__ void norm_rope_head(const RopeArgs& a, const float* src, float* s, const float* w, int pos,
+                                               int lane, Put put) {
+  const int D = a.D;
+  for (int i = lane; i < D; i += 32) s[i] = src[i];
+  __syncwarp();
+  if (w) {
+    float ss = 0.f;
+    for (int i = lane; i < D; i += 32) ss += s[i] * s[i];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / float(D) + a.eps);
+    for (int i = lane; i < D; i += 32) s[i] = w[i] * (s[i] * inv);
+    __syncwarp();
+  }
+  const int half = a.rotary_dim / 2;
+  for (int i = lane; i < half; i += 32) {
+    const float f = float(pos) * a.inv_freq[i];
+    const float cs = cosf(f) * a.attention_factor, sn = sinf(f) * a.attention_factor;  // (* 1: exact)
+    const float x0 = s[i], x1 = s[i + half];
+    put(i, x0 * cs - x1 * sn);
+    put(i + half, x1 * cs + x0 * sn);
+  }
+  for (int i = a.rotary_dim + lane; i < D; i += 32) put(i, s[i]);
+}
+
 // One warp per (token, head) over the q heads, then the k heads, then the v heads; KT the cache's
 // value type.
 template <class KT>
@@ -30,7 +59,6 @@ __global__ void rope_kernel(const RopeArgs a) {
   if (job >= a.T * heads) return;
   const int64_t t = job / heads;
   const int h = int(job % heads);
-  float* s = hsm + size_t(warp) * D;
   const float* src = a.qkv + t * int64_t(heads) * D + int64_t(h) * D;
   const TokenSlot slot = a.slots[t];
   const int64_t kvd = int64_t(a.Hkv) * D;
@@ -40,34 +68,15 @@ __global__ void rope_kernel(const RopeArgs a) {
     for (int i = lane; i < D; i += 32) dst[i] = from_f32<KT>(src[i]);
     return;
   }
-  const bool is_q = h < a.Hq;
-  const float* nw_ = is_q ? a.q_norm : a.k_norm;
-  for (int i = lane; i < D; i += 32) s[i] = src[i];
-  __syncwarp();
-  if (nw_) {
-    float ss = 0.f;
-    for (int i = lane; i < D; i += 32) ss += s[i] * s[i];
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / float(D) + a.eps);
-    for (int i = lane; i < D; i += 32) s[i] = nw_[i] * (s[i] * inv);
-    __syncwarp();
-  }
   // q to q_out in fp32; k into the cache (rounded once there when it holds bf16).
-  float* qdst = a.q_out + t * int64_t(a.Hq) * D + int64_t(h) * D;
-  KT* kdst = static_cast<KT*>(a.kv.k) + row + int64_t(h - a.Hq) * D;
-  auto put = [&](int i, float val) {
-    if (is_q) qdst[i] = val;
-    else kdst[i] = from_f32<KT>(val);
-  };
-  const int half = a.rotary_dim / 2;
-  for (int i = lane; i < half; i += 32) {
-    const float f = float(slot.pos) * a.inv_freq[i];
-    const float cs = cosf(f) * a.attention_factor, sn = sinf(f) * a.attention_factor;  // (* 1: exact)
-    const float x0 = s[i], x1 = s[i + half];
-    put(i, x0 * cs - x1 * sn);
-    put(i + half, x1 * cs + x0 * sn);
+  if (h < a.Hq) {
+    float* qdst = a.q_out + t * int64_t(a.Hq) * D + int64_t(h) * D;
+    norm_rope_head(a, src, hsm + size_t(warp) * D, a.q_norm, slot.pos, lane, [&](int i, float v) { qdst[i] = v; });
+  } else {
+    KT* kdst = static_cast<KT*>(a.kv.k) + row + int64_t(h - a.Hq) * D;
+    norm_rope_head(a, src, hsm + size_t(warp) * D, a.k_norm, slot.pos, lane,
+                   [&](int i, float v) { kdst[i] = from_f32<KT>(v); });
   }
-  for (int i = a.rotary_dim + lane; i < D; i += 32) put(i, s[i]);
 }
 
 // One block per (layer, K or V): the block's rows, src -> dst (KT: the cache's value type).
@@ -417,13 +426,22 @@ __device__ __forceinline__ void decode_stage_tile(KT* dst, const KT* base, int64
   }
 }
 
-template <class TA, class KT, int NT>
+// ROPE (a.rope given): the kernel also does rope_kernel's work for its own token -- q of its head,
+// k and v of its kv head from the projection's rows a.rope.qkv, norm_rope_head's arithmetic -- and
+// puts the token's k and v rows into its staged tiles itself, instead of reading back what the rope
+// kernel wrote (one launch fewer on a decode step's chain). The first q head of each kv head's
+// group writes the rows to the cache for the steps after; no block of this launch reads them there.
+template <class TA, class KT, int NT, bool ROPE>
 __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const AttnArgs a, TA* ctx) {
   extern __shared__ __align__(16) unsigned char dsm[];
   __shared__ float scratch[32];
   constexpr int D = NT * 32;  // Dk = Dv
   KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
   float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
+  // ROPE: the token's q (fp32) and its k and v rows (KT: as the cache holds them), and two warps'
+  // staging rows for norm_rope_head.
+  __shared__ float own_q[ROPE ? D : 1], stage[ROPE ? 2 * D : 1];
+  __shared__ KT own_k[ROPE ? D : 1], own_v[ROPE ? D : 1];
   if (blockIdx.x >= a.T * a.Hq) {  // (blocks past the T * Hq: a.o_frag's zero rows past T)
     pdl_wait();
     pdl_trigger();
@@ -431,7 +449,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   }
   // Before the wait only the step's inputs (slots, block tables: copied in before the step's first
   // kernel) and, with a.early_tiles, K/V rows of earlier positions (below): every sequence has one
-  // token here (max_run 1), whose row, at slot.pos, the kernel before (rope) writes.
+  // token here (max_run 1), whose row, at slot.pos, the kernel before (rope) writes -- or, ROPE,
+  // this kernel itself after the wait.
   const KvPages& kv = a.kv;
   const int64_t t = blockIdx.x / a.Hq;
   const int h = blockIdx.x % a.Hq, hk = h / (a.Hq / a.Hkv);
@@ -442,35 +461,64 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   const int n = slot.pos + 1, nk = (n + kAttnRows - 1) / kAttnRows, total = 2 * nk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Tile f of the flat sequence: K tile f, then V tile f - nk; one commit group each (empty past
-  // the end, so that the wait below counts groups the same way to the last tile).
+  // the end, so that the wait below counts groups the same way to the last tile). ROPE: the own
+  // row (position n - 1) is not read from the pool (zero-filled, then overwritten below).
   auto issue = [&](int f) {
     if (f < total) {
       const bool is_k = f < nk;
       decode_stage_tile(tiles + size_t(f % kDecStages) * kAttnRows * D, is_k ? kbase : vbase,
-                        is_k ? a.k_stride : a.v_stride, D, kv, table, a.layer, (is_k ? f : f - nk) * kAttnRows, n);
+                        is_k ? a.k_stride : a.v_stride, D, kv, table, a.layer, (is_k ? f : f - nk) * kAttnRows,
+                        ROPE ? n - 1 : n);
     }
     ptx::cp_async_commit();
   };
   // a.early_tiles: the first tiles while the kernels before still run, up to the first that holds
-  // the token's own row (the commit groups stay in tile order), the rest after the wait. What makes
-  // the early reads safe is an ordering, not this kernel: before its wait, a kernel is only known to
-  // run after its predecessor triggered, and the kernels of the step that trigger only after their
-  // own wait (RMSNorm; the x split where EPMOE_NORM_SPLITS=0) have every earlier kernel complete by
-  // then -- the copy-on-write block copy queued before the step included (kv_pool.h), the one
-  // kernel that writes rows of earlier positions. A kernel between the copy and the first attention
-  // that triggers before its wait at every layer would break it (run 22's early triggers, reverted,
-  // would have).
+  // the token's own row (ROPE: any, that row is not read; the commit groups stay in tile order),
+  // the rest after the wait. What makes the early reads safe is an ordering, not this kernel:
+  // before its wait, a kernel is only known to run after its predecessor triggered, and the kernels
+  // of the step that trigger only after their own wait (RMSNorm; the x split where
+  // EPMOE_NORM_SPLITS=0) have every earlier kernel complete by then -- the copy-on-write block copy
+  // queued before the step included (kv_pool.h), the one kernel that writes rows of earlier
+  // positions. (The q/k/v split_gemv between the norm and this kernel triggers early, but only
+  // after the norm triggered.) A kernel between the copy and the first attention that triggers
+  // before its wait at every layer would break it (run 22's early triggers, reverted, would have).
   auto before_own_row = [&](int f) {
     const int j0 = (f < nk ? f : f - nk) * kAttnRows;
     return slot.pos < j0 || slot.pos >= j0 + kAttnRows;
   };
   int issued = 0;
-  while (a.early_tiles && issued < kDecStages - 1 && before_own_row(issued)) issue(issued++);
+  while (a.early_tiles && issued < kDecStages - 1 && (ROPE || before_own_row(issued))) issue(issued++);
   pdl_wait();  // (launched with launch_pdl: nothing an earlier kernel of the step writes is touched before this)
   pdl_trigger();
   while (issued < kDecStages - 1) issue(issued++);
+  const int own_k_tile = (n - 1) / kAttnRows, own_row = (n - 1) % kAttnRows;
+  if constexpr (ROPE) {
+    // rope_kernel's three jobs for this block: warp 0 its q head, warp 1 the k row, warp 2 the v row.
+    const RopeArgs& r = a.rope;
+    const int heads = a.Hq + 2 * a.Hkv;
+    const float* src = r.qkv + t * int64_t(heads) * D;
+    const bool writes = h % (a.Hq / a.Hkv) == 0;  // the group's first q head writes the cache rows
+    const int64_t row = writes ? kv_row(kv, table, a.layer, slot.pos, a.k_stride) : 0;
+    if (warp == 0) {
+      norm_rope_head(r, src + int64_t(h) * D, stage, r.q_norm, slot.pos, lane, [&](int i, float v) { own_q[i] = v; });
+    } else if (warp == 1) {
+      KT* kdst = static_cast<KT*>(kv.k) + row + int64_t(hk) * D;
+      norm_rope_head(r, src + int64_t(a.Hq + hk) * D, stage + D, r.k_norm, slot.pos, lane, [&](int i, float v) {
+        own_k[i] = from_f32<KT>(v);
+        if (writes) kdst[i] = own_k[i];
+      });
+    } else if (warp == 2) {
+      const float* vs = src + int64_t(a.Hq + a.Hkv + hk) * D;
+      KT* vdst = static_cast<KT*>(kv.v) + row + int64_t(hk) * D;
+      for (int i = lane; i < D; i += 32) {
+        own_v[i] = from_f32<KT>(vs[i]);
+        if (writes) vdst[i] = own_v[i];
+      }
+    }
+    __syncthreads();
+  }
   float qr[NT];
-  const float* qh = a.q + t * a.q_tok + int64_t(h) * a.q_head;
+  const float* qh = ROPE ? own_q : a.q + t * a.q_tok + int64_t(h) * a.q_head;
 #pragma unroll
   for (int i = 0; i < NT; i++) qr[i] = qh[lane + 32 * i];
   float m = -INFINITY, inv = 0.f;
@@ -481,7 +529,12 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
     ptx::cp_async_wait<kDecStages - 2>();
     __syncthreads();  // tile f is in for every thread; tile f - 1 is done with (its stage refills)
     issue(f + kDecStages - 1);
-    const KT* tile = tiles + size_t(f % kDecStages) * kAttnRows * D;
+    KT* tile = tiles + size_t(f % kDecStages) * kAttnRows * D;
+    if (ROPE && (f == own_k_tile || f == nk + own_k_tile)) {  // the token's own row, computed above
+      const KT* own = f < nk ? own_k : own_v;
+      for (int i = threadIdx.x; i < D; i += kDecThreads) tile[own_row * D + i] = own[i];
+      __syncthreads();
+    }
     if (f < nk) {
       // Scores: warp w takes rows 16 w .. 16 w + 15 of the tile, eight at a time.
       const int j0 = f * kAttnRows;
@@ -694,9 +747,9 @@ static void raise_tiled_smem() {
   done = true;
 }
 
-template <class TA, class KT>
+template <class TA, class KT, bool ROPE = false>
 static auto decode_instance(int D) {
-  return D == 64 ? attention_decode_kernel<TA, KT, 2> : attention_decode_kernel<TA, KT, 4>;
+  return D == 64 ? attention_decode_kernel<TA, KT, 2, ROPE> : attention_decode_kernel<TA, KT, 4, ROPE>;
 }
 // attention_decode_kernel's shared memory: the staged tiles, then the scores of max_ctx positions.
 static size_t decode_smem(const AttnArgs& a) {
@@ -714,9 +767,11 @@ static void raise_decode_smem() {
   static bool done = false;
   if (done) return;
   for (int d : {64, 128}) {
-    for (auto k : {decode_instance<float, float>(d), decode_instance<float, bf16>(d)})
+    for (auto k : {decode_instance<float, float>(d), decode_instance<float, bf16>(d),
+                   decode_instance<float, float, true>(d), decode_instance<float, bf16, true>(d)})
       EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
-    for (auto k : {decode_instance<bf16, float>(d), decode_instance<bf16, bf16>(d)})
+    for (auto k : {decode_instance<bf16, float>(d), decode_instance<bf16, bf16>(d),
+                   decode_instance<bf16, float, true>(d), decode_instance<bf16, bf16, true>(d)})
       EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
   }
   done = true;
@@ -750,9 +805,24 @@ void attention_prepare(int Dk, int max_ctx) {
   raised = smem;
 }
 
+// Whether the decode kernel can apply a.rope itself (AttnArgs::rope).
+static bool decode_ropes(const AttnArgs& a) {
+  const RopeArgs& r = a.rope;
+  return !a.rope_separate && r.qkv && r.D == a.Dk && r.rotary_dim % 2 == 0 && r.rotary_dim <= r.D;
+}
+
 template <class TA>
-bool attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
-  if (a.T == 0) return false;
+bool attention(const AttnArgs& a_in, TA* ctx, cudaStream_t s) {
+  if (a_in.T == 0) return false;
+  AttnArgs a = a_in;
+  if (a.rope.qkv) {
+    const RopeArgs& r = a.rope;
+    EPMOE_ASSERT(r.T == a.T && r.Hq == a.Hq && r.Hkv == a.Hkv && r.D == a.Dk && a.Dk == a.Dv &&
+                     a.k_stride == int64_t(a.Hkv) * a.Dk && a.v_stride == a.k_stride && r.slots == a.slots &&
+                     r.layer == a.layer && r.kv.k == a.kv.k && r.kv.v == a.kv.v && r.q_out,
+                 "gpu attention: the rope's shapes, slots and KV pages must be the attention's");
+    a.q = r.q_out, a.q_tok = int64_t(a.Hq) * a.Dk, a.q_head = a.Dk;
+  }
   EPMOE_ASSERT(a.Hkv >= 1 && a.Hq % a.Hkv == 0, "gpu attention: q heads a multiple of kv heads");
   // EPMOE_ATTN_TILED=0: attention_kernel everywhere (for measuring what the tiles are worth).
   static const bool tiled_on = [] {
@@ -763,10 +833,15 @@ bool attention(const AttnArgs& a, TA* ctx, cudaStream_t s) {
     kind = a.max_run == 1 && a.T <= decode_max_tokens() && decode_applies(a) ? AttnKernel::Decode
          : tiled_on                                                         ? AttnKernel::Tiled
                                                                             : AttnKernel::Reference;
+  // The rope first, unless the decode kernel takes it over.
+  const bool own_rope = kind == AttnKernel::Decode && decode_ropes(a);
+  if (a.rope.qkv && !own_rope) qk_norm_rope_cache(a.rope, s);
+  if (!own_rope) a.rope = {};
   if (kind == AttnKernel::Decode) {
     EPMOE_ASSERT(a.max_run == 1 && decode_applies(a), "gpu attention: the decode kernel does not apply to this step");
     raise_decode_smem();
-    auto k = a.kv.bf16 ? decode_instance<TA, bf16>(a.Dk) : decode_instance<TA, float>(a.Dk);
+    auto k = a.kv.bf16 ? (own_rope ? decode_instance<TA, bf16, true>(a.Dk) : decode_instance<TA, bf16>(a.Dk))
+                       : (own_rope ? decode_instance<TA, float, true>(a.Dk) : decode_instance<TA, float>(a.Dk));
     static const bool early_on = !env_off("EPMOE_ATTN_EARLY_TILES");
     AttnArgs b = a;
     b.early_tiles = a.early_tiles || early_on;

@@ -99,6 +99,13 @@ struct AttnArgs {
   // x-split launch (EPMOE_NORM_SPLITS); ignored by the other kernels and where the output rows are
   // not [T][Hq * Dv] contiguous.
   XFragments o_frag;
+  // q/k norm + RoPE + KV-cache write of this step's tokens (rope.qkv set): attention() runs
+  // qk_norm_rope_cache(rope) first and reads q from rope.q_out -- or, where the decode kernel runs
+  // and rope_separate is false, that kernel does the same arithmetic for its own token itself (one
+  // launch fewer; the same bits in the cache and the output; rope.q_out is then not written). q,
+  // q_tok and q_head are ignored. GQA only (the rope's heads, D and KV pages those of these args).
+  RopeArgs rope;
+  bool rope_separate = false;  // (EPMOE_ATTN_ROPE=0, tests) the rope kernel first wherever
 };
 // Returns whether the output was also written as a.o_frag (the caller's projection then takes it
 // as given); false where a.o_frag is empty or the kernel run does not write it.

@@ -266,6 +266,15 @@ bool dense_decode_wgmma() {
   return on;
 }
 
+// Grouped GEMMs from a tile list at decode sizes (the routed experts of a decode step: a few rows
+// per expert) on 32-column tiles instead of 64: EPMOE_EXPERT_TILE=32. At one token the 8 experts'
+// gate+up is 192 CTAs of 64 columns on 132 SMs, so some SMs stream twice the weights of others;
+// 384 narrower CTAs spread more evenly (the same bits: the tile width does not enter the sums).
+bool narrow_expert_tiles() {
+  static const bool on = env_int("EPMOE_EXPERT_TILE", 64) == 32;
+  return on;
+}
+
 void check_args(const GemmArgs& a, Epilogue ep) {
   EPMOE_ASSERT(a.N > 0 && a.K > 0 && a.G >= 1, "gemm: empty shape");
   EPMOE_ASSERT(!a.accumulate || ep == Epilogue::Store, "gemm: accumulate needs the Store epilogue");
@@ -293,13 +302,18 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     const int rows = a.offsets ? a.rows_hint : a.M;
     EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
     EPMOE_ASSERT(a.path != GemmPath::Wgmma || !a.tiles, "gemm: a tile list is laid out for the mma.sync tile height");
+    static_assert(Tiny::BM == Small::BM, "gemm: a tile list serves both mma.sync tile widths");
+    EPMOE_ASSERT(!a.tiles || (a.path != GemmPath::Tiled && a.path != GemmPath::TiledNarrow) ||
+                     gemm_tile_m(a.rows_hint) == Small::BM,
+                 "gemm: a tile list laid out for the wgmma tile height, forced onto the mma.sync kernel");
     // Hopper's wgmma kernel where groups have enough rows (the same bits, gemm_wgmma.cu); not for
     // a dense GEMM of a few rows, where its wider tile would leave half the CTAs of Small/Tiny.
     const bool dense_decode = !a.offsets && !a.tiles && rows <= 16;
     if (a.path == GemmPath::Wgmma || (a.path == GemmPath::Auto && dense_decode && dense_decode_wgmma()))
       gemm_wgmma<TC>(a, ep, std::max(rows, 16), stream);
     else if (a.path == GemmPath::Auto && wgmma_tile_m(rows) && (a.offsets || rows > 16)) gemm_wgmma<TC>(a, ep, rows, stream);
-    else if (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count())
+    else if (a.path == GemmPath::TiledNarrow || (a.path == GemmPath::Auto && a.tiles && narrow_expert_tiles()) ||
+             (rows <= 16 && !a.offsets && !a.tiles && ceil_div(a.N, Small::BN) * a.G < 2 * sm_count()))
       launch_tc<Tiny, TC>(a, ep, stream);
     else launch_tc<Small, TC>(a, ep, stream);
   } else {

@@ -23,9 +23,11 @@ namespace epmoe::cuda {
 
 enum class Epilogue { Store, SwiGLU };
 
-// Which bf16 kernel (both give the same bits): Auto picks by rows per group; the tests and the
-// benchmarks force the mma.sync tile kernel (Tiled) or the wgmma kernel (Wgmma; no tile lists).
-enum class GemmPath { Auto, Tiled, Wgmma };
+// Which bf16 kernel (all give the same bits): Auto picks by rows per group; the tests and the
+// benchmarks force the mma.sync tile kernel (Tiled), that kernel with 32-column tiles where it
+// would take 64-column ones (TiledNarrow: twice the CTAs, each streaming half the weight rows), or
+// the wgmma kernel (Wgmma; no tile lists).
+enum class GemmPath { Auto, Tiled, TiledNarrow, Wgmma };
 
 struct GemmArgs {
   const void* A = nullptr;

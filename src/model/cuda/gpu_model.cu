@@ -823,9 +823,10 @@ struct GpuModel final : LanguageModel {
     ra.kv = pages();
     ra.layer = l;
     ra.q_out = q.data();
-    qk_norm_rope_cache(ra, s);
     AttnArgs aa;
-    aa.q = q.data();
+    aa.rope = ra;  // (attention() runs it first, or the decode kernel does it for its own token)
+    static const bool rope_separate = env_off("EPMOE_ATTN_ROPE");
+    aa.rope_separate = rope_separate;
     aa.slots = st_slots;
     aa.kv = ra.kv;
     aa.layer = l;
@@ -834,8 +835,8 @@ struct GpuModel final : LanguageModel {
     aa.Hkv = Hkv;
     aa.Dk = aa.Dv = D;
     aa.k_stride = aa.v_stride = kvd;
-    aa.q_tok = aa.o_tok = qd;
-    aa.q_head = aa.o_head = D;
+    aa.o_tok = qd;
+    aa.o_head = D;
     aa.scale = cfg.softmax_scale();
     aa.max_ctx = max_ctx;
     aa.max_run = st_run;
