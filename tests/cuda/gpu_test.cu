@@ -2091,28 +2091,46 @@ struct AttnCase {
   std::vector<std::pair<int, int>> seqs;  // (length, tokens of this step)
 };
 
+// The step's tokens in a paged pool of Bt-row blocks: each sequence (length, tokens of this step)
+// brings its last positions, its block table drawn from a shuffled pool (a few blocks no sequence
+// uses).
+struct PagedStep {
+  std::vector<TokenSlot> slots;
+  std::vector<int32_t> tables;
+  int64_t blocks = 0;
+  int max_ctx = 1, max_run = 1;
+};
+static PagedStep paged_step(const std::vector<std::pair<int, int>>& seqs, int Bt) {
+  PagedStep st;
+  int nblocks = 0;
+  for (auto [len, n] : seqs) nblocks += (len + Bt - 1) / Bt;
+  std::vector<int32_t> perm(size_t(nblocks) + 3);
+  for (size_t i = 0; i < perm.size(); i++) perm[i] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  for (auto [len, n] : seqs) {
+    const int table = int(st.tables.size());
+    for (int b = 0; b < (len + Bt - 1) / Bt; b++) st.tables.push_back(perm[next++]);
+    for (int p = len - n; p < len; p++) st.slots.push_back({p, table});
+    st.max_ctx = std::max(st.max_ctx, len);
+    st.max_run = std::max(st.max_run, n);
+  }
+  st.blocks = int64_t(perm.size());
+  return st;
+}
+
 template <class TA>
 static bool attention_tiled_case(const AttnCase& c, std::string* what, bool kv_bf16 = false,
                                  AttnKernel kernel = AttnKernel::Tiled, bool early_tiles = false,
                                  bool o_frag = false) {
   const int Hq = c.G * c.Hkv, D = c.D, Bt = 16, layers = 2, layer = 1;
   const int64_t kvd = int64_t(c.Hkv) * D;
-  std::vector<TokenSlot> slots;
-  std::vector<int32_t> tables;
-  int max_ctx = 1, max_run = 1, nblocks = 0;
-  for (auto [len, n] : c.seqs) nblocks += (len + Bt - 1) / Bt;
-  std::vector<int32_t> perm(size_t(nblocks) + 3);  // (a few blocks no sequence uses)
-  for (size_t i = 0; i < perm.size(); i++) perm[i] = int32_t(i);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  size_t next = 0;
-  for (auto [len, n] : c.seqs) {
-    const int table = int(tables.size());
-    for (int b = 0; b < (len + Bt - 1) / Bt; b++) tables.push_back(perm[next++]);
-    for (int p = len - n; p < len; p++) slots.push_back({p, table});
-    max_ctx = std::max(max_ctx, len);
-    max_run = std::max(max_run, n);
-  }
-  const int64_t T = int64_t(slots.size()), blocks = int64_t(perm.size());
+  const PagedStep st = paged_step(c.seqs, Bt);
+  const std::vector<TokenSlot>& slots = st.slots;
+  const std::vector<int32_t>& tables = st.tables;
+  const int64_t blocks = st.blocks;
+  const int max_ctx = st.max_ctx, max_run = st.max_run;
+  const int64_t T = int64_t(slots.size());
   const size_t pool = size_t(layers) * size_t(blocks) * Bt * size_t(kvd);
   DeviceArray<float> k, v, q;
   DeviceArray<bf16> kb, vb;
@@ -2283,21 +2301,14 @@ static bool rope_decode_case(int G, int D, int rot, bool norms, float af, const 
                              std::string* what) {
   const int Hkv = 2, Hq = G * Hkv, Bt = 16, layers = 2, layer = 1, heads = Hq + 2 * Hkv;
   const int64_t kvd = int64_t(Hkv) * D;
-  std::vector<TokenSlot> slots;
-  std::vector<int32_t> tables;
-  int max_ctx = 1, nblocks = 0;
-  for (int len : lens) nblocks += (len + Bt - 1) / Bt;
-  std::vector<int32_t> perm(size_t(nblocks) + 3);
-  for (size_t i = 0; i < perm.size(); i++) perm[i] = int32_t(i);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  size_t next = 0;
-  for (int len : lens) {
-    const int table = int(tables.size());
-    for (int b = 0; b < (len + Bt - 1) / Bt; b++) tables.push_back(perm[next++]);
-    slots.push_back({len - 1, table});
-    max_ctx = std::max(max_ctx, len);
-  }
-  const int64_t T = int64_t(slots.size()), blocks = int64_t(perm.size());
+  std::vector<std::pair<int, int>> seqs;
+  for (int len : lens) seqs.push_back({len, 1});
+  const PagedStep st = paged_step(seqs, Bt);
+  const std::vector<TokenSlot>& slots = st.slots;
+  const std::vector<int32_t>& tables = st.tables;
+  const int64_t blocks = st.blocks;
+  const int max_ctx = st.max_ctx, max_run = st.max_run;
+  const int64_t T = int64_t(slots.size());
   const size_t pool = size_t(layers) * size_t(blocks) * Bt * size_t(kvd), vb = kv_bf16 ? 2 : 4;
   auto pool_bytes = [&](float scale) {
     const auto f = randu(pool, scale);
@@ -2348,7 +2359,7 @@ static bool rope_decode_case(int G, int D, int rot, bool norms, float af, const 
     a.layer = layer, a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.Dk = a.Dv = D, a.k_stride = a.v_stride = kvd;
     a.o_tok = int64_t(Hq) * D, a.o_head = D;
     a.scale = 1.0f / std::sqrt(float(D));
-    a.max_ctx = max_ctx, a.max_run = 1, a.kernel = AttnKernel::Decode;
+    a.max_ctx = max_ctx, a.max_run = max_run, a.kernel = AttnKernel::Decode;
     RopeArgs& r = a.rope;
     r.qkv = qkv.data(), r.T = T, r.Hq = Hq, r.Hkv = Hkv, r.D = D, r.rotary_dim = rot;
     r.q_norm = norms ? qn.data() : nullptr, r.k_norm = norms ? kn.data() : nullptr, r.eps = 1e-6f;

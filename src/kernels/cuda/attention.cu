@@ -805,12 +805,6 @@ void attention_prepare(int Dk, int max_ctx) {
   raised = smem;
 }
 
-// Whether the decode kernel can apply a.rope itself (AttnArgs::rope).
-static bool decode_ropes(const AttnArgs& a) {
-  const RopeArgs& r = a.rope;
-  return !a.rope_separate && r.qkv && r.D == a.Dk && r.rotary_dim % 2 == 0 && r.rotary_dim <= r.D;
-}
-
 template <class TA>
 bool attention(const AttnArgs& a_in, TA* ctx, cudaStream_t s) {
   if (a_in.T == 0) return false;
@@ -834,7 +828,7 @@ bool attention(const AttnArgs& a_in, TA* ctx, cudaStream_t s) {
          : tiled_on                                                         ? AttnKernel::Tiled
                                                                             : AttnKernel::Reference;
   // The rope first, unless the decode kernel takes it over.
-  const bool own_rope = kind == AttnKernel::Decode && decode_ropes(a);
+  const bool own_rope = kind == AttnKernel::Decode && a.rope.qkv && !a.rope_separate;
   if (a.rope.qkv && !own_rope) qk_norm_rope_cache(a.rope, s);
   if (!own_rope) a.rope = {};
   if (kind == AttnKernel::Decode) {

@@ -270,7 +270,7 @@ bool dense_decode_wgmma() {
 // per expert) on 32-column tiles instead of 64 (EPMOE_EXPERT_TILE=64: the wider ones). At one token
 // the 8 experts' gate+up is 192 CTAs of 64 columns on 132 SMs, so some SMs stream twice the weights
 // of others; 384 narrower CTAs spread more evenly (the same bits: the tile width does not enter the
-// sums). Run 25, H100, 48 layers: 0.99x the step at 1 and 8 sequences, 0.995x at 64.
+// sums). Run 25, H100, 48 layers: 0.98x the step at 1 sequence, 0.99x at 8 and 64.
 bool narrow_expert_tiles() {
   static const bool on = env_int("EPMOE_EXPERT_TILE", 32) == 32;
   return on;

@@ -102,20 +102,32 @@ __global__ void split_x_fragments_kernel(const float* x, int64_t lda, int T, int
   }
 }
 
-// One 64-wide k block of a warp's 8 columns, shared by v3 and v4 (so both run one chain):
-// lane's x fragments of block j (rows r and r + 8; zeros past T or past the last block) ...
-__device__ __forceinline__ void load_x_block(const uint4* xlo, const uint4* xhi, int j, int nblk, bool ok_lo,
-                                             bool ok_hi, uint4 (&xa)[4], uint4 (&xb)[4]) {
-  const uint4 z = make_uint4(0, 0, 0, 0);
+// A lane's x fragments of 64-wide k block j, as every version reads them: lane (r, t)'s words of
+// row r (lo) and of row r + 8 (hi, ROWS16); zeros past T or past the last block, and a lane whose
+// rows are past T loads nothing (its zeros reach only outputs of rows that are not stored), so one
+// row reads 1/8 of x.
+template <bool ROWS16>
+struct XBlocks {
+  const uint4* lo;  // block j: + 128 j (rows 0..7)
+  const uint4* hi;  // rows 8..15
+  int nblk;
+  bool ok_lo, ok_hi;
+  __device__ __forceinline__ XBlocks(const uint32_t* xf, int T, int nblk_, int lane)
+      : lo(reinterpret_cast<const uint4*>(xf) + lane * 4), hi(lo + int64_t(nblk_) * 128), nblk(nblk_),
+        ok_lo((lane >> 2) < T), ok_hi(ROWS16 && (lane >> 2) + 8 < T) {}
+  __device__ __forceinline__ void load(int j, uint4 (&xa)[4], uint4 (&xb)[4]) const {
+    const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int q = 0; q < 4; q++) {
-    xa[q] = ok_lo && j < nblk ? __ldg(xlo + 128 * j + q) : z;
-    xb[q] = ok_hi && j < nblk ? __ldg(xhi + 128 * j + q) : z;
+    for (int q = 0; q < 4; q++) {
+      xa[q] = ok_lo && j < nblk ? __ldg(lo + 128 * j + q) : z;
+      xb[q] = ok_hi && j < nblk ? __ldg(hi + 128 * j + q) : z;
+    }
   }
-}
+};
 
-// ... and its MMAs: the tile kernel's b_k_twice chain, xh's k-tile of the block then xl's, k16
-// steps in order (b01 / b23: the lane's weight fragments of the block).
+// One 64-wide k block of a warp's 8 columns, shared by v3 and v4 (so both run one chain): the tile
+// kernel's b_k_twice chain, xh's k-tile of the block then xl's, k16 steps in order (b01 / b23: the
+// lane's weight fragments of the block).
 __device__ __forceinline__ void mma_block(float (&acc)[4], const uint4 (&xa)[4], const uint4 (&xb)[4], uint4 b01,
                                           uint4 b23) {
   const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
@@ -156,16 +168,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
     }
   pdl_wait();
   const int r = lane >> 2;
-  const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
-  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
-  const uint4* xhi = xlo + int64_t(nblk) * 128;
+  const XBlocks<ROWS16> x(xf, T, nblk, lane);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // x's fragments one block ahead (an L1/L2 hit is not free: it would sit on the MMA chain).
   uint4 xa_next[4], xb_next[4];
-  auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
-    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
-  };
-  load_x(0, xa_next, xb_next);
+  x.load(0, xa_next, xb_next);
   for (int j0 = 0; j0 < nblk; j0 += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; d++) {
@@ -179,13 +186,13 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p
       uint4 xa[4], xb[4];
 #pragma unroll
       for (int q = 0; q < 4; q++) xa[q] = xa_next[q], xb[q] = xb_next[q];
-      load_x(j + 1, xa_next, xb_next);
+      x.load(j + 1, xa_next, xb_next);
       mma_block(acc, xa, xb, b01, b23);
     }
   }
   const int col = 8 * g + 2 * (lane & 3);
-  if (ok_lo) store_pair<float, SWIGLU>(p, r, col, acc[0], acc[1]);
-  if (ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
+  if (x.ok_lo) store_pair<float, SWIGLU>(p, r, col, acc[0], acc[1]);
+  if (x.ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
 }
 
 
@@ -229,16 +236,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmA
   }
   pdl_wait();
   const int r = lane >> 2;
-  const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
-  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j
-  const uint4* xhi = xlo + int64_t(nblk) * 128;
+  const XBlocks<ROWS16> x(xf, T, nblk, lane);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xr[XA][4], xr8[XA][4];
-  auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
-    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
-  };
 #pragma unroll
-  for (int a = 0; a < XA; a++) load_x(a, xr[a], xr8[a]);
+  for (int a = 0; a < XA; a++) x.load(a, xr[a], xr8[a]);
   for (int j0 = 0; j0 < nblk; j0 += XA) {
 #pragma unroll
     for (int d = 0; d < XA; d++) {
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmA
       uint4 xa[4], xb[4];
 #pragma unroll
       for (int q = 0; q < 4; q++) xa[q] = xr[d][q], xb[q] = xr8[d][q];
-      load_x(j + XA, xr[d], xr8[d]);
+      x.load(j + XA, xr[d], xr8[d]);
       mma_block(acc, xa, xb, b01, b23);
       // The slot again, for block j + RING: after the MMAs, which needed its values read (a lane
       // overwrites only what it read itself).
@@ -263,8 +265,8 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmA
   }
   ring_wait<0>();  // (nothing of this warp's left in flight at exit)
   const int col = 8 * g + 2 * (lane & 3);
-  if (ok_lo) store_pair<float, SWIGLU>(p, r, col, acc[0], acc[1]);
-  if (ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
+  if (x.ok_lo) store_pair<float, SWIGLU>(p, r, col, acc[0], acc[1]);
+  if (x.ok_hi) store_pair<float, SWIGLU>(p, r + 8, col, acc[2], acc[3]);
 }
 
 // v5's MMAs of one 64-wide block: xh's four k16 steps, then xl's, each with lane's A words
@@ -352,19 +354,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmA
     ring_commit();
   }
   pdl_wait();
-  const uint4* xlo = reinterpret_cast<const uint4*>(xf) + lane * 4;  // block j: + 128 j (rows 0..7)
-  const uint4* xhi = xlo + int64_t(nblk) * 128;                      // rows 8..15
-  // Lane (r, t)'s B words are row r's (and r + 8's): a lane whose rows are past T loads nothing
-  // (its zeros reach only outputs of rows that are not stored), so one row reads 1/8 of x.
-  const int r = lane >> 2;
-  const bool ok_lo = r < T, ok_hi = ROWS16 && r + 8 < T;
+  const XBlocks<ROWS16> x(xf, T, nblk, lane);  // (here the MMA's B operand: x^T)
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc8[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xr[XA][4], xr8[XA][4];
-  auto load_x = [&](int j, uint4 (&xa)[4], uint4 (&xb)[4]) {
-    load_x_block(xlo, xhi, j, nblk, ok_lo, ok_hi, xa, xb);
-  };
 #pragma unroll
-  for (int a = 0; a < XA; a++) load_x(a, xr[a], xr8[a]);
+  for (int a = 0; a < XA; a++) x.load(a, xr[a], xr8[a]);
   for (int j0 = 0; j0 < nblk; j0 += XA) {
 #pragma unroll
     for (int d = 0; d < XA; d++) {
@@ -378,7 +372,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmA
       wide_mma_block<ROWS16>(acc, acc8, wa, xr[d], xr8[d]);
       // x of block j + XA into the registers the MMAs just read, after them: loaded into others
       // and moved, the move would wait for the load (run 24's first v5 spent ~40% of its stalls so).
-      load_x(j + XA, xr[d], xr8[d]);
+      x.load(j + XA, xr[d], xr8[d]);
       // The slot again, for block j + RING (a lane overwrites only what it read itself).
       if (j + RING < nblk)
 #pragma unroll
