@@ -15,8 +15,10 @@ bash scripts/install-deps.sh
 # A build type of its own with no host optimisation and no debug info: this build only proves that
 # everything compiles and links (scripts/gpu-package.sh makes the binaries that run), and -O2 -g
 # host code would double its time on CI's two cores. Device code is optimised by ptxas either way.
+# The host sources as a unity build (batches of 8, the shared headers parsed once a batch; CMake
+# 3.25 batches no CUDA sources): 281 s instead of ~386 s on two cores (2026-12-06, AMD EPYC).
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=CompileCheck -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=ON \
-  -DEPMOE_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
+  -DEPMOE_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build build-cuda -j"$(nproc)" --target epmoe_lib gpu_test gpu_ep_test gpu_ipc_test
 echo "build-cuda: the CUDA sources and the GPU tests compiled for sm_90a"
 # Without a GPU every gpu-labelled test must say so (ctest: skipped), and none may fail. ctest's own

@@ -10,8 +10,10 @@ cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-cuda}
 jobs=${JOBS:-2}
 # Tests on: the GPU test binaries are test targets (only those below are built).
+# (One object per source, also where scripts/build-cuda.sh left a unity build in the same folder:
+# a kernel edit then recompiles one file.)
 PATH=/usr/local/cuda/bin:$PATH cmake -S . -B "$build" -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=ON \
-  -DCMAKE_BUILD_TYPE=Release >/dev/null
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=OFF >/dev/null
 targets=(epmoe gpu_test gpu_ep_test gpu_ipc_test gpu_moe_bench gpu_ep_bench gpu_model_bench gpu_gemm_bench scheduler_bench)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 rm -rf .gpu

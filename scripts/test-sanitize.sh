@@ -7,9 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 # -O1 -g1: what ASan recommends, with line tables for the reports; half the compile time of the
-# project's -O2 -g, which matters on CI's two cores.
+# project's -O2 -g, which matters on CI's two cores. A unity build (batches of 8 sources, each
+# parsing the shared headers once): 327 s instead of 457 s on two cores (2026-12-06, AMD EPYC).
+# It also keeps file-local names unique within each target, which a unity batch needs
+# (src/CMakeLists.txt); README's build stays one object per source, which catches a missing include.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g1" \
-  -DEPMOE_SANITIZE=ON -DEPMOE_BUILD_BENCH=OFF >/dev/null
+  -DEPMOE_SANITIZE=ON -DEPMOE_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"
 
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -48,10 +51,12 @@ sweep='^cli\.Rollout\.SameRequestAloneAmongOthersOnEveryLayoutAndBackend$'
 # runs here on deepseek-v2-lite-tiny (MLA without q LoRA, softmax routing) and
 # deepseek-v3-fp8-tiny (q LoRA, YaRN, sigmoid routing, fp8 kernels), and `epmoe check` at R = 2
 # on all of them; the rest runs in the plain suite.
+# The layering checkers (layering.*) are shell scripts over the sources: nothing compiled runs in
+# them, so they run in README's suite only.
 # (gtest_discover_tests appends "  # GetParam() = ..." to a parameterised test's name: those
 # alternatives end at a space or the end, not at $.)
 new_fixtures='(deepseek|glm4moe.lite|qwen3moe.fp8)'
-plain_only="^(serve\\.(guarantee|rl_clients|rank_failure|routing_replay|dp_attention|sampling_fields)$|ep\\.matrix\\..*\\.R[34]$|ep\\.matrix\\.$new_fixtures.*\\.R1$"
+plain_only="^(layering\\..*|serve\\.(guarantee|rl_clients|rank_failure|routing_replay|dp_attention|sampling_fields)$|ep\\.matrix\\..*\\.R[34]$|ep\\.matrix\\.$new_fixtures.*\\.R1$"
 plain_only+="|ep\\.matrix\\.(deepseek-v2-tiny|deepseek-v3-tiny|glm4moe-lite-tiny|qwen3moe-fp8-tiny)\\.R2$"
 plain_only+="|check\\.FixturesAndRanks/CheckPasses\\.EveryBackendBitIdentical/$new_fixtures.*_R[34]( |$)"
 plain_only+="|check\\.Faults/CheckCatches\\.InjectedFaultFailsWithItsVerdict/.*_(deepseek_v2_tiny|deepseek_v3_fp8_tiny)( |$))"

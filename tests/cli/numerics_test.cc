@@ -25,7 +25,7 @@ void poison(const Scratch& s, const std::string& file, const std::string& tensor
   st.write(s.path(file));
 }
 
-std::string generate(const Scratch& s, const std::string& flags) {
+std::string generate_with(const Scratch& s, const std::string& flags) {
   return test::epmoe() + " generate --model " + s.dir() + " --prompt-ids 1,2,3,4 --max-new-tokens 3 " + flags;
 }
 
@@ -39,7 +39,7 @@ TEST(CheckNumerics, NamesTheFirstLayerWithNaN) {
   Scratch s("qwen3moe-tiny");
   // A NaN in the attention output projection of layer 1: layer 0 stays finite, layer 1 does not.
   poison(s, "model.safetensors", "model.layers.1.self_attn.o_proj.weight", 0, kNaN);
-  const auto r = test::run_command(generate(s, "--check-numerics"));
+  const auto r = test::run_command(generate_with(s, "--check-numerics"));
   EXPECT_EQ(r.exit_code, 1) << r.output;  // a failed check, not bad input
   EXPECT_EQ(r.output.rfind("epmoe: error: --check-numerics: layer 1 (MoE) produced NaN", 0), 0u) << r.output;
 }
@@ -47,7 +47,7 @@ TEST(CheckNumerics, NamesTheFirstLayerWithNaN) {
 TEST(CheckNumerics, NamesTheFirstLayerWithInf) {
   Scratch s("qwen3moe-tiny");
   poison(s, "model.safetensors", "model.layers.2.self_attn.v_proj.weight", 5, kInf);
-  const auto r = test::run_command(generate(s, "--check-numerics"));
+  const auto r = test::run_command(generate_with(s, "--check-numerics"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(r.output.rfind("epmoe: error: --check-numerics: layer 2 (MoE) produced ", 0), 0u) << r.output;
 }
@@ -55,7 +55,7 @@ TEST(CheckNumerics, NamesTheFirstLayerWithInf) {
 TEST(CheckWeights, NamesTheTensorTheFileAndTheElement) {
   Scratch s("qwen3moe-tiny");
   poison(s, "model.safetensors", "model.layers.1.self_attn.o_proj.weight", 70, kNaN);
-  expect_one_line(test::run_command(generate(s, "--check-weights")), 2,
+  expect_one_line(test::run_command(generate_with(s, "--check-weights")), 2,
                   "epmoe: error: --check-weights: tensor 'model.layers.1.self_attn.o_proj.weight' in " +
                       s.path("model.safetensors") + " holds NaN at element 70 of shape [64, 64]");
 }
@@ -65,7 +65,7 @@ TEST(CheckWeights, FindsInfInBf16Shards) {
   const std::string shard = "model-00002-of-00002.safetensors";
   const std::string tensor = "model.layers.3.mlp.down_proj.weight";  // BF16, in shard 2
   poison(s, shard, tensor, 9, -kInf);
-  const auto r = test::run_command(generate(s, "--check-weights"));
+  const auto r = test::run_command(generate_with(s, "--check-weights"));
   expect_one_line(r, 2, "epmoe: error: --check-weights: tensor '" + tensor + "' in " + s.path(shard) +
                             " holds -Inf at element 9 of shape [64, 96]");
 }
@@ -78,12 +78,12 @@ TEST(CheckWeights, ScansOnlyTheExpertsOfEachRank) {
   const int64_t per_expert = shape[1].get<int64_t>() * shape[2].get<int64_t>();
   poison(s, "model.safetensors", fused, 6 * per_expert + 3, kInf);  // expert 6: rank 1's at R = 2
 
-  expect_one_line(test::run_command(generate(s, "--check-weights")), 2,
+  expect_one_line(test::run_command(generate_with(s, "--check-weights")), 2,
                   "epmoe: error: --check-weights: tensor '" + fused + "[6]' in " + s.path("model.safetensors") +
                       " holds +Inf at element 3 of shape " + "[" + std::to_string(shape[1].get<int64_t>()) + ", " +
                       std::to_string(shape[2].get<int64_t>()) + "]");
 
-  const auto r = test::run_command(test::mpirun(2) + generate(s, "--check-weights --comm-timeout 10"));
+  const auto r = test::run_command(test::mpirun(2) + generate_with(s, "--check-weights --comm-timeout 10"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("epmoe: rank 1: error: --check-weights: tensor '" + fused + "[6]'"), std::string::npos)
       << r.output;

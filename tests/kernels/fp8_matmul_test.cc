@@ -187,7 +187,7 @@ struct Fp8Weight {
   }
 };
 
-std::vector<float> randn(std::mt19937& rng, int64_t n) {
+std::vector<float> fp8_randn(std::mt19937& rng, int64_t n) {
   std::normal_distribution<float> g;
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = g(rng);
@@ -201,13 +201,13 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 using test::PathMode;
 class Fp8Paths : public test::KernelPathTest {};
 
-struct Shape {
+struct Fp8Shape {
   int64_t N, K;
 };
 // Partial blocks both ways (144 = 128 + 16, 136 = 128 + 8, 192 = 128 + 64), tails of the 16- and
 // 32-wide vector steps (17, 300), K blocks of the tiled path (4200: two 4096-wide blocks), a row block only.
-const Shape kShapes[] = {{144, 192}, {130, 136}, {50, 256}, {7, 17}, {33, 300}, {20, 1100}, {9, 4200}};
-const int64_t kTs[] = {1, 2, 3, 8, 9, 33, 64, 100};
+const Fp8Shape kFp8Shapes[] = {{144, 192}, {130, 136}, {50, 256}, {7, 17}, {33, 300}, {20, 1100}, {9, 4200}};
+const int64_t kFp8Ts[] = {1, 2, 3, 8, 9, 33, 64, 100};
 
 // The fp32 (exact) compute mode on each path.
 class Fp8Exact : public Fp8Paths {};
@@ -219,13 +219,13 @@ TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
   set_subnormal_assists_for_tests(form);
   std::mt19937 rng(21);
   for (DType sd : {DType::F32, DType::BF16})
-    for (const Shape& sh : kShapes) {
+    for (const Fp8Shape& sh : kFp8Shapes) {
       Fp8Weight w(sh.N, sh.K, sd, rng);
-      const std::vector<float> bias = randn(rng, sh.N);
-      for (int64_t T : kTs) {
+      const std::vector<float> bias = fp8_randn(rng, sh.N);
+      for (int64_t T : kFp8Ts) {
         SCOPED_TRACE(std::string(dtype_name(sd)) + " scales, N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) +
                      " T=" + std::to_string(T));
-        const std::vector<float> x = randn(rng, T * sh.K);
+        const std::vector<float> x = fp8_randn(rng, T * sh.K);
         for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
           std::vector<float> y(size_t(T * sh.N), NAN), want(size_t(T * sh.N), -1.f);
           matmul(x.data(), T, w.view, y.data(), mode(), b);
@@ -243,10 +243,10 @@ TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
 TEST_P(Fp8Paths, MatchesReference) {
   std::mt19937 rng(22);
   const double eps = GetParam().mode == ComputeMode::BF16 ? std::ldexp(1.0, -8) : 2 * FLT_EPSILON;
-  for (const Shape& sh : kShapes)
+  for (const Fp8Shape& sh : kFp8Shapes)
     for (int64_t T : {1, 5, 9, 40}) {
       Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
-      const std::vector<float> x = randn(rng, T * sh.K);
+      const std::vector<float> x = fp8_randn(rng, T * sh.K);
       std::vector<float> y(size_t(T * sh.N), NAN), ref(y.size());
       matmul(x.data(), T, w.view, y.data(), mode());
       matmul_ref(x.data(), T, w.view, ref.data());
@@ -267,10 +267,10 @@ TEST_P(Fp8Paths, MatchesReference) {
 TEST(Fp8, Bf16ComputeWithinBf16RoundingOfExact) {
   if (!cpu_features().avx512_bf16) GTEST_SKIP() << "CPU without AVX512-BF16";
   std::mt19937 rng(26);
-  for (const Shape& sh : kShapes)
+  for (const Fp8Shape& sh : kFp8Shapes)
     for (int64_t T : {1, 3, 8, 9, 64}) {
       Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
-      const std::vector<float> x = randn(rng, T * sh.K);
+      const std::vector<float> x = fp8_randn(rng, T * sh.K);
       std::vector<float> y(size_t(T * sh.N), NAN), exact(y.size());
       matmul(x.data(), T, w.view, y.data(), ComputeMode::BF16);
       matmul(x.data(), T, w.view, exact.data(), ComputeMode::F32);
@@ -290,10 +290,10 @@ TEST(Fp8, Bf16ComputeWithinBf16RoundingOfExact) {
 // of a larger one (the slice keeps the scale grid of the whole through BlockScale::row0).
 TEST_P(Fp8Paths, BatchAndThreadInvariantBitForBit) {
   std::mt19937 rng(23);
-  for (const Shape& sh : {Shape{144, 192}, Shape{37, 136}, Shape{20, 1100}}) {
+  for (const Fp8Shape& sh : {Fp8Shape{144, 192}, Fp8Shape{37, 136}, Fp8Shape{20, 1100}}) {
     Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
     const int64_t T = 100;
-    const std::vector<float> x = randn(rng, T * sh.K);
+    const std::vector<float> x = fp8_randn(rng, T * sh.K);
     std::vector<float> full(size_t(T * sh.N));
     set_num_threads(2);
     matmul(x.data(), T, w.view, full.data(), mode());
@@ -325,13 +325,13 @@ TEST_P(Fp8Paths, BatchAndThreadInvariantBitForBit) {
 // (fp32 compute) the fused SwiGLU of the dequantized F32 weights.
 TEST_P(Fp8Paths, SwigluEqualsTwoMatmulsAndDequantizedSwiglu) {
   std::mt19937 rng(24);
-  for (const Shape& sh : {Shape{37, 136}, Shape{144, 192}, Shape{24, 1100}})
+  for (const Fp8Shape& sh : {Fp8Shape{37, 136}, Fp8Shape{144, 192}, Fp8Shape{24, 1100}})
     for (DType sd : {DType::F32, DType::BF16})
       for (int64_t T : {1, 3, 8, 9, 40, 70}) {
         SCOPED_TRACE("I=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + " T=" + std::to_string(T) + " " +
                      std::string(dtype_name(sd)) + " scales");
         Fp8Weight g(sh.N, sh.K, sd, rng, "gate"), u(sh.N, sh.K, sd, rng, "up");
-        const std::vector<float> x = randn(rng, T * sh.K);
+        const std::vector<float> x = fp8_randn(rng, T * sh.K);
         std::vector<float> h(size_t(T * sh.N), NAN), gy(h.size()), uy(h.size()), want(h.size());
         matmul_swiglu(x.data(), T, g.view, u.view, h.data(), mode());
         matmul(x.data(), T, g.view, gy.data(), mode());
@@ -355,7 +355,7 @@ TEST_P(Fp8Paths, LargeScalesStayExact) {
   w.s32[3] = 0x1p-140f;  // a subnormal fp32 scale in block (1, 1)
   w.refresh();
   for (int64_t T : {1, 9, 40}) {
-    const std::vector<float> x = randn(rng, T * 192);
+    const std::vector<float> x = fp8_randn(rng, T * 192);
     std::vector<float> y(size_t(T * 144)), want(y.size());
     matmul(x.data(), T, w.view, y.data(), mode());
     matmul(x.data(), T, w.f32, want.data(), ComputeMode::F32);

@@ -57,21 +57,21 @@ float block_form(const float* x, const QuantizedMatrix& q, int64_t n) {
   return y;
 }
 
-struct Shape {
+struct Int8Shape {
   int64_t N, K;
 };
 // K: one block, partial blocks (48, 100), tails of the 16-lane step (17, 100), a long row (2048)
 // and the tiled driver's K blocks (4200 > 4096).
-const Shape kShapes[] = {{37, 32}, {20, 48}, {9, 17}, {33, 100}, {64, 2048}, {6, 4200}};
-const int64_t kTs[] = {1, 2, 3, 8, 9, 33};
+const Int8Shape kInt8Shapes[] = {{37, 32}, {20, 48}, {9, 17}, {33, 100}, {64, 2048}, {6, 4200}};
+const int64_t kInt8Ts[] = {1, 2, 3, 8, 9, 33};
 
 TEST_P(Int8Paths, BitEqualToTheBlockFormAndWithinTheQuantizationBound) {
-  for (const Shape& sh : kShapes) {
+  for (const Int8Shape& sh : kInt8Shapes) {
     const std::vector<float> w = randn(size_t(sh.N * sh.K), uint64_t(sh.N * 131 + sh.K), 0.05f);
     const TensorView Wf{DType::F32, {sh.N, sh.K}, w.data(), "w", {}};
     const QuantizedMatrix q = quantize_rows_int8(Wf);
     const std::vector<float> deq = to_f32(q.view);
-    for (int64_t T : kTs) {
+    for (int64_t T : kInt8Ts) {
       const std::vector<float> x = randn(size_t(T * sh.K), uint64_t(T * 7 + sh.K));
       std::vector<float> y(size_t(T * sh.N)), exact(size_t(T * sh.N));
       matmul(x.data(), T, q.view, y.data(), mode());
