@@ -9,8 +9,8 @@ bash scripts/install-deps.sh
 # -O1 -g1: what ASan recommends, with line tables for the reports; half the compile time of the
 # project's -O2 -g, which matters on CI's two cores. A unity build (batches of 8 sources, each
 # parsing the shared headers once): 327 s instead of 457 s on two cores (2026-12-06, AMD EPYC).
-# It also keeps file-local names unique within each target, which a unity batch needs
-# (src/CMakeLists.txt); README's build stays one object per source, which catches a missing include.
+# A batch needs file-local names unique within its target (src/CMakeLists.txt, tests/common/
+# vectors.h); README's build stays one object per source, which catches a missing include.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g1" \
   -DEPMOE_SANITIZE=ON -DEPMOE_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"

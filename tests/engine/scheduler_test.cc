@@ -4,7 +4,6 @@
 // is whole again at the end.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <random>
 
 #include "common/cpu_model.h"
@@ -15,6 +14,7 @@
 #include "ep/backend.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
@@ -61,14 +61,9 @@ Results run_all(Loaded& m, const std::vector<GenerateRequest>& reqs, SchedulerOp
   return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  // (memcmp of two empty vectors' null data() is undefined: UBSan says so)
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
 void expect_same(const Generation& a, const Generation& b, const std::string& what) {
   EXPECT_EQ(a.tokens, b.tokens) << what;
-  EXPECT_TRUE(same_bits(a.logprobs, b.logprobs)) << what << ": log-prob bits differ";
+  EXPECT_TRUE(test::same_bits(a.logprobs, b.logprobs)) << what << ": log-prob bits differ";
   ASSERT_EQ(a.top.size(), b.top.size()) << what;
   for (size_t k = 0; k < a.top.size(); k++) {
     ASSERT_EQ(a.top[k].size(), b.top[k].size()) << what;
@@ -256,7 +251,7 @@ TEST(Scheduler, PromptLogprobsOfAReScoredRolloutAreItsOwnBits) {
       ASSERT_EQ(g.input_logprobs.size(), P + T - 1) << "request " << i;
       EXPECT_TRUE(g.tokens.empty());
       const std::vector<float> tail(g.input_logprobs.end() - long(T), g.input_logprobs.end());
-      EXPECT_TRUE(same_bits(tail, out[i][0].logprobs)) << "request " << i << ", chunk " << chunk;
+      EXPECT_TRUE(test::same_bits(tail, out[i][0].logprobs)) << "request " << i << ", chunk " << chunk;
     }
     expect_pool_whole(m.model.kv_pool());
   }
@@ -272,7 +267,7 @@ TEST(Scheduler, PromptLogprobsOfAReScoredRolloutAreItsOwnBits) {
   const size_t h = s.submit(r);
   s.run();
   const Generation& g = s.results(h)[0];
-  EXPECT_TRUE(same_bits(g.input_logprobs, out[0][0].logprobs));
+  EXPECT_TRUE(test::same_bits(g.input_logprobs, out[0][0].logprobs));
   EXPECT_GT(g.cached_tokens, 0) << "the head before the scored positions came from the cache";
   EXPECT_LT(g.cached_tokens, int64_t(reqs[0].prompt.size()));
 }

@@ -24,6 +24,7 @@
 #include "tensor/dtype.h"
 #include "util/error.h"
 #include "util/threads.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
@@ -187,17 +188,6 @@ struct Fp8Weight {
   }
 };
 
-std::vector<float> fp8_randn(std::mt19937& rng, int64_t n) {
-  std::normal_distribution<float> g;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 using test::PathMode;
 class Fp8Paths : public test::KernelPathTest {};
 
@@ -221,16 +211,16 @@ TEST_P(Fp8Exact, BitEqualToDequantizedF32) {
   for (DType sd : {DType::F32, DType::BF16})
     for (const Fp8Shape& sh : kFp8Shapes) {
       Fp8Weight w(sh.N, sh.K, sd, rng);
-      const std::vector<float> bias = fp8_randn(rng, sh.N);
+      const std::vector<float> bias = test::randn(rng, sh.N);
       for (int64_t T : kFp8Ts) {
         SCOPED_TRACE(std::string(dtype_name(sd)) + " scales, N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) +
                      " T=" + std::to_string(T));
-        const std::vector<float> x = fp8_randn(rng, T * sh.K);
+        const std::vector<float> x = test::randn(rng, T * sh.K);
         for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
           std::vector<float> y(size_t(T * sh.N), NAN), want(size_t(T * sh.N), -1.f);
           matmul(x.data(), T, w.view, y.data(), mode(), b);
           matmul(x.data(), T, w.f32, want.data(), mode(), b);
-          ASSERT_TRUE(same_bits(y, want)) << (b ? "with bias" : "no bias") << (form ? ", no-subnormal form" : "");
+          ASSERT_TRUE(test::same_bits(y, want)) << (b ? "with bias" : "no bias") << (form ? ", no-subnormal form" : "");
         }
       }
     }
@@ -246,7 +236,7 @@ TEST_P(Fp8Paths, MatchesReference) {
   for (const Fp8Shape& sh : kFp8Shapes)
     for (int64_t T : {1, 5, 9, 40}) {
       Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
-      const std::vector<float> x = fp8_randn(rng, T * sh.K);
+      const std::vector<float> x = test::randn(rng, T * sh.K);
       std::vector<float> y(size_t(T * sh.N), NAN), ref(y.size());
       matmul(x.data(), T, w.view, y.data(), mode());
       matmul_ref(x.data(), T, w.view, ref.data());
@@ -270,7 +260,7 @@ TEST(Fp8, Bf16ComputeWithinBf16RoundingOfExact) {
   for (const Fp8Shape& sh : kFp8Shapes)
     for (int64_t T : {1, 3, 8, 9, 64}) {
       Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
-      const std::vector<float> x = fp8_randn(rng, T * sh.K);
+      const std::vector<float> x = test::randn(rng, T * sh.K);
       std::vector<float> y(size_t(T * sh.N), NAN), exact(y.size());
       matmul(x.data(), T, w.view, y.data(), ComputeMode::BF16);
       matmul(x.data(), T, w.view, exact.data(), ComputeMode::F32);
@@ -293,7 +283,7 @@ TEST_P(Fp8Paths, BatchAndThreadInvariantBitForBit) {
   for (const Fp8Shape& sh : {Fp8Shape{144, 192}, Fp8Shape{37, 136}, Fp8Shape{20, 1100}}) {
     Fp8Weight w(sh.N, sh.K, DType::BF16, rng);
     const int64_t T = 100;
-    const std::vector<float> x = fp8_randn(rng, T * sh.K);
+    const std::vector<float> x = test::randn(rng, T * sh.K);
     std::vector<float> full(size_t(T * sh.N));
     set_num_threads(2);
     matmul(x.data(), T, w.view, full.data(), mode());
@@ -331,16 +321,16 @@ TEST_P(Fp8Paths, SwigluEqualsTwoMatmulsAndDequantizedSwiglu) {
         SCOPED_TRACE("I=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + " T=" + std::to_string(T) + " " +
                      std::string(dtype_name(sd)) + " scales");
         Fp8Weight g(sh.N, sh.K, sd, rng, "gate"), u(sh.N, sh.K, sd, rng, "up");
-        const std::vector<float> x = fp8_randn(rng, T * sh.K);
+        const std::vector<float> x = test::randn(rng, T * sh.K);
         std::vector<float> h(size_t(T * sh.N), NAN), gy(h.size()), uy(h.size()), want(h.size());
         matmul_swiglu(x.data(), T, g.view, u.view, h.data(), mode());
         matmul(x.data(), T, g.view, gy.data(), mode());
         matmul(x.data(), T, u.view, uy.data(), mode());
         silu_mul(gy.data(), uy.data(), T * sh.N, want.data());
-        ASSERT_TRUE(same_bits(h, want)) << "fused vs two matmuls";
+        ASSERT_TRUE(test::same_bits(h, want)) << "fused vs two matmuls";
         if (GetParam().mode == ComputeMode::F32) {
           matmul_swiglu(x.data(), T, g.f32, u.f32, want.data(), ComputeMode::F32);
-          ASSERT_TRUE(same_bits(h, want)) << "fp8 vs dequantized f32";
+          ASSERT_TRUE(test::same_bits(h, want)) << "fp8 vs dequantized f32";
         }
       }
 }
@@ -355,11 +345,11 @@ TEST_P(Fp8Paths, LargeScalesStayExact) {
   w.s32[3] = 0x1p-140f;  // a subnormal fp32 scale in block (1, 1)
   w.refresh();
   for (int64_t T : {1, 9, 40}) {
-    const std::vector<float> x = fp8_randn(rng, T * 192);
+    const std::vector<float> x = test::randn(rng, T * 192);
     std::vector<float> y(size_t(T * 144)), want(y.size());
     matmul(x.data(), T, w.view, y.data(), mode());
     matmul(x.data(), T, w.f32, want.data(), ComputeMode::F32);
-    ASSERT_TRUE(same_bits(y, want)) << "T=" << T;
+    ASSERT_TRUE(test::same_bits(y, want)) << "T=" << T;
   }
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "util/threads.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
@@ -48,13 +49,6 @@ struct Mat {
   }
 };
 
-std::vector<float> randn(std::mt19937& rng, int64_t n) {
-  std::normal_distribution<float> g;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
   std::mt19937 rng(11);
   // bf16 activations carry 8 bits of mantissa: the error per product is ~2^-9 relative.
@@ -64,7 +58,7 @@ TEST_P(KernelPaths, MatchesReferenceOnOddShapes) {
       for (int64_t N : {1, 5, 9})
         for (int64_t T : {0, 1, 3, 7, 13}) {  // <= 8: one-row tiles; 13: 4 x 4 tiles
           Mat w(d, N, K, rng);
-          auto x = randn(rng, T * K);
+          auto x = test::randn(rng, T * K);
           std::vector<float> y(static_cast<size_t>(T * N), NAN), ref(static_cast<size_t>(T * N));
           matmul(x.data(), T, w.v, y.data(), mode());
           matmul_ref(x.data(), T, w.v, ref.data());
@@ -84,7 +78,7 @@ TEST_P(KernelPaths, BatchAndThreadInvariantBitForBit) {
     for (int64_t K : {64, 200, 1100, 4200}) {  // 4200: K blocks (4096 wide, matmul.cc kKBlock) and a tail
       const int64_t N = 37, T = 70;  // more than a token block and several tiles
       Mat w(d, N, K, rng);
-      auto x = randn(rng, T * K);
+      auto x = test::randn(rng, T * K);
       std::vector<float> full(static_cast<size_t>(T * N));
       set_num_threads(2);
       matmul(x.data(), T, w.v, full.data(), mode());
@@ -109,7 +103,7 @@ TEST_P(KernelPaths, FusedSwigluEqualsTwoMatmulsAndSiluMul) {
       for (int64_t K : {48, 1100})
         for (int64_t T : {1, 5, 9, 40}) {  // one-row tiles (<= 8 tokens), 4 x 4 tiles, widened rows
           Mat g(d, I, K, rng), u(d, I, K, rng);
-          auto x = randn(rng, T * K);
+          auto x = test::randn(rng, T * K);
           std::vector<float> h(static_cast<size_t>(T * I)), gy(h.size()), uy(h.size()), want(h.size());
           matmul_swiglu(x.data(), T, g.v, u.v, h.data(), mode());
           matmul(x.data(), T, g.v, gy.data(), mode());
@@ -146,7 +140,7 @@ TEST(KernelPathsAcross, Avx2GivesTheAvx512Bits) {
       for (int64_t N : {1, 5, 9, 130})
         for (int64_t T : {1, 2, 3, 7, 13, 70}) {
           Mat w(d, N, K, rng);
-          auto x = randn(rng, T * K);
+          auto x = test::randn(rng, T * K);
           std::vector<float> a, b;
           run(KernelPath::Avx2, x.data(), T, w.v, a);
           run(KernelPath::Avx512, x.data(), T, w.v, b);
@@ -156,7 +150,7 @@ TEST(KernelPathsAcross, Avx2GivesTheAvx512Bits) {
         }
   for (int64_t T : {1, 5, 40}) {
     Mat g(DType::BF16, 24, 1100, rng), u(DType::BF16, 24, 1100, rng);
-    auto x = randn(rng, T * 1100);
+    auto x = test::randn(rng, T * 1100);
     std::vector<float> a(size_t(T * 24)), b(a.size());
     set_kernel_path(KernelPath::Avx2);
     matmul_swiglu(x.data(), T, g.v, u.v, a.data(), ComputeMode::F32);

@@ -15,6 +15,7 @@
 #include "tensor/dtype.h"
 #include "util/error.h"
 #include "util/threads.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
@@ -45,13 +46,6 @@ struct Weight {
   }
 };
 
-std::vector<float> random_vec(std::mt19937& rng, int64_t n) {
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 std::string name(DType d) { return std::string(dtype_name(d)); }
 
 const DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
@@ -76,7 +70,7 @@ TEST(Matmul, ReferenceIsTheFormula) {
   for (DType d : kDtypes) {
     const int64_t T = 3, N = 5, K = 19;
     Weight w(d, N, K, rng);
-    const std::vector<float> x = random_vec(rng, T * K), bias = random_vec(rng, N);
+    const std::vector<float> x = test::randn(rng, T * K), bias = test::randn(rng, N);
     std::vector<float> y(static_cast<size_t>(T * N));
     matmul_ref(x.data(), T, w.view, y.data(), bias.data());
     for (int64_t t = 0; t < T; t++)
@@ -111,7 +105,7 @@ TEST(Matmul, FastMatchesReferenceOnOddShapes) {
             SCOPED_TRACE(name(d) + " T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
                          " bias=" + std::to_string(with_bias));
             Weight w(d, N, K, rng);
-            const std::vector<float> x = random_vec(rng, T * K), bias = random_vec(rng, N);
+            const std::vector<float> x = test::randn(rng, T * K), bias = test::randn(rng, N);
             const float* b = with_bias ? bias.data() : nullptr;
             // NaN sentinel: an output the kernel forgets to write fails the comparison.
             std::vector<float> y(static_cast<size_t>(T * N), NAN), ref(static_cast<size_t>(T * N));
@@ -150,7 +144,7 @@ TEST(Matmul, BatchInvariantBitForBit) {
         const int64_t T = 11;
         SCOPED_TRACE(name(d) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
         Weight w(d, N, K, rng);
-        const std::vector<float> x = random_vec(rng, T * K);
+        const std::vector<float> x = test::randn(rng, T * K);
         const std::vector<float> full = rows_alone(x, 0, T, w, ComputeMode::F32);
         for (int64_t t0 = 0; t0 < T; t0++)
           for (int64_t count = 1; t0 + count <= T; count++) {
@@ -171,7 +165,7 @@ TEST(Matmul, ThreadCountInvariantBitForBit) {
     for (const Shape& s : shapes) {
       SCOPED_TRACE(name(d) + " T=" + std::to_string(s.T) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
       Weight w(d, s.N, s.K, rng);
-      const std::vector<float> x = random_vec(rng, s.T * s.K);
+      const std::vector<float> x = test::randn(rng, s.T * s.K);
       set_num_threads(1);
       const std::vector<float> one = rows_alone(x, 0, s.T, w, ComputeMode::F32);
       for (int threads : {2, 3}) {
@@ -197,7 +191,7 @@ TEST(Matmul, FewTokenRowsPerTileDoNotChangeBits) {
     for (int64_t K : {64, 300}) {
       const int64_t N = 37, T = 9;
       Weight w(d, N, K, rng), wu(d, N, K, rng);
-      const std::vector<float> x = random_vec(rng, T * K);
+      const std::vector<float> x = test::randn(rng, T * K);
       set_few_token_rows_for_tests(1);
       const std::vector<float> full = rows_alone(x, 0, T, w, ComputeMode::F32);
       std::vector<float> h_full(size_t(T * N));

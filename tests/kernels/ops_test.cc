@@ -9,16 +9,10 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
-
-std::vector<float> ops_random_vec(std::mt19937& rng, int64_t n, float scale = 1.f) {
-  std::normal_distribution<float> g(0.f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = g(rng);
-  return v;
-}
 
 // out = x / sqrt(mean(x^2) + eps) * w. The fp32 sum of squares drifts like sqrt(H) * eps.
 TEST(Ops, RmsnormMatchesDoubleReference) {
@@ -28,8 +22,8 @@ TEST(Ops, RmsnormMatchesDoubleReference) {
       for (float eps : {1e-6f, 1e-2f}) {
         SCOPED_TRACE("H=" + std::to_string(H) + " T=" + std::to_string(T) + " eps=" + std::to_string(eps));
         // A small scale makes eps matter (mean(x^2) ~ 1e-2 next to eps = 1e-2).
-        const std::vector<float> x = ops_random_vec(rng, T * H, T == 3 ? 0.1f : 1.0f);
-        const std::vector<float> w = ops_random_vec(rng, H);
+        const std::vector<float> x = test::randn(rng, T * H, T == 3 ? 0.1f : 1.0f);
+        const std::vector<float> w = test::randn(rng, H);
         std::vector<float> out(static_cast<size_t>(T * H), NAN);
         rmsnorm(x.data(), T, H, w, eps, out.data());
         for (int64_t t = 0; t < T; t++) {
@@ -69,7 +63,7 @@ TEST(Ops, RopeMatchesDirectFormula) {
         SCOPED_TRACE("head_dim=" + std::to_string(c.head_dim) + " rotary_dim=" + std::to_string(c.rotary_dim) +
                      " pos=" + std::to_string(pos) + " heads=" + std::to_string(heads));
         const Rope rope(c.head_dim, c.rotary_dim, c.theta);
-        const std::vector<float> x = ops_random_vec(rng, int64_t(heads) * c.head_dim);
+        const std::vector<float> x = test::randn(rng, int64_t(heads) * c.head_dim);
         std::vector<float> y = x;
         rope.apply(y.data(), heads, pos);
         const int half = c.rotary_dim / 2;
@@ -102,7 +96,7 @@ TEST(Ops, SoftmaxMatchesDoubleReference) {
   std::mt19937 rng(13);
   for (int64_t n : {1, 2, 5, 64, 129})
     for (float scale : {1.f, 30.f}) {
-      std::vector<float> x = ops_random_vec(rng, n, scale);
+      std::vector<float> x = test::randn(rng, n, scale);
       if (n > 2) x[1] = x[0] + 1000.f;  // exp would overflow without subtracting the max
       const std::vector<float> in = x;
       softmax(x.data(), n);
@@ -127,7 +121,7 @@ TEST(Ops, SoftmaxOfNothingIsANoOp) {
 // out = silu(gate) * up = gate / (1 + exp(-gate)) * up, including large |gate| where exp overflows.
 TEST(Ops, SiluMulMatchesDoubleReference) {
   std::mt19937 rng(14);
-  std::vector<float> gate = ops_random_vec(rng, 1000, 4.f), up = ops_random_vec(rng, 1000);
+  std::vector<float> gate = test::randn(rng, 1000, 4.f), up = test::randn(rng, 1000);
   gate[0] = 100.f;
   gate[1] = -100.f;
   gate[2] = 0.f;

@@ -15,13 +15,10 @@
 #include "common/golden.h"
 #include "io/safetensors.h"
 #include "kernels/matmul.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 std::vector<std::string> mla_and_fp8() {
   auto v = test::mla_fixtures();
@@ -51,7 +48,7 @@ TEST_P(MlaFp8, BitsDoNotDependOnBatchOrChunking) {
     pb += nb;
   }
   ASSERT_EQ(pa, a.size());
-  EXPECT_TRUE(same_bits(got, ref)) << GetParam() << ": max |diff| " << test::max_abs_diff(got, ref);
+  EXPECT_TRUE(test::same_bits(got, ref)) << GetParam() << ": max |diff| " << test::max_abs_diff(got, ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MlaFp8, ::testing::ValuesIn(mla_and_fp8()), test::FixtureName());
@@ -106,7 +103,7 @@ TEST_P(Fp8Checkpoint, DequantizesToTheGeneratorsWeightsBitForBit) {
       std::vector<float> y8(size_t(T * q.shape[0])), y32(y8.size());
       matmul(x.data(), T, q, y8.data(), ComputeMode::F32);
       matmul(x.data(), T, r, y32.data(), ComputeMode::F32);
-      EXPECT_TRUE(same_bits(y8, y32)) << "T = " << T << ", max |diff| " << test::max_abs_diff(y8, y32);
+      EXPECT_TRUE(test::same_bits(y8, y32)) << "T = " << T << ", max |diff| " << test::max_abs_diff(y8, y32);
     }
     compared++;
   }

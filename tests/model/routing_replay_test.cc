@@ -14,13 +14,10 @@
 #include "io/checkpoint.h"
 #include "model/model.h"
 #include "util/error.h"
+#include "common/vectors.h"
 
 namespace epmoe {
 namespace {
-
-bool same_logit_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 class RoutingReplay : public ::testing::TestWithParam<const char*> {};
 
@@ -60,13 +57,13 @@ TEST_P(RoutingReplay, CaptureReplaysToTheSameBits) {
     inc.weights.insert(inc.weights.end(), part.weights.begin(), part.weights.end());
   }
   EXPECT_EQ(inc.ids, cap.ids) << name << ": routing captured token by token == in one step";
-  EXPECT_TRUE(same_logit_bits(inc.weights, cap.weights)) << name << ": routing weights token by token == in one step";
+  EXPECT_TRUE(test::same_bits(inc.weights, cap.weights)) << name << ": routing weights token by token == in one step";
 
   // Replayed: the router's choice given back, the same logits.
   Sequence c = m.new_sequence(3);
   ForwardOptions with_replay;
   with_replay.replay = &cap;
-  EXPECT_TRUE(same_logit_bits(m.forward({&c}, {ids}, *be, true, with_replay)[0], full))
+  EXPECT_TRUE(test::same_bits(m.forward({&c}, {ids}, *be, true, with_replay)[0], full))
       << name << ": re-score with the replayed routing == the captured run (bits)";
 
   // Another routing replayed: token 4's first choice in the first MoE layer moved to another
