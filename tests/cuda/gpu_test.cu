@@ -381,7 +381,7 @@ struct DeviceRoute {
 };
 DeviceRoute run_route(const RoutingConfig& c, const std::vector<float>& logits, int parts, int T,
                       const std::vector<float>& bias, const Placement& p, const std::vector<uint64_t>& gids,
-                      bool general_kernel = false) {
+                      bool general_kernel = false, bool warp_per_token = false) {
   const int E = c.num_experts, K = c.top_k;
   std::vector<int32_t> off{0}, list;
   for (auto& reps : p.replicas) {
@@ -410,6 +410,7 @@ DeviceRoute run_route(const RoutingConfig& c, const std::vector<float>& logits, 
   a.physical = dphys.data();
   a.weights = dw.data();
   a.general_kernel = general_kernel;
+  a.warp_per_token = warp_per_token;
   epmoe::cuda::route(a, stream());
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   return {dlog.download(size_t(T) * K), dphys.download(size_t(T) * K), dw.download(size_t(T) * K)};
@@ -441,9 +442,11 @@ void test_routing(const std::string& name, RoutingConfig c, int redundant) {
   check(id_mismatch == 0 && phys_mismatch == 0 && werr < 1e-5, buf);
 }
 
-// The register-resident SoftmaxTopK kernel against the general one: the same ids, replicas and
-// weight bits, for expert counts that fill 1, 2, 4 and 8 registers per lane (partly), from
-// split-K partials as the router writes them, with ties in the scores.
+// The two SoftmaxTopK kernels -- a block per token (the default) and a warp per token, both from
+// registers -- against the general one: the same ids, replicas and weight bits, for expert counts
+// that fill 1, 2, 4 and 8 registers per lane (partly), from split-K partials as the router writes
+// them, with exact ties between two experts of a token, tokens whose experts all tie (the order is
+// then the ids'), and tokens with a NaN logit (the block kernel hands those to the warp's code).
 void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
   const int T = 257;
   RoutingConfig c;
@@ -452,18 +455,41 @@ void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
   c.top_k = K;
   c.norm_topk_prob = norm;
   auto logits = randu(size_t(parts) * T * E, 2.0f);
+  auto at = [&](int p, int t, int e) -> float& { return logits[(size_t(p) * T + size_t(t)) * E + size_t(e)]; };
   for (int t = 0; t < T; t += 7)  // exact ties between two experts of a token
-    for (int p = 0; p < parts; p++) logits[(size_t(p) * T + t) * E + E - 1] = logits[(size_t(p) * T + t) * E + 1];
+    for (int p = 0; p < parts; p++) at(p, t, E - 1) = at(p, t, 1);
+  for (int t = 3; t < T; t += 50)  // every expert ties
+    for (int p = 0; p < parts; p++)
+      for (int e = 0; e < E; e++) at(p, t, e) = 0.25f;
+  const std::vector<int> nan_tokens{5, 130};
+  for (int t : nan_tokens) at(parts - 1, t, E / 2) = std::nanf("");
   const Placement pl = Placement::make_default(E, 1, 3);
   std::vector<uint64_t> gids(static_cast<size_t>(T));
   for (int t = 0; t < T; t++) gids[size_t(t)] = token_gid(uint64_t(t % 5), uint64_t(t));
-  const DeviceRoute reg = run_route(c, logits, parts, T, {}, pl, gids, false);
+  const DeviceRoute blk = run_route(c, logits, parts, T, {}, pl, gids, false, false);
+  const DeviceRoute wrp = run_route(c, logits, parts, T, {}, pl, gids, false, true);
   const DeviceRoute gen = run_route(c, logits, parts, T, {}, pl, gids, true);
   const std::string name = "route softmax top-" + std::to_string(K) + " of " + std::to_string(E) + ", " +
                            std::to_string(parts) + " partials" + (norm ? ", renorm" : "");
-  check(reg.ids == gen.ids && reg.phys == gen.phys, name + ": register kernel picks the general kernel's experts");
-  check(std::memcmp(reg.w.data(), gen.w.data(), reg.w.size() * sizeof(float)) == 0,
-        name + ": register kernel gives the general kernel's weight bits");
+  check(blk.ids == wrp.ids && blk.phys == wrp.phys &&
+            std::memcmp(blk.w.data(), wrp.w.data(), blk.w.size() * sizeof(float)) == 0,
+        name + ": block kernel gives the warp kernel's experts, replicas and weight bits (NaN tokens included)");
+  // The general kernel's choice with a NaN is its own: compared on the other tokens.
+  bool same_ids = true, same_bits = true;
+  for (int t = 0; t < T; t++) {
+    if (std::find(nan_tokens.begin(), nan_tokens.end(), t) != nan_tokens.end()) continue;
+    for (int k = 0; k < K; k++) {
+      const size_t i = size_t(t) * K + size_t(k);
+      same_ids &= blk.ids[i] == gen.ids[i] && blk.phys[i] == gen.phys[i];
+      same_bits &= std::memcmp(&blk.w[i], &gen.w[i], sizeof(float)) == 0;
+    }
+  }
+  check(same_ids, name + ": block kernel picks the general kernel's experts");
+  check(same_bits, name + ": block kernel gives the general kernel's weight bits");
+  // The all-ties tokens: experts 0..K-1 in id order.
+  bool ordered = true;
+  for (int k = 0; k < K; k++) ordered &= blk.ids[size_t(3) * K + size_t(k)] == k;
+  check(ordered, name + ": a token whose experts all tie gets the lowest ids, in order");
 }
 
 // ---------------------------------------------------------------------------------------------

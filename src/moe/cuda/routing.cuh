@@ -29,8 +29,13 @@ struct RouteArgs {
   // SoftmaxTopK runs a register-resident kernel; true runs the general shared-memory kernel
   // instead (the two must give the same bits: the tests compare them).
   bool general_kernel = false;
+  // SoftmaxTopK: one warp per token (route_softmax_kernel) instead of one block per token
+  // (route_softmax_block_kernel, the default); the same bits (the tests compare them).
+  bool warp_per_token = false;
 };
 void route(const RouteArgs& a, cudaStream_t s);
+// False under EPMOE_ROUTE_BLOCK=0: route() then runs SoftmaxTopK one warp per token.
+bool route_block_per_token();
 // Routing replay: a.physical [T, K] from a given logical choice a.logical (the replica of each slot
 // as route() would pick it); the weights are the given ones, nothing else is written.
 void replica_slots(const RouteArgs& a, cudaStream_t s);
