@@ -22,6 +22,7 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_EXPERT_TILE", "32 | 64",
        "64 runs the routed experts' GEMMs of decode-sized groups on 64-column tiles instead of 32 (half the "
        "CTAs; the same bits; for measuring)"},
+      {"EPMOE_ROPE_ROT", "0", "TEMP"},
       {"EPMOE_ROUTE_BLOCK", "1 | 0",
        "0 routes SoftmaxTopK one warp per token instead of one block per token, a thread per expert (the same "
        "bits; for measuring)"},

@@ -1754,8 +1754,7 @@ TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
 
 // The router normalising its own rows (decode steps: RouterGpu::takes_norm) against rmsnorm then
 // the router: the same partials, and the same normalised rows in fp32 and bf16, in bits -- one and
-// several rows, chunks shorter than a k-tile (H 64) and two k-tiles long (H 96), a launch whose
-// rows are partly past the tile's 16 (none here: at most 16).
+// several rows, chunks shorter than a k-tile (H 64) and two k-tiles long (H 96).
 void test_router_norm(int64_t T, int H, int E) {
   const int S = router_chunks(H);
   std::vector<float> x = randu(size_t(T) * H, 3.0f), w = randu(size_t(H), 1.0f);
@@ -1787,9 +1786,13 @@ void test_router_norm(int64_t T, int H, int E) {
 
 TEST(GpuRouting, RouterNormalisesItsRowsAsRmsnorm) {
   REQUIRE_GPU();
-  for (int64_t T : {1, 2, 8, 16}) test_router_norm(T, 2048, 128);  // Qwen3-30B-A3B
-  for (int64_t T : {1, 5}) test_router_norm(T, 64, 60);              // 8 chunks of 24
-  for (int64_t T : {3, 16}) test_router_norm(T, 96, 8);              // 4 chunks of 72
+  for (int64_t T : {1, 2, 8}) test_router_norm(T, 2048, 128);  // Qwen3-30B-A3B
+  for (int64_t T : {1, 5, 16}) test_router_norm(T, 64, 60);      // 8 chunks of 24
+  for (int64_t T : {3, 16}) test_router_norm(T, 96, 8);          // 4 chunks of 72
+  // What it takes: 1 to 16 rows of at most kRouterNormBytes.
+  check(router_takes_norm(8, 2048) && !router_takes_norm(9, 2048) && !router_takes_norm(0, 64) &&
+            router_takes_norm(16, 64) && !router_takes_norm(17, 64),
+        "the router takes the norm of 1..16 rows within kRouterNormBytes");
 }
 
 // RouterGpu::run_and_route (decode steps): the router's last CTA routes, against the router then

@@ -35,22 +35,21 @@ struct RouterArgs {
   RouterNorm norm;  // norm.w: x is the residual stream, normalised here (one row tile)
 };
 
-// RMSNorm's factor 1 / sqrt(mean(x^2) + eps) of rows m0 .. m0 + rows - 1 into inv[], by NT
-// threads with the arithmetic of rmsnorm_regs_kernel's 256 (kernels/cuda/ops.cu): thread v's
+// RMSNorm's factor 1 / sqrt(mean(x^2) + eps) of `rows` rows of H (shared memory) into inv[], by
+// NT threads with the arithmetic of rmsnorm_regs_kernel's 256 (kernels/cuda/ops.cu): thread v's
 // in-order FMA sum over i = v + 256 c, the warp tree of each 32 of them, then the tree over the
 // eight warps' sums -- here each thread sums 256 / NT of rmsnorm's threads, which fall lane for
 // lane into this warp's shuffles, so the factor has rmsnorm's bits.
 template <int NT>
-__device__ inline void rms_factors(const float* x, int H, float eps, int64_t m0, int rows, float* inv, float* red) {
+__device__ inline void rms_factors(const float* x, int H, float eps, int rows, float* inv, float* red) {
   static_assert(256 % NT == 0 && NT % 32 == 0, "rms_factors: a divisor of 256 threads, whole warps");
   constexpr int V = 256 / NT;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int r = 0; r < rows; r++) {
-    const float* row = x + (m0 + r) * H;
+    const float* row = x + r * H;
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; v++) acc[v] = 0.f;
-#pragma unroll 4
     for (int c = 0; 256 * c < H; c++)
 #pragma unroll
       for (int v = 0; v < V; v++) {
@@ -83,6 +82,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   bf16* sB = reinterpret_cast<bf16*>(sX + STAGES * BM * BK);         // [STAGES][BN][64] swizzled
   bf16* sA = sB + STAGES * BN * BK;                                  // [BM][64] swizzled, this k-tile
   float* sW = reinterpret_cast<float*>(sA + BM * BK);                // norm.w: the chunk's [Kc] norm weights
+  float* sR = sW + p.Kc;                                             // norm.w: the [T][H] rows, whole
   __shared__ float s_inv[BM], s_red[8];                              // norm.w: the rows' factors
 
   pdl_trigger();
@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
 
   // k-tile kt: K' columns s Kc + kt 64 + [0, 64), those past the chunk zero.
   auto load_x = [&](int stage, int kt) {
+    if (norm) return;  // (the split reads the rows staged whole)
     float* dx = sX + stage * BM * BK;
 #pragma unroll
     for (int q = 0; q < X_CH; q++) {
@@ -127,9 +128,17 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   if (norm)
     for (int kl = tid; kl < p.Kc; kl += NT) sW[kl] = p.norm.w[(s * p.Kc + kl) % p.H];
   pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
-  if (norm)
-    for (int r = tid; r < BM; r += NT) s_inv[r] = 0.f;  // (rows past T: zeros stay zeros)
-  if (norm) rms_factors<NT>(p.x, p.H, p.norm.eps, m0, int(lmin(BM, p.T - m0)), s_inv, s_red);  // (syncs: sW is in)
+  const int rows = int(lmin(BM, p.T - m0));  // (norm: all T, one tile)
+  if (norm) {
+    // The rows, whole, into shared memory: one trip to memory for both the norm's sums and every
+    // k-tile's x (no x stages then), instead of the norm kernel's two and the stages' one.
+    const int chunks = rows * p.H / 4;
+    for (int i = tid; i < chunks; i += NT) cp_async16(sR + 4 * i, p.x + m0 * p.H + 4 * i, 16);
+    cp_async_commit();
+    cp_async_wait<0>();  // (the B stages' groups too: requested long before)
+    __syncthreads();
+    rms_factors<NT>(sR, p.H, p.norm.eps, rows, s_inv, s_red);  // (syncs: sW is in as well)
+  }
   // This CTA writes the normalised rows of its chunk's section-0 columns (each column once).
   const bool writes_rows = norm && blockIdx.x == 0;
 
@@ -150,14 +159,23 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
       const int kl = kt * BK + c * 8;
       const int kk = s * p.Kc + kl;
       const bool lo = kk / p.H == 2;
-      const float4 v0 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8);
-      const float4 v1 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8 + 4);
+      float4 v0, v1;
+      if (!norm) {
+        v0 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8);
+        v1 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8 + 4);
+      } else if (r < rows && kl < p.Kc) {  // (rows past T and columns past the chunk: zeros)
+        const float* src = sR + r * p.H + kk % p.H;
+        v0 = *reinterpret_cast<const float4*>(src);
+        v1 = *reinterpret_cast<const float4*>(src + 4);
+      } else {
+        v0 = v1 = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
       float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      if (norm && kl < p.Kc) {  // (Kc % 8 == 0: the eight are in the chunk or past it together)
+      if (norm && r < rows && kl < p.Kc) {  // (Kc % 8 == 0: the eight are in the chunk or past it together)
         const float iv = s_inv[r];
 #pragma unroll
         for (int e = 0; e < 8; e++) f[e] = sW[kl + e] * (f[e] * iv);
-        if (writes_rows && kk < p.H && m0 + r < p.T) {
+        if (writes_rows && kk < p.H) {
           const int64_t o = (m0 + r) * p.H + kk;
           *reinterpret_cast<float4*>(p.norm.out_f + o) = make_float4(f[0], f[1], f[2], f[3]);
           *reinterpret_cast<float4*>(p.norm.out_f + o + 4) = make_float4(f[4], f[5], f[6], f[7]);
@@ -218,16 +236,17 @@ void launch_router(const RouterArgs& a, cudaStream_t s) {
                "gpu router: normalises its rows only in one row tile, with both outputs");
   constexpr int BK = 64;
   constexpr size_t base = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
-  const size_t smem = base + (a.norm.w ? size_t(a.Kc) * sizeof(float) : 0);
-  // (Raised once, to the most any H here may need: H = 16384, Kc = 3072.)
-  constexpr size_t most = base + 3072 * sizeof(float);
+  const size_t smem = base + (a.norm.w ? (size_t(a.Kc) + size_t(a.T) * a.H) * sizeof(float) : 0);
+  // (Raised once, to what router_takes_norm allows: kRouterNormBytes of rows and their weights.)
+  constexpr size_t most = base + 2 * kRouterNormBytes;
   static const bool ready = [] {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(router_kernel<BM, BN, WM, WN, STAGES>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
     return true;
   }();
   (void)ready;
-  EPMOE_ASSERT(smem <= most, "gpu router: hidden size " + std::to_string(a.H) + " too wide to normalise in the router");
+  EPMOE_ASSERT(smem <= most, "gpu router: " + std::to_string(a.T) + " rows of " + std::to_string(a.H) +
+                                 " are too many to normalise in the router");
   const dim3 grid(ceil_div(a.E, BN), unsigned(ceil_div(a.T, BM)), a.S);
   launch_pdl(router_kernel<BM, BN, WM, WN, STAGES>, grid, dim3(WM * WN * 32), smem, s, a);
 }
@@ -239,9 +258,9 @@ void launch_router(const RouterArgs& a, cudaStream_t s) {
 // a CTA that ran every chunk of its rows and added them itself (tried) either reads all the
 // weights once per 32 rows (L2-bound: 111 us at 4096 rows) or leaves most of the chip idle.
 
-bool router_norm_enabled() {
+bool router_takes_norm(int64_t T, int H) {
   static const bool on = !env_off("EPMOE_ROUTER_NORM");
-  return on;
+  return on && T >= 1 && T <= kRouterRoutesRows && T * H * int64_t(sizeof(float)) <= kRouterNormBytes;
 }
 
 bool router_routes(const RouteArgs& ra, int64_t T) {
@@ -253,8 +272,9 @@ void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int 
                    const RouteArgs* route, unsigned* done, const RouterNorm& norm) {
   if (T == 0) return;
   EPMOE_ASSERT(H % 8 == 0 && (3 * H) % (8 * S) == 0, "gpu router: H a multiple of 8 and 3H of 8 S");
-  EPMOE_ASSERT(!norm.w || T <= kRouterNormRows, "gpu router: normalises at most " + std::to_string(kRouterNormRows) +
-                                                    " rows, got " + std::to_string(T));
+  EPMOE_ASSERT(!norm.w || router_takes_norm(T, H), "gpu router: normalises at most " +
+                                                      std::to_string(kRouterNormBytes) + " bytes of rows, got " +
+                                                      std::to_string(T) + " of " + std::to_string(H));
   RouterArgs a;
   a.x = x, a.w3 = w3, a.T = T, a.H = H, a.E = E, a.S = S, a.Kc = 3 * H / S, a.out = out;
   a.norm = norm;
