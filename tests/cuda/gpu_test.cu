@@ -381,7 +381,7 @@ struct DeviceRoute {
 };
 DeviceRoute run_route(const RoutingConfig& c, const std::vector<float>& logits, int parts, int T,
                       const std::vector<float>& bias, const Placement& p, const std::vector<uint64_t>& gids,
-                      bool general_kernel = false) {
+                      bool general_kernel = false, bool warp_per_token = false) {
   const int E = c.num_experts, K = c.top_k;
   std::vector<int32_t> off{0}, list;
   for (auto& reps : p.replicas) {
@@ -410,6 +410,7 @@ DeviceRoute run_route(const RoutingConfig& c, const std::vector<float>& logits, 
   a.physical = dphys.data();
   a.weights = dw.data();
   a.general_kernel = general_kernel;
+  a.warp_per_token = warp_per_token;
   epmoe::cuda::route(a, stream());
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   return {dlog.download(size_t(T) * K), dphys.download(size_t(T) * K), dw.download(size_t(T) * K)};
@@ -441,9 +442,11 @@ void test_routing(const std::string& name, RoutingConfig c, int redundant) {
   check(id_mismatch == 0 && phys_mismatch == 0 && werr < 1e-5, buf);
 }
 
-// The register-resident SoftmaxTopK kernel against the general one: the same ids, replicas and
-// weight bits, for expert counts that fill 1, 2, 4 and 8 registers per lane (partly), from
-// split-K partials as the router writes them, with ties in the scores.
+// The two SoftmaxTopK kernels -- a block per token (the default) and a warp per token, both from
+// registers -- against the general one: the same ids, replicas and weight bits, for expert counts
+// that fill 1, 2, 4 and 8 registers per lane (partly), from split-K partials as the router writes
+// them, with exact ties between two experts of a token, tokens whose experts all tie (the order is
+// then the ids'), and tokens with a NaN logit (the block kernel hands those to the warp's code).
 void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
   const int T = 257;
   RoutingConfig c;
@@ -452,18 +455,41 @@ void test_route_softmax_kernels(int E, int K, int parts, bool norm) {
   c.top_k = K;
   c.norm_topk_prob = norm;
   auto logits = randu(size_t(parts) * T * E, 2.0f);
+  auto at = [&](int p, int t, int e) -> float& { return logits[(size_t(p) * T + size_t(t)) * E + size_t(e)]; };
   for (int t = 0; t < T; t += 7)  // exact ties between two experts of a token
-    for (int p = 0; p < parts; p++) logits[(size_t(p) * T + t) * E + E - 1] = logits[(size_t(p) * T + t) * E + 1];
+    for (int p = 0; p < parts; p++) at(p, t, E - 1) = at(p, t, 1);
+  for (int t = 3; t < T; t += 50)  // every expert ties
+    for (int p = 0; p < parts; p++)
+      for (int e = 0; e < E; e++) at(p, t, e) = 0.25f;
+  const std::vector<int> nan_tokens{5, 130};
+  for (int t : nan_tokens) at(parts - 1, t, E / 2) = std::nanf("");
   const Placement pl = Placement::make_default(E, 1, 3);
   std::vector<uint64_t> gids(static_cast<size_t>(T));
   for (int t = 0; t < T; t++) gids[size_t(t)] = token_gid(uint64_t(t % 5), uint64_t(t));
-  const DeviceRoute reg = run_route(c, logits, parts, T, {}, pl, gids, false);
+  const DeviceRoute blk = run_route(c, logits, parts, T, {}, pl, gids, false, false);
+  const DeviceRoute wrp = run_route(c, logits, parts, T, {}, pl, gids, false, true);
   const DeviceRoute gen = run_route(c, logits, parts, T, {}, pl, gids, true);
   const std::string name = "route softmax top-" + std::to_string(K) + " of " + std::to_string(E) + ", " +
                            std::to_string(parts) + " partials" + (norm ? ", renorm" : "");
-  check(reg.ids == gen.ids && reg.phys == gen.phys, name + ": register kernel picks the general kernel's experts");
-  check(std::memcmp(reg.w.data(), gen.w.data(), reg.w.size() * sizeof(float)) == 0,
-        name + ": register kernel gives the general kernel's weight bits");
+  check(blk.ids == wrp.ids && blk.phys == wrp.phys &&
+            std::memcmp(blk.w.data(), wrp.w.data(), blk.w.size() * sizeof(float)) == 0,
+        name + ": block kernel gives the warp kernel's experts, replicas and weight bits (NaN tokens included)");
+  // The general kernel's choice with a NaN is its own: compared on the other tokens.
+  bool same_ids = true, same_bits = true;
+  for (int t = 0; t < T; t++) {
+    if (std::find(nan_tokens.begin(), nan_tokens.end(), t) != nan_tokens.end()) continue;
+    for (int k = 0; k < K; k++) {
+      const size_t i = size_t(t) * K + size_t(k);
+      same_ids &= blk.ids[i] == gen.ids[i] && blk.phys[i] == gen.phys[i];
+      same_bits &= std::memcmp(&blk.w[i], &gen.w[i], sizeof(float)) == 0;
+    }
+  }
+  check(same_ids, name + ": block kernel picks the general kernel's experts");
+  check(same_bits, name + ": block kernel gives the general kernel's weight bits");
+  // The all-ties tokens: experts 0..K-1 in id order.
+  bool ordered = true;
+  for (int k = 0; k < K; k++) ordered &= blk.ids[size_t(3) * K + size_t(k)] == k;
+  check(ordered, name + ": a token whose experts all tie gets the lowest ids, in order");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1724,6 +1750,49 @@ TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
   for (int64_t T : {1, 16, 40, 200, 300, 2500}) test_router_logits(T, 2048, 128);  // Qwen3-30B-A3B, each tile
   for (int64_t T : {3, 2049}) test_router_logits(T, 64, 60);   // 8 chunks of 24
   for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
+}
+
+// The router normalising its own rows (decode steps: RouterGpu::takes_norm) against rmsnorm then
+// the router: the same partials, and the same normalised rows in fp32 and bf16, in bits -- one and
+// several rows, chunks shorter than a k-tile (H 64) and two k-tiles long (H 96).
+void test_router_norm(int64_t T, int H, int E) {
+  const int S = router_chunks(H);
+  std::vector<float> x = randu(size_t(T) * H, 3.0f), w = randu(size_t(H), 1.0f);
+  for (size_t i = 0; i < x.size(); i += 89) x[i] *= 1e-3f;
+  const float eps = 1e-6f;
+  DeviceArray<float> dx, dw, f_ref(size_t(T) * H), f_got(size_t(T) * H), p_ref(size_t(S) * T * E),
+      p_got(size_t(S) * T * E);
+  DeviceArray<bf16> b_ref(size_t(T) * H), b_got(size_t(T) * H), w3;
+  dx.upload(x), dw.upload(w);
+  w3.upload(router_split_weights(randu(size_t(E) * H, 0.05f), E, H));
+  rmsnorm<bf16>(dx.data(), dw.data(), eps, T, H, nullptr, f_ref.data(), b_ref.data(), stream());
+  router_logits(f_ref.data(), w3.data(), T, H, E, S, p_ref.data(), stream());
+  router_logits(dx.data(), w3.data(), T, H, E, S, p_got.data(), stream(), nullptr, nullptr,
+                RouterNorm{dw.data(), eps, f_got.data(), b_got.data()});
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  auto bits_differ = [](const auto& a, const auto& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0;
+    return n;
+  };
+  const size_t dp = bits_differ(p_ref.download(size_t(S) * T * E), p_got.download(size_t(S) * T * E));
+  const size_t df = bits_differ(f_ref.download(size_t(T) * H), f_got.download(size_t(T) * H));
+  const size_t db = bits_differ(b_ref.download(size_t(T) * H), b_got.download(size_t(T) * H));
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "router normalising T=%lld H=%d E=%d == rmsnorm, router: %zu partials, %zu fp32 "
+                "and %zu bf16 normalised values differ in bits", (long long)T, H, E, dp, df, db);
+  check(dp == 0 && df == 0 && db == 0, buf);
+}
+
+TEST(GpuRouting, RouterNormalisesItsRowsAsRmsnorm) {
+  REQUIRE_GPU();
+  for (int64_t T : {1, 2, 8}) test_router_norm(T, 2048, 128);  // Qwen3-30B-A3B
+  for (int64_t T : {1, 5, 16}) test_router_norm(T, 64, 60);      // 8 chunks of 24
+  for (int64_t T : {3, 16}) test_router_norm(T, 96, 8);          // 4 chunks of 72
+  // What it takes: 1 to 16 rows of at most kRouterNormBytes.
+  check(router_takes_norm(8, 2048) && !router_takes_norm(9, 2048) && !router_takes_norm(0, 64) &&
+            router_takes_norm(16, 64) && !router_takes_norm(17, 64),
+        "the router takes the norm of 1..16 rows within kRouterNormBytes");
 }
 
 // RouterGpu::run_and_route (decode steps): the router's last CTA routes, against the router then

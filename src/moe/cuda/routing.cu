@@ -178,12 +178,27 @@ bool route_in_router() {
   return on;
 }
 
+// EPMOE_ROUTE_BLOCK=0: SoftmaxTopK one warp per token (route_softmax_kernel), for measuring.
+bool route_block_per_token() {
+  static const bool on = !env_off("EPMOE_ROUTE_BLOCK");
+  return on;
+}
+
 void route(const RouteArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   const int E = a.cfg.num_experts;
   EPMOE_ASSERT(a.cfg.top_k <= 32 && a.cfg.n_group <= E, "gpu routing: top_k <= 32 and n_group <= E");
   EPMOE_ASSERT(a.parts >= 1 && a.parts <= kMaxRouterParts, "gpu routing: 1..16 logit partials");
   constexpr int warps = 4;
+  if (a.cfg.kind == RoutingKind::SoftmaxTopK && E <= 256 && !a.general_kernel && !a.warp_per_token &&
+      a.cfg.top_k <= E && route_block_per_token()) {
+    const dim3 grid(unsigned(a.T));
+    if (E <= 32) launch_pdl(route_softmax_block_kernel<1>, grid, dim3(32), 0, s, a);
+    else if (E <= 64) launch_pdl(route_softmax_block_kernel<2>, grid, dim3(64), 0, s, a);
+    else if (E <= 128) launch_pdl(route_softmax_block_kernel<4>, grid, dim3(128), 0, s, a);
+    else launch_pdl(route_softmax_block_kernel<8>, grid, dim3(256), 0, s, a);
+    return;
+  }
   if (a.cfg.kind == RoutingKind::SoftmaxTopK && E <= 256 && !a.general_kernel) {
     const dim3 grid(ceil_div(a.T, warps)), block(warps * 32);
     if (E <= 32) launch_pdl(route_softmax_kernel<1>, grid, block, 0, s, a);
