@@ -22,16 +22,12 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_EXPERT_TILE", "32 | 64",
        "64 runs the routed experts' GEMMs of decode-sized groups on 64-column tiles instead of 32 (half the "
        "CTAs; the same bits; for measuring)"},
-      {"EPMOE_ROPE_ROT", "0", "TEMP"},
       {"EPMOE_ROUTE_BLOCK", "1 | 0",
        "0 routes SoftmaxTopK one warp per token instead of one block per token, a thread per expert (the same "
        "bits; for measuring)"},
       {"EPMOE_ROUTER_ROUTES", "0 | 1",
        "1 routes decode steps in the router's last CTA instead of by the route kernel after it (the same bits; "
        "measured slower at 8 sequences, run 23)"},
-      {"EPMOE_ROUTER_NORM", "1 | 0",
-       "0 runs a decode step's post-attention norm as its own kernel instead of in the MoE router's kernel (the "
-       "same bits; for measuring)"},
       {"EPMOE_RMSNORM_REGS", "1 | 0",
        "0 runs RMSNorm on the loop kernel instead of the one that keeps the row in registers (rows up to 4096 "
        "wide; the same bits; for measuring)"},

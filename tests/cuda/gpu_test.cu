@@ -1752,49 +1752,6 @@ TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
   for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
 }
 
-// The router normalising its own rows (decode steps: RouterGpu::takes_norm) against rmsnorm then
-// the router: the same partials, and the same normalised rows in fp32 and bf16, in bits -- one and
-// several rows, chunks shorter than a k-tile (H 64) and two k-tiles long (H 96).
-void test_router_norm(int64_t T, int H, int E) {
-  const int S = router_chunks(H);
-  std::vector<float> x = randu(size_t(T) * H, 3.0f), w = randu(size_t(H), 1.0f);
-  for (size_t i = 0; i < x.size(); i += 89) x[i] *= 1e-3f;
-  const float eps = 1e-6f;
-  DeviceArray<float> dx, dw, f_ref(size_t(T) * H), f_got(size_t(T) * H), p_ref(size_t(S) * T * E),
-      p_got(size_t(S) * T * E);
-  DeviceArray<bf16> b_ref(size_t(T) * H), b_got(size_t(T) * H), w3;
-  dx.upload(x), dw.upload(w);
-  w3.upload(router_split_weights(randu(size_t(E) * H, 0.05f), E, H));
-  rmsnorm<bf16>(dx.data(), dw.data(), eps, T, H, nullptr, f_ref.data(), b_ref.data(), stream());
-  router_logits(f_ref.data(), w3.data(), T, H, E, S, p_ref.data(), stream());
-  router_logits(dx.data(), w3.data(), T, H, E, S, p_got.data(), stream(), nullptr, nullptr,
-                RouterNorm{dw.data(), eps, f_got.data(), b_got.data()});
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  auto bits_differ = [](const auto& a, const auto& b) {
-    size_t n = 0;
-    for (size_t i = 0; i < a.size(); i++) n += std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0;
-    return n;
-  };
-  const size_t dp = bits_differ(p_ref.download(size_t(S) * T * E), p_got.download(size_t(S) * T * E));
-  const size_t df = bits_differ(f_ref.download(size_t(T) * H), f_got.download(size_t(T) * H));
-  const size_t db = bits_differ(b_ref.download(size_t(T) * H), b_got.download(size_t(T) * H));
-  char buf[240];
-  std::snprintf(buf, sizeof buf, "router normalising T=%lld H=%d E=%d == rmsnorm, router: %zu partials, %zu fp32 "
-                "and %zu bf16 normalised values differ in bits", (long long)T, H, E, dp, df, db);
-  check(dp == 0 && df == 0 && db == 0, buf);
-}
-
-TEST(GpuRouting, RouterNormalisesItsRowsAsRmsnorm) {
-  REQUIRE_GPU();
-  for (int64_t T : {1, 2, 8}) test_router_norm(T, 2048, 128);  // Qwen3-30B-A3B
-  for (int64_t T : {1, 5, 16}) test_router_norm(T, 64, 60);      // 8 chunks of 24
-  for (int64_t T : {3, 16}) test_router_norm(T, 96, 8);          // 4 chunks of 72
-  // What it takes: 1 to 16 rows of at most kRouterNormBytes.
-  check(router_takes_norm(8, 2048) && !router_takes_norm(9, 2048) && !router_takes_norm(0, 64) &&
-            router_takes_norm(16, 64) && !router_takes_norm(17, 64),
-        "the router takes the norm of 1..16 rows within kRouterNormBytes");
-}
-
 // RouterGpu::run_and_route (decode steps): the router's last CTA routes, against the router then
 // the route kernel -- the same logical ids, replicas and weight bits, launched twice (the counter
 // the last CTA resets) and replayed from a CUDA graph.

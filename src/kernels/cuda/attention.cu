@@ -79,16 +79,12 @@ __device__ __forceinline__ void norm_rope_head(const RopeArgs& a, const float* s
   for (int p = 0; p < kRopeMaxD / 64; p++) {
     const int i = lane + 32 * p;
     if (i < half) {
-      const float x0 = s[i], x1 = s[i + half], cs = c.cs[p], sn = c.sn[p];
-      float first, second;
-      switch (a.rot) {
-        case 1: first = __fmaf_rn(x0, cs, -__fmul_rn(x1, sn)), second = __fmaf_rn(x0, sn, __fmul_rn(x1, cs)); break;
-        case 2: first = __fmaf_rn(-x1, sn, __fmul_rn(x0, cs)), second = __fmaf_rn(x0, sn, __fmul_rn(x1, cs)); break;
-        case 3: first = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn)), second = __fmaf_rn(x0, sn, __fmul_rn(x1, cs)); break;
-        default: first = x0 * cs - x1 * sn, second = x1 * cs + x0 * sn;
-      }
-      put(i, first);
-      put(i + half, second);
+      const float x0 = s[i], x1 = s[i + half];
+      // Rounded as written, not as the compiler contracts: with cos/sin computed before the wait,
+      // `x0 * cs - x1 * sn` was contracted otherwise than before run 28 and changed the bits of 14
+      // of 24 fixtures. These are the contractions the kernels made before (checked bit for bit).
+      put(i, __fmaf_rn(x0, c.cs[p], -__fmul_rn(x1, c.sn[p])));
+      put(i + half, __fmaf_rn(x0, c.sn[p], __fmul_rn(x1, c.cs[p])));
     }
   }
   for (int i = a.rotary_dim + lane; i < D; i += 32) put(i, s[i]);
@@ -729,14 +725,7 @@ __global__ void head_major_rows_kernel(int64_t T, int Hq, int32_t* out) {
 
 }  // namespace
 
-static int rope_rot() {
-  static const int r = env_get("EPMOE_ROPE_ROT") ? std::atoi(env_get("EPMOE_ROPE_ROT")) : 0;
-  return r;
-}
-
-void qk_norm_rope_cache(const RopeArgs& a_in, cudaStream_t s) {
-  RopeArgs a = a_in;
-  a.rot = rope_rot();
+void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   EPMOE_ASSERT(a.D <= kRopeMaxD && a.rotary_dim <= a.D && a.rotary_dim % 2 == 0,
                "gpu rope: head dim " + std::to_string(a.D) + " (at most " + std::to_string(kRopeMaxD) +

@@ -49,7 +49,6 @@ struct RopeArgs {
   KvPages kv;
   int layer = 0;
   float* q_out = nullptr;  // [T, Hq * D]
-  int rot = 0;  // TEMP
 };
 void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s);
 

@@ -783,12 +783,6 @@ struct GpuModel final : LanguageModel {
     ops.act = bf16_rows ? DType::BF16 : DType::F32;
     ops.routed_out = routed.data(), ops.shared_out = shared_out.data(), ops.gate_out = gate.data();
     ops.s = s;
-    if constexpr (kBf16)
-      if (norm_in_router_) {  // (post_attention_norm left it to this layer's router)
-        norm_in_router_ = false;
-        ops.norm = RouterNorm{L.post_norm.data(), cfg.rms_norm_eps, hn_f.data(), hn_a.data()};
-        ops.norm_x = x.data();
-      }
     run_moe_block(ops, backend);
     // Added into the residual x by the next layer's input norm (residual_rmsnorm, one launch
     // fewer), or here where nothing of the kind follows.
@@ -797,19 +791,6 @@ struct GpuModel final : LanguageModel {
   }
   // A MoE layer's output not yet added into x (routed is set): residual_rmsnorm adds it.
   MoeResidual pending_moe_;
-  // The post-attention norm of a decode step's MoE layer, computed by its router's kernel instead
-  // of a launch of its own (RouterGpu::takes_norm; EPMOE_ROUTER_NORM=0 turns it off): rmsnorm's
-  // bits, written to hn_f and hn_a as rmsnorm writes them. Set by post_attention_norm, taken by mlp.
-  bool norm_in_router_ = false;
-  void post_attention_norm(int l, int64_t T_) {
-    Layer<T>& L = *layers[size_t(l)];
-    if constexpr (kBf16)
-      if (L.sparse && !replaying_ && !pending_moe_.routed && L.router.takes_norm(T_)) {
-        norm_in_router_ = true;
-        return;
-      }
-    norm(x.data(), L.post_norm, T_);
-  }
   // EPMOE_NORM_SPLITS: the input norm wrote the q/k/v projection's x fragments (split_gemv's split,
   // x_fragments.cuh), so attention_block's projection skips its x-split launch. Set by
   // attention_norm, taken by the next attention_block.
@@ -1186,7 +1167,7 @@ struct GpuModel final : LanguageModel {
     void attention(int l) {
       if (T_ > 0) m.attention_block(l, T_, max_ctx);  // (a rank without tokens still joins the MoE layers)
     }
-    void mlp_norm(int l) { m.post_attention_norm(l, T_); }
+    void mlp_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->post_norm, T_); }
     void moe(int l, int) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
     void dense_mlp(int l) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
     void layer_done(int) {}  // (--check-numerics checks the logits on the GPU)

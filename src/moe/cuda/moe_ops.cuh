@@ -39,25 +39,15 @@ struct GpuMoeOps {
   MoeResidual result;            // output(): what the decoder adds into x
 
   bool replaying() const { return replay; }
-  // The decoder's post-attention norm left to the router (a decode step whose router takes it:
-  // RouterGpu::takes_norm): norm.w set, norm_x the residual stream it normalises, and x_f32 / rows
-  // the norm's outputs, which the router's kernel writes. (A replayed step runs no router: the
-  // decoder runs its norm then.)
-  RouterNorm norm;
-  const float* norm_x = nullptr;
-  void replayed_route() {
-    EPMOE_ASSERT(!norm.w, "gpu moe block: a replayed step's rows are normalised before the block");
-    replica_slots(ra, s);
-  }
+  void replayed_route() { replica_slots(ra, s); }
   RouterGpu::Logits lg{};
   // A decode step's routing is enqueued with its logits (RouterGpu::routes: the router's last CTA
   // routes, one kernel fewer on the step's chain); route() then has nothing left to enqueue.
   bool routed_with_logits = false;
   void router_logits() {
     routed_with_logits = router.routes(ra, T);
-    const float* in = norm.w ? norm_x : x_f32;
-    if (routed_with_logits) router.run_and_route(in, T, ra, s, norm);
-    else lg = router.run(in, T, s, norm);
+    if (routed_with_logits) router.run_and_route(x_f32, T, ra, s);
+    else lg = router.run(x_f32, T, s);
   }
   void route() {
     if (routed_with_logits) return;

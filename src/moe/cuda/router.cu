@@ -8,7 +8,6 @@
 #include "kernels/cuda/mma_ptx.cuh"
 #include "moe/cuda/route_softmax.cuh"
 #include "moe/cuda/routing.cuh"
-#include "util/env.h"
 
 namespace epmoe::cuda {
 
@@ -32,43 +31,7 @@ struct RouterArgs {
   bool route = false;
   RouteArgs ra;
   unsigned* done = nullptr;
-  RouterNorm norm;  // norm.w: x is the residual stream, normalised here (one row tile)
 };
-
-// RMSNorm's factor 1 / sqrt(mean(x^2) + eps) of `rows` rows of H (shared memory) into inv[], by
-// NT threads with the arithmetic of rmsnorm_regs_kernel's 256 (kernels/cuda/ops.cu): thread v's
-// in-order FMA sum over i = v + 256 c, the warp tree of each 32 of them, then the tree over the
-// eight warps' sums -- here each thread sums 256 / NT of rmsnorm's threads, which fall lane for
-// lane into this warp's shuffles, so the factor has rmsnorm's bits.
-template <int NT>
-__device__ inline void rms_factors(const float* x, int H, float eps, int rows, float* inv, float* red) {
-  static_assert(256 % NT == 0 && NT % 32 == 0, "rms_factors: a divisor of 256 threads, whole warps");
-  constexpr int V = 256 / NT;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int r = 0; r < rows; r++) {
-    const float* row = x + r * H;
-    float acc[V];
-#pragma unroll
-    for (int v = 0; v < V; v++) acc[v] = 0.f;
-    for (int c = 0; 256 * c < H; c++)
-#pragma unroll
-      for (int v = 0; v < V; v++) {
-        const int i = tid + NT * v + 256 * c;
-        if (i < H) acc[v] += row[i] * row[i];
-      }
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-      const float w = warp_sum(acc[v]);
-      if (lane == 0) red[warp + (NT / 32) * v] = w;  // rmsnorm's warp (tid + NT v) / 32
-    }
-    __syncthreads();
-    if (warp == 0) {
-      const float t = warp_sum(lane < 8 ? red[lane] : 0.f);
-      if (lane == 0) inv[r] = 1.0f / sqrtf(t / float(H) + eps);
-    }
-    __syncthreads();
-  }
-}
 
 template <int BM, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p) {
@@ -81,23 +44,20 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   float* sX = reinterpret_cast<float*>(smem_raw);                   // [STAGES][BM][64] fp32
   bf16* sB = reinterpret_cast<bf16*>(sX + STAGES * BM * BK);         // [STAGES][BN][64] swizzled
   bf16* sA = sB + STAGES * BN * BK;                                  // [BM][64] swizzled, this k-tile
-  float* sW = reinterpret_cast<float*>(sA + BM * BK);                // norm.w: the chunk's [Kc] norm weights
-  float* sR = sW + p.Kc;                                             // norm.w: the [T][H] rows, whole
-  __shared__ float s_inv[BM], s_red[8];                              // norm.w: the rows' factors
 
   pdl_trigger();
+  pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
   const int n0 = blockIdx.x * BN;
   const int64_t m0 = int64_t(blockIdx.y) * BM;
   const int s = int(blockIdx.z);
   const int steps = (p.Kc + BK - 1) / BK;  // k-tiles of the chunk (the last one zero-filled past Kc)
-  const bool norm = p.norm.w != nullptr;
 
   // k-tile kt: K' columns s Kc + kt 64 + [0, 64), those past the chunk zero.
-  auto load_x = [&](int stage, int kt) {
-    if (norm) return;  // (the split reads the rows staged whole)
+  auto load_stage = [&](int stage, int kt) {
     float* dx = sX + stage * BM * BK;
+    bf16* db = sB + stage * BN * BK;
 #pragma unroll
     for (int q = 0; q < X_CH; q++) {
       const int idx = tid + q * NT, r = idx >> 4, c4 = idx & 15;  // 4 floats at column c4 * 4
@@ -106,9 +66,6 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
       const bool ok = m0 + r < p.T && kl < p.Kc;
       cp_async16(dx + r * BK + c4 * 4, ok ? p.x + (m0 + r) * p.H + h : p.x, ok ? 16 : 0);
     }
-  };
-  auto load_b = [&](int stage, int kt) {
-    bf16* db = sB + stage * BN * BK;
 #pragma unroll
     for (int q = 0; q < B_CH; q++) {
       const int idx = tid + q * NT, r = idx >> 3, c = idx & 7;
@@ -117,74 +74,21 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
       cp_async16(db + swz(r, c), ok ? p.w3 + int64_t(n0 + r) * 3 * p.H + s * p.Kc + kl : p.w3, ok ? 16 : 0);
     }
   };
-  // The weights depend on no kernel: the first stages' B (one commit group each) and the norm's
-  // weights are requested before the wait, while the kernel before still runs; x after it. (The
-  // main loop's prologue then commits x's groups: at k-tile kt its wait still covers both halves.)
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; st++) {
-    if (st < steps) load_b(st, st);
-    cp_async_commit();
-  }
-  if (norm)
-    for (int kl = tid; kl < p.Kc; kl += NT) sW[kl] = p.norm.w[(s * p.Kc + kl) % p.H];
-  pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
-  const int rows = int(lmin(BM, p.T - m0));  // (norm: all T, one tile)
-  if (norm) {
-    // The rows, whole, into shared memory: one trip to memory for both the norm's sums and every
-    // k-tile's x (no x stages then), instead of the norm kernel's two and the stages' one.
-    const int chunks = rows * p.H / 4;
-    for (int i = tid; i < chunks; i += NT) cp_async16(sR + 4 * i, p.x + m0 * p.H + 4 * i, 16);
-    cp_async_commit();
-    cp_async_wait<0>();  // (the B stages' groups too: requested long before)
-    __syncthreads();
-    rms_factors<NT>(sR, p.H, p.norm.eps, rows, s_inv, s_red);  // (syncs: sW is in as well)
-  }
-  // This CTA writes the normalised rows of its chunk's section-0 columns (each column once).
-  const bool writes_rows = norm && blockIdx.x == 0;
 
   float acc[MI][NI][4];
   ptx::zero_tile(acc);
-  auto load_stage = [&](int stage, int kt) {
-    load_x(stage, kt);
-    load_b(stage, kt);
-  };
-  ptx::cp_async_mainloop<STAGES>(steps, [&](int st) { load_x(st, st); }, load_stage, [&](int stage, int kt) {
+  ptx::cp_async_mainloop<STAGES>(steps, [&](int st) { load_stage(st, st); }, load_stage, [&](int stage, int kt) {
     // This k-tile's A' columns: x split into bf16 hi (sections 0 and 1 of K') or lo (section 2),
-    // router_split's rounding; zero past the chunk, as the split GEMM's zero-filled loads. norm.w:
-    // x normalised first, rmsnorm's arithmetic (w (x inv)), and written out where this CTA does.
+    // router_split's rounding; zero past the chunk, as the split GEMM's zero-filled loads.
     const float* xs = sX + stage * BM * BK;
 #pragma unroll
     for (int q = 0; q < A_CH; q++) {
       const int idx = tid + q * NT, r = idx >> 3, c = idx & 7;
       const int kl = kt * BK + c * 8;
-      const int kk = s * p.Kc + kl;
-      const bool lo = kk / p.H == 2;
-      float4 v0, v1;
-      if (!norm) {
-        v0 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8);
-        v1 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8 + 4);
-      } else if (r < rows && kl < p.Kc) {  // (rows past T and columns past the chunk: zeros)
-        const float* src = sR + r * p.H + kk % p.H;
-        v0 = *reinterpret_cast<const float4*>(src);
-        v1 = *reinterpret_cast<const float4*>(src + 4);
-      } else {
-        v0 = v1 = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      if (norm && r < rows && kl < p.Kc) {  // (Kc % 8 == 0: the eight are in the chunk or past it together)
-        const float iv = s_inv[r];
-#pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = sW[kl + e] * (f[e] * iv);
-        if (writes_rows && kk < p.H) {
-          const int64_t o = (m0 + r) * p.H + kk;
-          *reinterpret_cast<float4*>(p.norm.out_f + o) = make_float4(f[0], f[1], f[2], f[3]);
-          *reinterpret_cast<float4*>(p.norm.out_f + o + 4) = make_float4(f[4], f[5], f[6], f[7]);
-          __align__(16) bf16 b[8];
-#pragma unroll
-          for (int e = 0; e < 8; e++) b[e] = __float2bfloat16_rn(f[e]);
-          *reinterpret_cast<uint4*>(p.norm.out_b + o) = *reinterpret_cast<const uint4*>(b);
-        }
-      }
+      const bool lo = (s * p.Kc + kl) / p.H == 2;
+      const float4 v0 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8);
+      const float4 v1 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8 + 4);
+      const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
       __align__(16) bf16 o[8];
 #pragma unroll
       for (int e = 0; e < 8; e++) {
@@ -232,21 +136,14 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
 template <int BM, int BN, int WM, int WN, int STAGES>
 void launch_router(const RouterArgs& a, cudaStream_t s) {
   EPMOE_ASSERT(!a.route || (a.done && BM >= a.T), "gpu router: routes in its last CTA only one row tile");
-  EPMOE_ASSERT(!a.norm.w || (BM >= a.T && a.norm.out_f && a.norm.out_b),
-               "gpu router: normalises its rows only in one row tile, with both outputs");
   constexpr int BK = 64;
-  constexpr size_t base = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
-  const size_t smem = base + (a.norm.w ? (size_t(a.Kc) + size_t(a.T) * a.H) * sizeof(float) : 0);
-  // (Raised once, to what router_takes_norm allows: kRouterNormBytes of rows and their weights.)
-  constexpr size_t most = base + 2 * kRouterNormBytes;
+  constexpr size_t smem = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
   static const bool ready = [] {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(router_kernel<BM, BN, WM, WN, STAGES>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)ready;
-  EPMOE_ASSERT(smem <= most, "gpu router: " + std::to_string(a.T) + " rows of " + std::to_string(a.H) +
-                                 " are too many to normalise in the router");
   const dim3 grid(ceil_div(a.E, BN), unsigned(ceil_div(a.T, BM)), a.S);
   launch_pdl(router_kernel<BM, BN, WM, WN, STAGES>, grid, dim3(WM * WN * 32), smem, s, a);
 }
@@ -258,26 +155,17 @@ void launch_router(const RouterArgs& a, cudaStream_t s) {
 // a CTA that ran every chunk of its rows and added them itself (tried) either reads all the
 // weights once per 32 rows (L2-bound: 111 us at 4096 rows) or leaves most of the chip idle.
 
-bool router_takes_norm(int64_t T, int H) {
-  static const bool on = !env_off("EPMOE_ROUTER_NORM");
-  return on && T >= 1 && T <= kRouterRoutesRows && T * H * int64_t(sizeof(float)) <= kRouterNormBytes;
-}
-
 bool router_routes(const RouteArgs& ra, int64_t T) {
   return T >= 1 && T <= kRouterRoutesRows && ra.cfg.kind == RoutingKind::SoftmaxTopK && ra.cfg.num_experts <= 256 &&
          ra.cfg.top_k <= 32 && !ra.general_kernel;
 }
 
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
-                   const RouteArgs* route, unsigned* done, const RouterNorm& norm) {
+                   const RouteArgs* route, unsigned* done) {
   if (T == 0) return;
   EPMOE_ASSERT(H % 8 == 0 && (3 * H) % (8 * S) == 0, "gpu router: H a multiple of 8 and 3H of 8 S");
-  EPMOE_ASSERT(!norm.w || router_takes_norm(T, H), "gpu router: normalises at most " +
-                                                      std::to_string(kRouterNormBytes) + " bytes of rows, got " +
-                                                      std::to_string(T) + " of " + std::to_string(H));
   RouterArgs a;
   a.x = x, a.w3 = w3, a.T = T, a.H = H, a.E = E, a.S = S, a.Kc = 3 * H / S, a.out = out;
-  a.norm = norm;
   if (route) {
     EPMOE_ASSERT(router_routes(*route, T) && S <= kMaxRouterParts && route->cfg.num_experts == E,
                  "gpu router: routing in the router's last CTA needs SoftmaxTopK, <= 256 experts and <= 16 rows");

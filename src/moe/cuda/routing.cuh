@@ -60,22 +60,8 @@ int router_chunks(int H);
 // kernel leaves zeroed.
 constexpr int kRouterRoutesRows = 16;
 bool router_routes(const RouteArgs& ra, int64_t T);
-// norm (decode steps: router_takes_norm): x is the residual stream, and the router computes its
-// RMSNorm itself -- rmsnorm's bits, kernels/cuda/ops.cuh -- from the rows staged whole in shared
-// memory, writing the normalised rows to out_f and out_b as rmsnorm would: the decoder's
-// post-attention norm without a launch of its own on a decode step's chain.
-struct RouterNorm {
-  const float* w = nullptr;  // [H] the norm's weight; nullptr: x is normalised already
-  float eps = 0.f;
-  float* out_f = nullptr;  // [T, H] fp32
-  bf16* out_b = nullptr;   // [T, H] bf16
-};
-constexpr int64_t kRouterNormBytes = 32 * 1024;  // the rows a router CTA stages (8 of Qwen3-30B-A3B's)
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
-                   const RouteArgs* route = nullptr, unsigned* done = nullptr, const RouterNorm& norm = {});
-// Whether the router takes the norm of T rows of H: 1 to 16 rows of at most kRouterNormBytes, unless
-// EPMOE_ROUTER_NORM=0 (the post-attention norm then runs as its own kernel).
-bool router_takes_norm(int64_t T, int H);
+                   const RouteArgs* route = nullptr, unsigned* done = nullptr);
 
 // EPMOE_ROUTER_ROUTES=1: decode steps route in the router's last CTA (RouterGpu::routes). Opt-in
 // until a GPU run has checked it (written in run 22 without a device: docs/gpu.md, "Not done").
@@ -109,25 +95,22 @@ struct RouterGpu {
   // can_route: the shapes allow it; routes: and EPMOE_ROUTER_ROUTES=1 asks for it.
   bool can_route(const RouteArgs& ra, int64_t T) const { return split && router_routes(ra, T); }
   bool routes(const RouteArgs& ra, int64_t T) const { return route_in_router() && can_route(ra, T); }
-  // Whether run / run_and_route take a RouterNorm for T rows (split mode, router_takes_norm).
-  bool takes_norm(int64_t T) const { return split && router_takes_norm(T, H); }
-  void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s, const RouterNorm& norm = {}) {
+  void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s) {
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
-    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data(), norm);
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data());
   }
   DeviceArray<unsigned> done;  // the last-CTA counter of run_and_route
-  Logits run(const float* x, int64_t T, cudaStream_t s, const RouterNorm& norm = {}) {
+  Logits run(const float* x, int64_t T, cudaStream_t s) {
     GemmArgs g;
     g.N = E;
     if (!split) {
-      EPMOE_ASSERT(!norm.w, "gpu router: the fp32 router takes normalised rows");
       full.reserve(size_t(std::max<int64_t>(T, 1)) * size_t(E));
       g.A = x, g.lda = H, g.B = w32.data(), g.ldb = H, g.M = int(T), g.K = H, g.C = full.data(), g.ldc = E;
       if (T > 0) gemm<float, float>(g, Epilogue::Store, s);
       return {full.data(), 1, 0};
     }
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
-    router_logits(x, w3.data(), T, H, E, S, part.data(), s, nullptr, nullptr, norm);
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s);
     return {part.data(), S, int64_t(T) * E};
   }
   DeviceArray<float> full;  // [T, E] (f32 mode)
