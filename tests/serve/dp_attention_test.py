@@ -125,7 +125,7 @@ def main():
             return [e["num_running_reqs"] for e in httpx.get(s.url + "/v1/loads", timeout=10).json()["loads"]]
 
         def sent_and_paused(rids):
-            """Sends rids as one batch request and pauses in place once all of them run: (threads,
+            """Sends rids as one batch request and pauses in place once all of them run: (the thread,
             requests running on each rank when paused, the pause's answer, attempts). The window is
             the requests' ~1 s of decoding: on a loaded machine (ctest runs MPI tests beside this one
             on 2 cores) a poll can miss it and the pause come after some ended (CI, 2026-12-06: both
@@ -133,23 +133,21 @@ def main():
             server's: then they are let finish and sent again, up to five times."""
             for attempt in range(1, 6):
                 answers.clear()
-                threads = [threading.Thread(target=run, args=(rids,))]
-                for t in threads:
-                    t.start()
+                thread = threading.Thread(target=run, args=(rids,))
+                thread.start()
                 deadline = time.time() + 30
                 while time.time() < deadline and sum(running_on_each_rank()) < len(rids):
                     time.sleep(0.01)
                 paused = httpx.post(s.url + "/pause_generation", json={"mode": "in_place"}, timeout=30)
                 on = running_on_each_rank()
                 if sum(on) == len(rids) or paused.status_code != 200:
-                    return threads, on, paused, attempt
+                    return thread, on, paused, attempt
                 httpx.post(s.url + "/continue_generation", timeout=30)
-                for t in threads:
-                    t.join(120)
+                thread.join(120)
                 s.wait_idle()
-            return threads, on, paused, attempt
+            return thread, on, paused, attempt
 
-        threads, on, r, attempt = sent_and_paused(["long0", "long1", "long2"])
+        thread, on, r, attempt = sent_and_paused(["long0", "long1", "long2"])
         check(r.status_code == 200, "pause in place: %s" % r.text)
         check(on == [1, 1, 1], "the three requests run on three ranks (%s, attempt %d)" % (on, attempt))
         httpx.post(s.url + "/abort_request", json={"rid": "long1"}, timeout=30)
@@ -160,8 +158,7 @@ def main():
               "an update while paused in place answers (%.1f s): %s" % (time.time() - t0, r.text[:200]))
         r = httpx.post(s.url + "/continue_generation", timeout=30)
         check(r.status_code == 200, "continue: %s" % r.text)
-        for t in threads:
-            t.join(120)
+        thread.join(120)
         fins = {rid: a["meta_info"]["finish_reason"]["type"] for rid, a in answers.items()}
         check(fins == {"long0": "length", "long1": "abort", "long2": "length"},
               "abort by rid reached its rank; the others continued to their length (%s)" % fins)
@@ -176,13 +173,12 @@ def main():
 
         # abort_all_requests: the requests in flight end now instead of finishing on the old weights
         # (paused in place first, so that they are surely in flight when the update comes).
-        threads, on, _, attempt = sent_and_paused(["again0", "again1"])
+        thread, on, _, attempt = sent_and_paused(["again0", "again1"])
         check(sum(on) == 2, "both requests in flight when paused (%s, attempt %d)" % (on, attempt))
         r = httpx.post(s.url + "/update_weights_from_disk", json={"model_path": model, "abort_all_requests": True,
                                                                  "weight_version": "v3"}, timeout=60)
         httpx.post(s.url + "/continue_generation", timeout=30)
-        for t in threads:
-            t.join(120)
+        thread.join(120)
         fins = sorted(a["meta_info"]["finish_reason"]["type"] for a in answers.values())
         check(r.status_code == 200 and fins == ["abort", "abort"],
               "update with abort_all_requests: the requests in flight aborted (%s), the update done (%s)"

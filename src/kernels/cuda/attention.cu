@@ -17,116 +17,64 @@ __device__ __forceinline__ int64_t kv_row(const KvPages& kv, const int32_t* tabl
   return ((int64_t(layer) * kv.blocks + table[j / B]) * B + j % B) * kvd;
 }
 
-// One head of a token by one warp (rope_kernel's job, and the decode kernel's for its own token),
-// in two halves: RopeLane, what a lane needs besides the head's values -- its dims' norm weights
-// and the rotation's cos/sin at the token's position -- read and computed before the kernel's PDL
-// wait (weights and the step's positions, copied in before its first kernel); then
-// norm_rope_head, after the wait: src's D values staged in s (the warp's D floats of shared
-// memory), RMS-normalised by the weights when given, rotated (the first rotary_dim dims, halves)
-// and put(i, value) for every dim. One body for both kernels, so their q and k have the same bits.
-// (Run 27: rope_kernel loaded the weights, then inv_freq, after the head's values -- three
-// dependent trips to memory on a decode step's chain where one is needed.)
-constexpr int kRopeMaxD = 256;  // RopeLane's dims: 8 per lane
-struct RopeLane {
-  float w[kRopeMaxD / 32];             // the norm weight of dim lane + 32 p
-  float cs[kRopeMaxD / 64], sn[kRopeMaxD / 64];  // rotation of dim pair (lane + 32 p, + half)
-};
-__device__ __forceinline__ RopeLane rope_lane(const RopeArgs& a, const float* w, int pos, int lane) {
-  RopeLane c;
-#pragma unroll
-  for (int p = 0; p < kRopeMaxD / 32; p++) {
-    const int i = lane + 32 * p;
-    c.w[p] = w && i < a.D ? w[i] : 0.f;
-  }
-  const int half = a.rotary_dim / 2;
-#pragma unroll
-  for (int p = 0; p < kRopeMaxD / 64; p++) {
-    const int i = lane + 32 * p;
-    c.cs[p] = c.sn[p] = 0.f;
-    if (i < half) {
-      const float f = float(pos) * a.inv_freq[i];
-      c.cs[p] = cosf(f) * a.attention_factor, c.sn[p] = sinf(f) * a.attention_factor;  // (* 1: exact)
-    }
-  }
-  return c;
-}
+// One head of a token by one warp (rope_kernel's job, and the decode kernel's for its own token):
+// src's D values staged in s (the warp's D floats of shared memory), RMS-normalised by w when
+// given, then rotated (the first rotary_dim dims, halves) at position pos; put(i, value) for every
+// dim. One body for both kernels, so their q and k have the same bits.
 template <class Put>
-__device__ __forceinline__ void norm_rope_head(const RopeArgs& a, const float* src, float* s, bool norm,
-                                               const RopeLane& c, int lane, Put put) {
+__device__ __forceinline__ void norm_rope_head(const RopeArgs& a, const float* src, float* s, const float* w, int pos,
+                                               int lane, Put put) {
   const int D = a.D;
-#pragma unroll
-  for (int p = 0; p < kRopeMaxD / 32; p++)
-    if (lane + 32 * p < D) s[lane + 32 * p] = src[lane + 32 * p];
+  for (int i = lane; i < D; i += 32) s[i] = src[i];
   __syncwarp();
-  if (norm) {
+  if (w) {
     float ss = 0.f;
-#pragma unroll
-    for (int p = 0; p < kRopeMaxD / 32; p++) {
-      const int i = lane + 32 * p;
-      if (i < D) ss += s[i] * s[i];
-    }
+    for (int i = lane; i < D; i += 32) ss += s[i] * s[i];
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / float(D) + a.eps);
-#pragma unroll
-    for (int p = 0; p < kRopeMaxD / 32; p++) {
-      const int i = lane + 32 * p;
-      if (i < D) s[i] = c.w[p] * (s[i] * inv);
-    }
+    for (int i = lane; i < D; i += 32) s[i] = w[i] * (s[i] * inv);
     __syncwarp();
   }
   const int half = a.rotary_dim / 2;
-#pragma unroll
-  for (int p = 0; p < kRopeMaxD / 64; p++) {
-    const int i = lane + 32 * p;
-    if (i < half) {
-      const float x0 = s[i], x1 = s[i + half];
-      // Rounded as written, not as the compiler contracts: with cos/sin computed before the wait,
-      // `x0 * cs - x1 * sn` was contracted otherwise than before run 28 and changed the bits of 14
-      // of 24 fixtures. These are the contractions the kernels made before (checked bit for bit).
-      put(i, __fmaf_rn(x0, c.cs[p], -__fmul_rn(x1, c.sn[p])));
-      put(i + half, __fmaf_rn(x0, c.sn[p], __fmul_rn(x1, c.cs[p])));
-    }
+  for (int i = lane; i < half; i += 32) {
+    const float f = float(pos) * a.inv_freq[i];
+    const float cs = cosf(f) * a.attention_factor, sn = sinf(f) * a.attention_factor;  // (* 1: exact)
+    const float x0 = s[i], x1 = s[i + half];
+    put(i, x0 * cs - x1 * sn);
+    put(i + half, x1 * cs + x0 * sn);
   }
   for (int i = a.rotary_dim + lane; i < D; i += 32) put(i, s[i]);
 }
 
 // One warp per (token, head) over the q heads, then the k heads, then the v heads; KT the cache's
-// value type. Before the PDL wait: the token's slot and cache row and the head's RopeLane.
+// value type.
 template <class KT>
 __global__ void rope_kernel(const RopeArgs a) {
   extern __shared__ float hsm[];
+  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
+  pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int heads = a.Hq + 2 * a.Hkv, D = a.D;
   const int64_t job = int64_t(blockIdx.x) * nw + warp;
-  if (job >= a.T * heads) {
-    pdl_wait();  // (common.cuh: every warp waits)
-    pdl_trigger();
-    return;
-  }
+  if (job >= a.T * heads) return;
   const int64_t t = job / heads;
   const int h = int(job % heads);
+  const float* src = a.qkv + t * int64_t(heads) * D + int64_t(h) * D;
   const TokenSlot slot = a.slots[t];
   const int64_t kvd = int64_t(a.Hkv) * D;
   const int64_t row = h >= a.Hq ? kv_row(a.kv, a.kv.tables + slot.table, a.layer, slot.pos, kvd) : 0;
-  const bool is_q = h < a.Hq, is_v = h >= a.Hq + a.Hkv;
-  const float* w = is_q ? a.q_norm : a.k_norm;
-  RopeLane c{};
-  if (!is_v) c = rope_lane(a, w, slot.pos, lane);
-  pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
-  pdl_trigger();
-  const float* src = a.qkv + t * int64_t(heads) * D + int64_t(h) * D;
-  if (is_v) {  // v: straight into the cache
+  if (h >= a.Hq + a.Hkv) {  // v: straight into the cache
     KT* dst = static_cast<KT*>(a.kv.v) + row + int64_t(h - a.Hq - a.Hkv) * D;
     for (int i = lane; i < D; i += 32) dst[i] = from_f32<KT>(src[i]);
     return;
   }
   // q to q_out in fp32; k into the cache (rounded once there when it holds bf16).
-  if (is_q) {
+  if (h < a.Hq) {
     float* qdst = a.q_out + t * int64_t(a.Hq) * D + int64_t(h) * D;
-    norm_rope_head(a, src, hsm + size_t(warp) * D, w != nullptr, c, lane, [&](int i, float v) { qdst[i] = v; });
+    norm_rope_head(a, src, hsm + size_t(warp) * D, a.q_norm, slot.pos, lane, [&](int i, float v) { qdst[i] = v; });
   } else {
     KT* kdst = static_cast<KT*>(a.kv.k) + row + int64_t(h - a.Hq) * D;
-    norm_rope_head(a, src, hsm + size_t(warp) * D, w != nullptr, c, lane,
+    norm_rope_head(a, src, hsm + size_t(warp) * D, a.k_norm, slot.pos, lane,
                    [&](int i, float v) { kdst[i] = from_f32<KT>(v); });
   }
 }
@@ -540,10 +488,6 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   };
   int issued = 0;
   while (a.early_tiles && issued < kDecStages - 1 && (ROPE || before_own_row(issued))) issue(issued++);
-  // ROPE: warp 0's q head and warp 1's k head constants (rope_kernel's, before its wait as well).
-  RopeLane rl{};
-  if constexpr (ROPE)
-    if (warp < 2) rl = rope_lane(a.rope, warp == 0 ? a.rope.q_norm : a.rope.k_norm, slot.pos, lane);
   pdl_wait();  // (launched with launch_pdl: nothing an earlier kernel of the step writes is touched before this)
   pdl_trigger();
   while (issued < kDecStages - 1) issue(issued++);
@@ -556,11 +500,10 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
     const bool writes = h % (a.Hq / a.Hkv) == 0;  // the group's first q head writes the cache rows
     const int64_t row = writes ? kv_row(kv, table, a.layer, slot.pos, a.k_stride) : 0;
     if (warp == 0) {
-      norm_rope_head(r, src + int64_t(h) * D, stage, r.q_norm != nullptr, rl, lane,
-                     [&](int i, float v) { own_q[i] = v; });
+      norm_rope_head(r, src + int64_t(h) * D, stage, r.q_norm, slot.pos, lane, [&](int i, float v) { own_q[i] = v; });
     } else if (warp == 1) {
       KT* kdst = static_cast<KT*>(kv.k) + row + int64_t(hk) * D;
-      norm_rope_head(r, src + int64_t(a.Hq + hk) * D, stage + D, r.k_norm != nullptr, rl, lane, [&](int i, float v) {
+      norm_rope_head(r, src + int64_t(a.Hq + hk) * D, stage + D, r.k_norm, slot.pos, lane, [&](int i, float v) {
         own_k[i] = from_f32<KT>(v);
         if (writes) kdst[i] = own_k[i];
       });
@@ -727,9 +670,6 @@ __global__ void head_major_rows_kernel(int64_t T, int Hq, int32_t* out) {
 
 void qk_norm_rope_cache(const RopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
-  EPMOE_ASSERT(a.D <= kRopeMaxD && a.rotary_dim <= a.D && a.rotary_dim % 2 == 0,
-               "gpu rope: head dim " + std::to_string(a.D) + " (at most " + std::to_string(kRopeMaxD) +
-                   "), rotary dim " + std::to_string(a.rotary_dim) + " (even, at most the head dim)");
   constexpr int warps = 4;
   const int64_t jobs = a.T * (a.Hq + 2 * a.Hkv);
   const dim3 grid(unsigned(ceil_div(jobs, warps))), block(warps * 32);

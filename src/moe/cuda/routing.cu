@@ -178,11 +178,23 @@ bool route_in_router() {
   return on;
 }
 
+namespace {
+
 // EPMOE_ROUTE_BLOCK=0: SoftmaxTopK one warp per token (route_softmax_kernel), for measuring.
 bool route_block_per_token() {
   static const bool on = !env_off("EPMOE_ROUTE_BLOCK");
   return on;
 }
+
+// SoftmaxTopK with every score in registers, R = ceil(E / 32) a lane: a block of 32 R threads per
+// token (route_softmax_block_kernel) or a warp per token, four to a block (route_softmax_kernel).
+template <int R>
+void launch_route_softmax(const RouteArgs& a, bool block_per_token, cudaStream_t s) {
+  if (block_per_token) launch_pdl(route_softmax_block_kernel<R>, dim3(unsigned(a.T)), dim3(32 * R), 0, s, a);
+  else launch_pdl(route_softmax_kernel<R>, dim3(unsigned(ceil_div(a.T, 4))), dim3(128), 0, s, a);
+}
+
+}  // namespace
 
 void route(const RouteArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
@@ -190,21 +202,13 @@ void route(const RouteArgs& a, cudaStream_t s) {
   EPMOE_ASSERT(a.cfg.top_k <= 32 && a.cfg.n_group <= E, "gpu routing: top_k <= 32 and n_group <= E");
   EPMOE_ASSERT(a.parts >= 1 && a.parts <= kMaxRouterParts, "gpu routing: 1..16 logit partials");
   constexpr int warps = 4;
-  if (a.cfg.kind == RoutingKind::SoftmaxTopK && E <= 256 && !a.general_kernel && !a.warp_per_token &&
-      a.cfg.top_k <= E && route_block_per_token()) {
-    const dim3 grid(unsigned(a.T));
-    if (E <= 32) launch_pdl(route_softmax_block_kernel<1>, grid, dim3(32), 0, s, a);
-    else if (E <= 64) launch_pdl(route_softmax_block_kernel<2>, grid, dim3(64), 0, s, a);
-    else if (E <= 128) launch_pdl(route_softmax_block_kernel<4>, grid, dim3(128), 0, s, a);
-    else launch_pdl(route_softmax_block_kernel<8>, grid, dim3(256), 0, s, a);
-    return;
-  }
   if (a.cfg.kind == RoutingKind::SoftmaxTopK && E <= 256 && !a.general_kernel) {
-    const dim3 grid(ceil_div(a.T, warps)), block(warps * 32);
-    if (E <= 32) launch_pdl(route_softmax_kernel<1>, grid, block, 0, s, a);
-    else if (E <= 64) launch_pdl(route_softmax_kernel<2>, grid, block, 0, s, a);
-    else if (E <= 128) launch_pdl(route_softmax_kernel<4>, grid, block, 0, s, a);
-    else launch_pdl(route_softmax_kernel<8>, grid, block, 0, s, a);
+    // (The block kernel's slots are the K best of E ranks: K <= E.)
+    const bool block = !a.warp_per_token && a.cfg.top_k <= E && route_block_per_token();
+    if (E <= 32) launch_route_softmax<1>(a, block, s);
+    else if (E <= 64) launch_route_softmax<2>(a, block, s);
+    else if (E <= 128) launch_route_softmax<4>(a, block, s);
+    else launch_route_softmax<8>(a, block, s);
     return;
   }
   const size_t smem = size_t(warps) * (3 * E + 32) * sizeof(float);

@@ -34,8 +34,6 @@ struct RouteArgs {
   bool warp_per_token = false;
 };
 void route(const RouteArgs& a, cudaStream_t s);
-// False under EPMOE_ROUTE_BLOCK=0: route() then runs SoftmaxTopK one warp per token.
-bool route_block_per_token();
 // Routing replay: a.physical [T, K] from a given logical choice a.logical (the replica of each slot
 // as route() would pick it); the weights are the given ones, nothing else is written.
 void replica_slots(const RouteArgs& a, cudaStream_t s);
