@@ -25,9 +25,9 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ROUTE_BLOCK", "1 | 0",
        "0 routes SoftmaxTopK one warp per token instead of one block per token, a thread per expert (the same "
        "bits; for measuring)"},
-      {"EPMOE_ROUTER_ROUTES", "1 | N",
-       "decode steps of up to N rows (at most 16; 0: none) route in the router's last CTA instead of by the "
-       "route kernel after it (the same bits)"},
+      {"EPMOE_ROUTER_ROUTES", "0 | 1",
+       "1 routes decode steps in the router's last CTA instead of by the route kernel after it (the same bits; "
+       "measured slower at 8 sequences, run 23)"},
       {"EPMOE_RMSNORM_REGS", "1 | 0",
        "0 runs RMSNorm on the loop kernel instead of the one that keeps the row in registers (rows up to 4096 "
        "wide; the same bits; for measuring)"},

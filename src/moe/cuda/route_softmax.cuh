@@ -1,7 +1,6 @@
-// The SoftmaxTopK routing of one token (Qwen, Mixtral) by one warp with every score in registers
-// (route_softmax_kernel's body, routing.cu) or by a whole block (route_softmax_block_kernel's, and
-// the router's last CTA's when it routes a decode step itself: router.cu,
-// RouterGpu::run_and_route). Device code of those two sources only.
+// The SoftmaxTopK routing of one token by one warp with every score in registers (Qwen,
+// Mixtral): route_softmax_kernel's body (routing.cu), and the router's last CTA's when it routes a
+// decode step itself (router.cu, RouterGpu::run_and_route). Device code of those two sources only.
 #pragma once
 
 #include "moe/cuda/routing.cuh"
@@ -89,105 +88,78 @@ static __device__ inline void route_softmax_token(const RouteArgs& a, int64_t t,
   if (lane < K) write_slot(a, t, gid, lane, my_id, my_w);
 }
 
-// SoftmaxTopK of token t by all NT threads of a block, thread i holding experts i + NT j (j < EPT,
-// NT EPT >= E): route_softmax_block_kernel's body (a block of E threads per token; route() at every
-// step size unless EPMOE_ROUTE_BLOCK=0) and the router's last CTA's (64 threads, one token after
-// another: RouterGpu::run_and_route). Why not route_softmax_token's warp: Nsight Compute (run 27,
-// one H100) found its one token ~1,750 instructions of one warp at ~7.5 cycles each, 8.9 us -- 64
-// partial loads with their addresses in one lane, and K rounds of a dependent warp argmax. Here a
-// thread loads and adds its own experts' 16 partials, and the top-k is a rank each thread counts
+// SoftmaxTopK of one token by one block of 32 R threads, a thread per expert (route() at every
+// step size unless EPMOE_ROUTE_BLOCK=0). Why not route_softmax_token's warp: Nsight Compute (run
+// 27, one H100) found its one token ~1,750 instructions of one warp at ~7.5 cycles each, 8.9 us --
+// 64 partial loads with their addresses in one lane, and K rounds of a dependent warp argmax. Here
+// a thread loads and adds its own expert's 16 partials, and the top-k is a rank each thread counts
 // against all E keys at once.
 //
-// The same bits and choices as route_softmax_token, for any NT and EPT: each logit is the same
-// in-order sum of its partials; the max is exact in any order; the softmax's sum is warp 0's
-// per-lane sums over e = lane + 32 r in ascending r and the same warp tree; the chosen weights add
-// in slot order. The top-k: the probabilities are >= +0 (never -0), so a float's bits order like
-// its value, and key = (bits << 32) | ~e ranks by value, then lower e first -- K rounds of "best
-// untaken, lowest e on ties" pick the same experts in the same order. A NaN has no such order (and
-// the rounds' choice with one is their own), so a token with one is routed by route_softmax_token
-// itself (warp 0, R = NT EPT / 32 registers a lane). Every thread of the block calls it; it may be
-// called again for the next token at once (it begins with a barrier over its shared arrays).
-template <int NT, int EPT>
-static __device__ inline void route_softmax_block_token(const RouteArgs& a, int64_t t) {
-  constexpr int NE = NT * EPT, NW = NT / 32;
-  static_assert(NT % 32 == 0 && NE <= 256, "route_softmax_block_token: whole warps, <= 256 experts");
-  __shared__ float val[NE];                              // exp(x - max) of expert e
-  __shared__ __align__(16) unsigned long long key[NE];  // rank keys (0: no expert)
-  __shared__ float red[NW];                              // per-warp maxima, then the sum
+// The same bits and choices as route_softmax_token: each logit is the same in-order sum of its
+// partials; the max is exact in any order; the softmax's sum is warp 0's per-lane sums over
+// e = lane + 32 r in ascending r and the same warp tree; the chosen weights add in slot order. The
+// top-k: the probabilities are >= +0 (never -0), so a float's bits order like its value, and
+// key = (bits << 32) | ~e ranks by value, then lower e first -- K rounds of "best untaken, lowest e
+// on ties" pick the same experts in the same order. A NaN has no such order (and the rounds' choice
+// with one is their own), so a token with one is routed by route_softmax_token itself.
+template <int R>
+__global__ void __launch_bounds__(32 * R) route_softmax_block_kernel(const RouteArgs a) {
+  constexpr int NT = 32 * R;
+  __shared__ float val[NT];                                // exp(x - max) of expert e
+  __shared__ __align__(16) unsigned long long key[NT];    // rank keys (0: no expert)
+  __shared__ float red[R];                                 // per-warp maxima, then the sum
   __shared__ int chosen_id[32];
   __shared__ float chosen_w[32];
+  pdl_trigger();
+  const int64_t t = blockIdx.x;
+  const uint64_t gid = a.identity ? 0 : a.gids[t];  // (a step input, copied in before its kernels)
+  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
   const RoutingConfig& c = a.cfg;
   const int E = c.num_experts, K = c.top_k;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  __syncthreads();  // (the previous token's reads of the arrays are done)
-  float x[EPT];
-  float m = -INFINITY;
+  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+  const bool expert = e < E;
+  float part[kMaxRouterParts];
 #pragma unroll
-  for (int j = 0; j < EPT; j++) {
-    const int e = tid + NT * j;
-    float part[kMaxRouterParts];
+  for (int p = 0; p < kMaxRouterParts; p++)
+    part[p] = p < a.parts && expert ? a.logits[p * a.part_stride + t * E + e] : 0.f;
+  float x = 0.f;
 #pragma unroll
-    for (int p = 0; p < kMaxRouterParts; p++)
-      part[p] = p < a.parts && e < E ? a.logits[p * a.part_stride + t * E + e] : 0.f;
-    x[j] = 0.f;
-#pragma unroll
-    for (int p = 0; p < kMaxRouterParts; p++)
-      if (p < a.parts) x[j] += part[p];
-    if (e < E) m = fmaxf(m, x[j]);
-  }
-  m = warp_max(m);
+  for (int p = 0; p < kMaxRouterParts; p++)
+    if (p < a.parts) x += part[p];
+  float m = warp_max(expert ? x : -INFINITY);
   if (lane == 0) red[warp] = m;
   __syncthreads();
 #pragma unroll
-  for (int w = 0; w < NW; w++) m = fmaxf(m, red[w]);
-  float ex[EPT];
-#pragma unroll
-  for (int j = 0; j < EPT; j++) {
-    const int e = tid + NT * j;
-    ex[j] = e < E ? expf(x[j] - m) : 0.f;
-    val[e] = ex[j];
-  }
+  for (int w = 0; w < R; w++) m = fmaxf(m, red[w]);
+  const float ex = expert ? expf(x - m) : 0.f;
+  val[e] = ex;
   __syncthreads();  // (also: every thread has read red)
   if (warp == 0) {
     float sum = 0.f;
 #pragma unroll
-    for (int r = 0; r < NE / 32; r++)
+    for (int r = 0; r < R; r++)
       if (lane + 32 * r < E) sum += val[lane + 32 * r];
     sum = warp_sum(sum);
     if (lane == 0) red[0] = sum;
   }
   __syncthreads();
-  const float inv = 1.0f / red[0];
-  float v[EPT];
-  bool nan = false;
-#pragma unroll
-  for (int j = 0; j < EPT; j++) {
-    v[j] = ex[j] * inv;
-    nan |= tid + NT * j < E && isnan(v[j]);
-  }
-  if (__syncthreads_or(nan)) {
-    if (warp == 0) route_softmax_token<NE / 32>(a, t, lane);
+  const float v = ex * (1.0f / red[0]);
+  if (__syncthreads_or(expert && isnan(v))) {
+    if (warp == 0) route_softmax_token<R>(a, t, lane);
     return;
   }
-  unsigned long long mine[EPT];
-#pragma unroll
-  for (int j = 0; j < EPT; j++) {
-    const int e = tid + NT * j;
-    mine[j] = e < E ? (static_cast<unsigned long long>(__float_as_uint(v[j])) << 32) | ~static_cast<unsigned>(e) : 0ull;
-    key[e] = mine[j];
-  }
+  const unsigned long long mine =
+      expert ? (static_cast<unsigned long long>(__float_as_uint(v)) << 32) | ~static_cast<unsigned>(e) : 0ull;
+  key[e] = mine;
   __syncthreads();
-  int rank[EPT] = {};
+  int rank = 0;
   const ulonglong2* k2 = reinterpret_cast<const ulonglong2*>(key);
 #pragma unroll 8
-  for (int i = 0; i < NE / 2; i++) {
-    const ulonglong2 q = k2[i];
-#pragma unroll
-    for (int j = 0; j < EPT; j++) rank[j] += (q.x > mine[j]) + (q.y > mine[j]);
+  for (int j = 0; j < NT / 2; j++) {
+    const ulonglong2 q = k2[j];
+    rank += (q.x > mine) + (q.y > mine);
   }
-#pragma unroll
-  for (int j = 0; j < EPT; j++)
-    if (tid + NT * j < E && rank[j] < K) chosen_id[rank[j]] = tid + NT * j, chosen_w[rank[j]] = v[j];
+  if (expert && rank < K) chosen_id[rank] = e, chosen_w[rank] = v;
   __syncthreads();
   if (warp != 0) return;
   float wsum = 0.f;  // in slot order, as route_softmax_token's lanes add them
@@ -195,16 +167,8 @@ static __device__ inline void route_softmax_block_token(const RouteArgs& a, int6
   if (lane < K) {
     float w = chosen_w[lane];
     if (c.norm_topk_prob) w /= wsum;
-    write_slot(a, t, a.identity ? 0 : a.gids[t], lane, chosen_id[lane], w);
+    write_slot(a, t, gid, lane, chosen_id[lane], w);
   }
-}
-
-// A block of 32 R threads per token, a thread per expert (route() unless EPMOE_ROUTE_BLOCK=0).
-template <int R>
-__global__ void __launch_bounds__(32 * R) route_softmax_block_kernel(const RouteArgs a) {
-  pdl_trigger();
-  pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
-  route_softmax_block_token<32 * R, 1>(a, blockIdx.x);
 }
 
 }  // namespace epmoe::cuda

@@ -129,10 +129,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // The block's threads route one token after another (route_softmax_block_token: the route
-  // kernel's body, a thread per 256 / NT experts). Run 23's version, a warp per token, held a
-  // one-row step's chain ~7 us longer than the router alone and was slower than the route kernel.
-  for (int64_t t = 0; t < p.ra.T; t++) route_softmax_block_token<NT, 256 / NT>(p.ra, t);
+  for (int64_t t = warp; t < p.ra.T; t += NT / 32) route_softmax_token<8>(p.ra, t, lane);
   if (tid == 0) *p.done = 0;  // (for the next launch: graph replays too)
 }
 

@@ -1,9 +1,6 @@
 // Routing on the GPU (moe/routing.cc is the reference): one warp per token computes the scores
 // of every strategy of RoutingConfig, the top-k, the weights, and the replica of each slot.
 #include "moe/cuda/routing.cuh"
-
-#include <algorithm>
-
 #include "moe/cuda/route_softmax.cuh"
 #include "util/env.h"
 
@@ -176,9 +173,9 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
 
 }  // namespace
 
-int64_t router_routes_up_to() {
-  static const int64_t rows = std::clamp<int64_t>(env_int("EPMOE_ROUTER_ROUTES", 1), 0, kRouterRoutesRows);
-  return rows;
+bool route_in_router() {
+  static const bool on = env_on("EPMOE_ROUTER_ROUTES");
+  return on;
 }
 
 namespace {

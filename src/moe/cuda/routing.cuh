@@ -61,11 +61,9 @@ bool router_routes(const RouteArgs& ra, int64_t T);
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
                    const RouteArgs* route = nullptr, unsigned* done = nullptr);
 
-// Decode steps of up to this many rows route in the router's last CTA (RouterGpu::routes):
-// EPMOE_ROUTER_ROUTES, 1 by default (0: never; at most kRouterRoutesRows). The last CTA routes its
-// rows one after another, so one row gains a launch on the step's chain and eight lost (run 23,
-// then with a warp per row; run 28 measured the block's version).
-int64_t router_routes_up_to();
+// EPMOE_ROUTER_ROUTES=1: decode steps route in the router's last CTA (RouterGpu::routes). Opt-in
+// until a GPU run has checked it (written in run 22 without a device: docs/gpu.md, "Not done").
+bool route_in_router();
 
 // The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
 // bf16 mode: the split-bf16 tensor-core GEMM above (fp32-grade logits, batch-invariant);
@@ -92,9 +90,9 @@ struct RouterGpu {
   };
   // Decode steps (router_routes: SoftmaxTopK, up to 16 rows, split mode): the logits and the
   // routing of ra in one launch, the routing by the router's last CTA (moe/cuda/router.cu).
-  // can_route: the shapes allow it; routes: and the step has at most router_routes_up_to() rows.
+  // can_route: the shapes allow it; routes: and EPMOE_ROUTER_ROUTES=1 asks for it.
   bool can_route(const RouteArgs& ra, int64_t T) const { return split && router_routes(ra, T); }
-  bool routes(const RouteArgs& ra, int64_t T) const { return T <= router_routes_up_to() && can_route(ra, T); }
+  bool routes(const RouteArgs& ra, int64_t T) const { return route_in_router() && can_route(ra, T); }
   void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s) {
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
     router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data());
