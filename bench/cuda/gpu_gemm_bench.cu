@@ -113,10 +113,13 @@ int main(int argc, char** argv) {
     const double bw = read_bandwidth();
     std::printf("HBM read %.0f GB/s; one dependent mma.sync m16n8k16 bf16 step: %.1f cycles\n\n", bw / 1e9,
                 mma_chain_cycles());
-    // split_gemv's choices (version, depth, warps, ring); the first is the default: v5 chosen per
-    // weight, v5 at other rings x warps, v4 chosen per weight and at one ring, v3 (registers).
-    const std::tuple<int, int, int, int> gemv_cfgs[] = {{5, 8, 1, -1}, {5, 8, 1, 8},  {5, 8, 1, 16}, {5, 8, 1, 32},
-                                                        {5, 8, 2, 16}, {4, 8, 1, -1}, {4, 8, 4, 32}, {3, 8, 4, 0}};
+    // split_gemv's choices (version, depth, warps, ring, chunk); the first is the default: v6 (bulk
+    // copies of `chunk` blocks) chosen per weight and at other rings, chunks and warps, v5 chosen per
+    // weight and at other rings x warps, v4 chosen per weight and at one ring, v3 (registers).
+    const std::tuple<int, int, int, int, int> gemv_cfgs[] = {
+        {6, 8, 1, -1, 4}, {6, 8, 1, 16, 4}, {6, 8, 1, 16, 8}, {6, 8, 1, 32, 4}, {6, 8, 2, 16, 4},
+        {5, 8, 1, -1, 4}, {5, 8, 1, 8, 4},  {5, 8, 1, 16, 4}, {5, 8, 2, 16, 4}, {4, 8, 1, -1, 4},
+        {4, 8, 4, 32, 4}, {3, 8, 4, 0, 4}};
     std::printf("| projection | N x K | rows | tile kernel us (GB/s) | wgmma kernel us (GB/s) | split_gemv us (GB/s) | "
                 "gemv / tile | best of HBM | split_gemv variants: us |\n"
                 "|---|---|---|---|---|---|---|---|---|\n");
@@ -178,14 +181,17 @@ int main(int argc, char** argv) {
         std::string cfg_cells;
         double gemv_us = 0;
         if (T <= kSplitGemvMaxRows)
-          for (auto [version, depth, warps, ring] : gemv_cfgs) {
-            set_split_gemv_config({true, depth, warps, ring, version});
+          for (auto [version, depth, warps, ring, chunk] : gemv_cfgs) {
+            set_split_gemv_config({true, depth, warps, ring, version, chunk});
             const double u = time([&](int i) {
               split_gemv(ws[size_t(i % copies)], x.data(), sh.K, T, y.data(), nullptr, Epilogue::Store, stream());
             });
             if (gemv_us == 0) gemv_us = u;
             char cell[64];
-            if (version >= 4)
+            if (version >= 6)
+              std::snprintf(cell, sizeof cell, "%sv6 ring %s/%d x %d: %.1f", cfg_cells.empty() ? "" : ", ",
+                            ring < 0 ? "auto" : std::to_string(ring).c_str(), chunk, warps, u);
+            else if (version >= 4)
               std::snprintf(cell, sizeof cell, "%sv%d ring %s x %d: %.1f", cfg_cells.empty() ? "" : ", ", version,
                             ring < 0 ? "auto" : std::to_string(ring).c_str(), warps, u);
             else

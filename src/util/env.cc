@@ -40,11 +40,11 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_ROPE", "0 | 1",
        "1: decode attention does its own token's q/k norm, RoPE and KV-cache write instead of the rope kernel "
        "before it (the same bits; measured level at 1 sequence and 1 % slower at 8, run 25)"},
-      {"EPMOE_SPLIT_GEMV", "1 | 0 | v4 | v3",
+      {"EPMOE_SPLIT_GEMV", "1 | 0 | v5 | v4 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
-       "fragment copy of their weights; v4 runs split_gemv's earlier version (x as the MMA's A operand, 8 columns "
-       "per warp), v3 that one with the weights prefetched into registers instead of the shared-memory ring (same "
-       "bits)"},
+       "fragment copy of their weights; v5 runs split_gemv's earlier version (its ring filled by every lane's "
+       "cp.async instead of bulk copies), v4 the one before (x as the MMA's A operand, 8 columns per warp), v3 that "
+       "one with the weights prefetched into registers instead of the shared-memory ring (same bits)"},
       // Launchers
       {"EPMOE_WORLD_SIZE", "unset | N", "ranks of a GPU run started by scripts/gpu-launch.sh (unset: mpirun's, or 1)"},
       {"EPMOE_RANK", "0 | r", "this process's rank under scripts/gpu-launch.sh"},

@@ -385,12 +385,111 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmA
   if constexpr (ROWS16) wide_store<SWIGLU>(p, acc8, g, 8, T, lane);
 }
 
-// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4: the earlier versions)
+// v6 (issue 33, run 29): v5's products and layout, its ring filled by bulk copies. Why: at one row
+// v5 is bound by one warp's instruction stream, not by its MMA chain -- Nsight Compute (run 24):
+// ~101 instructions per 64-wide block at ~4.4 cycles each (a lone warp per SM hides no latency),
+// ~444 cycles against the block's 8 dependent MMAs at ~26.5. Of those instructions the ring's own
+// are the largest share: every lane's four 16-byte cp.async a block, their addresses, descriptors
+// (17 R2UR) and commit groups. Here lane 0 asks for CH blocks at once (a group's blocks are
+// contiguous in frag16: one cp.async.bulk of CH x 2 KB), completing on the slot's mbarrier, and the
+// warp waits on that barrier once per CH blocks: a block is then its 4 shared loads, its 8 MMAs
+// and x's loads. (Run 24's bulk variant copied a block at a time and waited per block, and was
+// measured while the loop's moves of x -- fixed after it -- dominated both versions.)
+//
+// The ring: RING / CH slots of CH blocks per warp, one mbarrier each (count 1: lane 0's
+// arrive.expect_tx; the copy's bytes complete it); slot c % SLOTS holds chunk c, the barrier's
+// phase (c / SLOTS) & 1. A slot is asked for again after the warp read it: __syncwarp orders every
+// lane's shared loads before lane 0's fence.proxy.async, which orders them before the bulk copy's
+// writes (the async proxy). The bits are v5's: the same wide_mma_block, blocks in ascending order.
+__device__ inline void bulk_mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+__device__ inline void bulk_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// bytes (a multiple of 16) from gmem to smem (both 16-byte aligned), completing on bar.
+__device__ inline void bulk_copy(uint32_t smem, const void* gmem, uint32_t bytes, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem),
+               "l"(gmem), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmArgs p, const uint32_t* xf, int T) {
+  extern __shared__ uint4 ring_smem[];
+  constexpr int XA = ROWS16 ? 2 : 4;  // blocks of x's fragments ahead in registers
+  constexpr int SLOTS = RING / CH;
+  static_assert(RING % CH == 0 && CH % XA == 0, "split_gemv v6: whole chunks in the ring, x's registers by chunk");
+  __shared__ __align__(8) uint64_t full[WARPS][SLOTS];
+  pdl_trigger();  // (the next kernel may request its weights meanwhile)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = int(blockIdx.x) * WARPS + warp;
+  if (16 * g >= p.N) {
+    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
+    return;
+  }
+  const int nblk = p.K / 64, nch = (nblk + CH - 1) / CH;
+  const char* wg = static_cast<const char*>(p.B) + int64_t(g) * nblk * 2048;  // the group's blocks, 2 KB each
+  const uint4* ring = ring_smem + int64_t(warp) * RING * 128 + lane;            // slot: + 128 CH slot
+  const uint32_t ring_addr = smem_u32(ring_smem + int64_t(warp) * RING * 128), bar0 = smem_u32(&full[warp][0]);
+  auto ask = [&](int c) {  // (lane 0) chunk c into its slot
+    const int slot = c % SLOTS, nb = min(CH, nblk - c * CH);
+    bulk_copy(ring_addr + uint32_t(slot * CH * 2048), wg + int64_t(c) * CH * 2048, uint32_t(nb * 2048), bar0 + 8 * slot);
+  };
+  // The weights depend on no earlier kernel: the ring is asked for before the wait.
+  if (lane == 0) {
+    for (int s = 0; s < SLOTS; s++) bulk_mbar_init(bar0 + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int c = 0; c < SLOTS && c < nch; c++) ask(c);
+  }
+  __syncwarp();
+  pdl_wait();
+  const XBlocks<ROWS16> x(xf, T, nblk, lane);  // (the MMA's B operand: x^T)
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc8[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 xr[XA][4], xr8[XA][4];
+#pragma unroll
+  for (int a = 0; a < XA; a++) x.load(a, xr[a], xr8[a]);
+  for (int c = 0; c < nch; c++) {
+    const int slot = c % SLOTS;
+    bulk_mbar_wait(bar0 + 8 * slot, uint32_t(c / SLOTS) & 1u);
+    const uint4* rs = ring + 128 * CH * slot;
+#pragma unroll
+    for (int d = 0; d < CH; d++) {
+      const int j = c * CH + d;
+      if (j >= nblk) break;
+      uint4 wa[4];
+#pragma unroll
+      for (int s = 0; s < 4; s++) wa[s] = rs[128 * d + 32 * s];
+      wide_mma_block<ROWS16>(acc, acc8, wa, xr[d % XA], xr8[d % XA]);
+      x.load(j + XA, xr[d % XA], xr8[d % XA]);  // (into the registers just read: v5's order)
+    }
+    if (c + SLOTS < nch) {
+      __syncwarp();
+      if (lane == 0) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        ask(c + SLOTS);
+      }
+    }
+  }
+  wide_store<SWIGLU>(p, acc, g, 0, T, lane);
+  if constexpr (ROWS16) wide_store<SWIGLU>(p, acc8, g, 8, T, lane);
+}
+
+// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4 / v5: the earlier versions)
 SplitGemvConfig g_config = [] {
   SplitGemvConfig c;
   const char* v = env_get("EPMOE_SPLIT_GEMV");
   if (v && std::string(v) == "v3") c.version = 3;
   if (v && std::string(v) == "v4") c.version = 4;
+  if (v && std::string(v) == "v5") c.version = 5;
   return c;
 }();
 
@@ -439,8 +538,38 @@ void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_
   EPMOE_CUDA_LAUNCHED();
 }
 
+// v6: v5's grid and shared memory, the ring in chunks of CH blocks, and the chunks' barriers.
+template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS>
+void launch_bulk_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  auto kernel = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, CH, WARPS>;
+  constexpr size_t smem = size_t(WARPS) * RING * 16 * 128;
+  static const bool raised = [&] {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)raised;
+  const dim3 grid(unsigned(ceil_div(g.N, 16 * WARPS)));
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
+  EPMOE_CUDA_LAUNCHED();
+}
+
+template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
+void launch_bulk_chunk(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
+  if constexpr (RING >= 8) {
+    if (g_config.chunk == 8) return launch_bulk_warps<SWIGLU, ROWS16, RING, 8, WARPS>(g, xf, T, s);
+  }
+  launch_bulk_warps<SWIGLU, ROWS16, RING, 4, WARPS>(g, xf, T, s);
+}
+
 template <bool WIDE, bool SWIGLU, bool ROWS16, int RING>
 void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
+  if (WIDE && g_config.version >= 6) {
+    if constexpr (WIDE) switch (warps) {
+      case 1: return launch_bulk_chunk<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
+      case 2: return launch_bulk_chunk<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
+      default: return launch_bulk_chunk<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
+    }
+  }
   switch (warps) {
     case 1: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
     case 2: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
@@ -453,10 +582,15 @@ void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, i
 // of the q/k/v (640) and o (256) projections is resident at once with its ring in flight. v5: 8
 // blocks (16 KB: 16 columns x 512 k), 16 for K >= 4096 (run 24, H200, gpu_gemm_bench at 1 and 8
 // rows: q/k/v 11.9 / 12.9 us with 8 against 12.5 / 13.5 with 16; o 19.2 / 20.0 with either, 19.7 /
-// 20.5 with 32).
+// 20.5 with 32). v6: 8 blocks in two chunks of 4 (run 29, H100, one row: q/k/v 12.3 us with 8 or
+// with the auto choice of v5, 12.8 with 16, 15.1 with 32; o 15.9 with 8, 16.1 with 16, 17.2 with 32;
+// chunks of 8 slower at every ring).
 template <bool WIDE, bool SWIGLU, bool ROWS16>
 void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int ring = g_config.ring > 0 ? g_config.ring : WIDE ? (g.K >= 4096 ? 16 : 8) : (g.K >= 2048 ? 32 : 16);
+  const int ring = g_config.ring > 0       ? g_config.ring
+                   : g_config.version >= 6 ? 8
+                   : WIDE                  ? (g.K >= 4096 ? 16 : 8)
+                                           : (g.K >= 2048 ? 32 : 16);
   const int warps = g_config.ring > 0 ? g_config.warps : 1;
   switch (ring) {
     case 8: return launch_ring<WIDE, SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
@@ -502,14 +636,15 @@ void SplitWeight::pack_fragments(cudaStream_t s, bool every_layout) {
 
 void set_split_gemv_config(SplitGemvConfig c) {
   // (v5: 2 KB a ring block per warp, so warps x ring <= 64 keeps a CTA within 227 KB.)
-  EPMOE_ASSERT((c.version >= 3 && c.version <= 5) && (c.depth == 4 || c.depth == 8 || c.depth == 16) &&
+  EPMOE_ASSERT((c.version >= 3 && c.version <= 6) && (c.depth == 4 || c.depth == 8 || c.depth == 16) &&
                    (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
                    (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32) &&
-                   (c.version == 3 || c.ring != 0) && (c.version < 5 || c.warps * c.ring <= 64),
-               "split_gemv: version 3/4/5, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
-               "ring <= 64 for v5), got v" +
+                   (c.version == 3 || c.ring != 0) && (c.version < 5 || c.warps * c.ring <= 64) &&
+                   (c.chunk == 4 || c.chunk == 8),
+               "split_gemv: version 3/4/5/6, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
+               "ring <= 64 for v5 and v6), chunk 4/8, got v" +
                    std::to_string(c.version) + " " + std::to_string(c.depth) + "/" + std::to_string(c.warps) + "/" +
-                   std::to_string(c.ring));
+                   std::to_string(c.ring) + "/" + std::to_string(c.chunk));
   g_config = c;
 }
 

@@ -79,13 +79,17 @@ struct SplitGemvConfig {
   bool enabled = true;
   int depth = 8;  // v3: 64-wide weight blocks each warp keeps in flight in registers: 4, 8 or 16
   int warps = 4;  // warps per CTA: 1, 2 or 4 (v4 / v5: with ring > 0 only)
-  // v4's / v5's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight (v4:
-  // 32, or 16 for K < 2048; v5: 8, or 16 for K >= 4096; one warp per CTA), 8 / 16 / 32 (with `warps`).
+  // v4's / v5's / v6's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight
+  // (v4: 32, or 16 for K < 2048; v5: 8, or 16 for K >= 4096; v6: 8; one warp per CTA), 8 / 16 / 32
+  // (with `warps`).
   int ring = -1;
-  // 5 (default): W as the MMA's A operand, 16 columns per warp, through the ring; 4: x as A, 8
-  // columns per warp, through the ring; 3: as 4 with the weights prefetched into registers.
-  // EPMOE_SPLIT_GEMV=v3 / v4 chooses at start-up (pack_fragments packs the chosen layout).
-  int version = 5;
+  // 6 (default, run 29): v5's layout and MMAs, the ring filled by lane 0's bulk copies of `chunk`
+  // blocks (4 or 8) at a time, one mbarrier wait per chunk; 5: W as the MMA's A operand, 16
+  // columns per warp, through a ring every lane fills with cp.async; 4: x as A, 8 columns per
+  // warp, through the ring; 3: as 4 with the weights prefetched into registers.
+  // EPMOE_SPLIT_GEMV=v3 / v4 / v5 chooses at start-up (pack_fragments packs the chosen layout).
+  int version = 6;
+  int chunk = 4;
 };
 void set_split_gemv_config(SplitGemvConfig c);  // benchmarks and tests: every choice has the same bits
 SplitGemvConfig split_gemv_config();
