@@ -2449,6 +2449,132 @@ TEST(GpuAttention, DecodeKernelRopesItsOwnToken) {
                            std::to_string(same) + "/" + std::to_string(cases) + " cases");
 }
 
+// split_gemv's q/k/v projection doing the rope of its heads (split_gemv_ropes: clusters of D / 16
+// CTAs, each head by its cluster once stored) against the projection then the rope kernel: the
+// projection's rows, q and both pools bit for bit. The fused run's pools start with this step's
+// rows NaN, so a row it failed to write shows.
+static bool qkv_rope_case(int Hq, int Hkv, int D, int rot, bool norms, bool bias, int K,
+                          const std::vector<std::pair<int, int>>& seqs, bool kv_bf16, std::string* what) {
+  const int Bt = 16, layers = 2, layer = 1, heads = Hq + 2 * Hkv, N = heads * D;
+  const int64_t kvd = int64_t(Hkv) * D;
+  const PagedStep st = paged_step(seqs, Bt);
+  const int64_t T = int64_t(st.slots.size()), blocks = st.blocks;
+  const size_t pool = size_t(layers) * size_t(blocks) * Bt * size_t(kvd), vb = kv_bf16 ? 2 : 4;
+  std::vector<unsigned char> k0(pool * vb), v0(pool * vb);
+  {
+    const auto fk = randu(pool, 2.f), fv = randu(pool, 1.f);
+    for (size_t i = 0; i < pool; i++) {
+      if (kv_bf16) {
+        const uint16_t a = f32_to_bf16(fk[i]), b = f32_to_bf16(fv[i]);
+        std::memcpy(&k0[i * 2], &a, 2), std::memcpy(&v0[i * 2], &b, 2);
+      } else {
+        std::memcpy(&k0[i * 4], &fk[i], 4), std::memcpy(&v0[i * 4], &fv[i], 4);
+      }
+    }
+  }
+  auto k1 = k0, v1 = v0;
+  for (const TokenSlot& sl : st.slots) {
+    const int64_t row = ((int64_t(layer) * blocks + st.tables[sl.table + sl.pos / Bt]) * Bt + sl.pos % Bt) * kvd;
+    std::memset(&k1[size_t(row) * vb], 0xff, size_t(kvd) * vb);
+    std::memset(&v1[size_t(row) * vb], 0xff, size_t(kvd) * vb);
+  }
+  DeviceArray<unsigned char> dk0, dv0, dk1, dv1;
+  dk0.upload(k0), dv0.upload(v0), dk1.upload(k1), dv1.upload(v1);
+  auto fw = randu(size_t(N) * K, 0.05f);
+  for (auto& v : fw) v = round_bf16(v);
+  SplitWeight sw;
+  sw.init(fw, N, K);
+  sw.pack_fragments(stream(), true);
+  DeviceArray<float> dx, db, qkv0, qkv1, q0, q1, qn, kn, freq;
+  dx.upload(randu(size_t(T) * K));
+  db.upload(randu(size_t(N), 0.5f));
+  auto w = randu(size_t(D), 0.5f);
+  for (auto& x : w) x += 1.0f;
+  qn.upload(w);
+  w = randu(size_t(D), 0.5f);
+  for (auto& x : w) x += 1.0f;
+  kn.upload(w);
+  std::vector<float> f(size_t(rot / 2));
+  for (int i = 0; i < rot / 2; i++) f[size_t(i)] = float(std::pow(1e6, -2.0 * i / rot));
+  freq.upload(f);
+  const size_t nq = size_t(T) * Hq * D, nqkv = size_t(T) * N;
+  qkv0.reserve(nqkv), qkv1.reserve(nqkv), q0.reserve(nq), q1.reserve(nq);
+  EPMOE_CUDA_CHECK(cudaMemset(q1.data(), 0xff, nq * 4));
+  DeviceArray<TokenSlot> ds;
+  ds.upload(st.slots);
+  DeviceArray<int32_t> dt;
+  dt.upload(st.tables);
+  auto args = [&](unsigned char* k, unsigned char* v, float* qkv, float* q_out) {
+    RopeArgs r;
+    r.qkv = qkv, r.T = T, r.Hq = Hq, r.Hkv = Hkv, r.D = D, r.rotary_dim = rot;
+    r.q_norm = norms ? qn.data() : nullptr, r.k_norm = norms ? kn.data() : nullptr, r.eps = 1e-6f;
+    r.inv_freq = freq.data(), r.attention_factor = 1.0f, r.slots = ds.data(), r.layer = layer, r.q_out = q_out;
+    r.kv.k = k, r.kv.v = v, r.kv.bf16 = kv_bf16, r.kv.tables = dt.data(), r.kv.blocks = blocks, r.kv.block_tokens = Bt;
+    return r;
+  };
+  const RopeArgs r0 = args(dk0.data(), dv0.data(), qkv0.data(), q0.data());
+  const RopeArgs r1 = args(dk1.data(), dv1.data(), qkv1.data(), q1.data());
+  const float* b = bias ? db.data() : nullptr;
+  const bool takes = split_gemv_ropes(sw, T, r1);
+  split_gemv(sw, dx.data(), K, T, qkv0.data(), b, Epilogue::Store, stream());
+  qk_norm_rope_cache(r0, stream());
+  if (takes) split_gemv(sw, dx.data(), K, T, qkv1.data(), b, Epilogue::Store, stream(), false, false, &r1);
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  const bool same_qkv = takes && qkv0.download(nqkv) == qkv1.download(nqkv);
+  const auto qa = q0.download(nq), qb = q1.download(nq);
+  const bool same_q = takes && std::memcmp(qa.data(), qb.data(), nq * 4) == 0;
+  const bool same_k = takes && dk0.download(pool * vb) == dk1.download(pool * vb);
+  const bool same_v = takes && dv0.download(pool * vb) == dv1.download(pool * vb);
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "Hq %d, Hkv %d, D %d, rotary %d, norms %d, bias %d, K %d, T %lld, %s KV:%s%s%s%s%s", Hq,
+                Hkv, D, rot, int(norms), int(bias), K, (long long)T, kv_bf16 ? "bf16" : "fp32",
+                takes ? "" : " split_gemv_ropes declined", same_qkv ? "" : " rows differ", same_q ? "" : " q differs",
+                same_k ? "" : " K pools differ", same_v ? "" : " V pools differ");
+  *what = buf;
+  return same_qkv && same_q && same_k && same_v;
+}
+
+TEST(GpuAttention, QkvProjectionRopesItsHeads) {
+  REQUIRE_GPU();
+  int cases = 0, same = 0;
+  // One token of 1, 5 and 8 sequences; 9 and 16 rows (two row halves) with runs of several tokens.
+  const std::vector<std::vector<std::pair<int, int>>> steps = {
+      {{40, 1}},
+      {{1, 1}, {17, 1}, {300, 1}, {64, 1}, {65, 1}},
+      {{3, 1}, {9, 1}, {33, 1}, {100, 1}, {2, 1}, {16, 1}, {17, 1}, {250, 1}},
+      {{20, 3}, {7, 4}, {50, 2}},
+      {{70, 5}, {12, 5}, {30, 6}}};
+  for (auto [Hq, Hkv, D] : {std::tuple{4, 2, 64}, std::tuple{8, 1, 128}, std::tuple{6, 2, 32}, std::tuple{32, 4, 128}})
+    for (size_t si = 0; si < steps.size(); si++)
+      for (int variant = 0; variant < 2; variant++) {
+        const bool kvb = variant == 1;
+        const int rot = cases % 3 == 2 ? D / 2 : D;
+        const bool norms = cases % 4 != 3, bias = cases % 2 == 1;
+        const int K = Hq == 32 ? 2048 : (cases % 2 ? 576 : 128);
+        std::string what;
+        const bool ok = qkv_rope_case(Hq, Hkv, D, rot, norms, bias, K, steps[si], kvb, &what);
+        cases++, same += ok;
+        if (!ok) check(false, "q/k/v projection with the rope == projection + rope kernel: " + what);
+      }
+  // Not taken where the cluster cannot hold a head, or the rows are not the projection's.
+  SplitWeight w40, w32;
+  w40.init(randu(size_t(3 * 40) * 64), 3 * 40, 64);
+  w40.pack_fragments(stream(), true);
+  w32.init(randu(size_t(3 * 32) * 64), 3 * 32, 64);
+  w32.pack_fragments(stream(), true);
+  RopeArgs r;
+  r.Hq = 1, r.Hkv = 1, r.D = 40, r.T = 1;
+  r.qkv = r.q_out = reinterpret_cast<float*>(16);
+  r.slots = reinterpret_cast<const TokenSlot*>(16);
+  check(!split_gemv_ropes(w40, 1, r), "split_gemv_ropes: not for heads of 40 (not a multiple of 16)");
+  r.D = 32;
+  check(split_gemv_ropes(w32, 1, r), "split_gemv_ropes: heads of 32, one row");
+  r.T = 2;
+  check(!split_gemv_ropes(w32, 1, r), "split_gemv_ropes: not when the rope's rows are not the call's");
+  check(same == cases, "q/k/v projection with the rope == projection + rope kernel, bit for bit: " +
+                           std::to_string(same) + "/" + std::to_string(cases) + " cases");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The paged KV cache.
 
