@@ -37,9 +37,6 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_EARLY_TILES", "1 | 0",
        "0: decode attention requests no K/V tiles of earlier positions before its PDL wait (the same values; for "
        "measuring)"},
-      {"EPMOE_QKV_ROPE", "1 | 0",
-       "0 runs the rope kernel after a decode step's q/k/v projection instead of the projection doing the rope of "
-       "its heads (split_gemv v6, a cluster per head; the same bits)"},
       {"EPMOE_ATTN_ROPE", "0 | 1",
        "1: decode attention does its own token's q/k norm, RoPE and KV-cache write instead of the rope kernel "
        "before it (the same bits; measured level at 1 sequence and 1 % slower at 8, run 25)"},

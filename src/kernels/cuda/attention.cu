@@ -6,11 +6,45 @@
 #include <type_traits>
 
 #include "kernels/cuda/mma_ptx.cuh"
-#include "kernels/cuda/rope_head.cuh"
 
 namespace epmoe::cuda {
 
 namespace {
+
+// Offset of position j's row (layer `layer`) in the K or V pool, through the sequence's block table.
+__device__ __forceinline__ int64_t kv_row(const KvPages& kv, const int32_t* table, int layer, int j, int64_t kvd) {
+  const int B = kv.block_tokens;
+  return ((int64_t(layer) * kv.blocks + table[j / B]) * B + j % B) * kvd;
+}
+
+// One head of a token by one warp (rope_kernel's job, and the decode kernel's for its own token):
+// src's D values staged in s (the warp's D floats of shared memory), RMS-normalised by w when
+// given, then rotated (the first rotary_dim dims, halves) at position pos; put(i, value) for every
+// dim. One body for both kernels, so their q and k have the same bits.
+template <class Put>
+__device__ __forceinline__ void norm_rope_head(const RopeArgs& a, const float* src, float* s, const float* w, int pos,
+                                               int lane, Put put) {
+  const int D = a.D;
+  for (int i = lane; i < D; i += 32) s[i] = src[i];
+  __syncwarp();
+  if (w) {
+    float ss = 0.f;
+    for (int i = lane; i < D; i += 32) ss += s[i] * s[i];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / float(D) + a.eps);
+    for (int i = lane; i < D; i += 32) s[i] = w[i] * (s[i] * inv);
+    __syncwarp();
+  }
+  const int half = a.rotary_dim / 2;
+  for (int i = lane; i < half; i += 32) {
+    const float f = float(pos) * a.inv_freq[i];
+    const float cs = cosf(f) * a.attention_factor, sn = sinf(f) * a.attention_factor;  // (* 1: exact)
+    const float x0 = s[i], x1 = s[i + half];
+    put(i, x0 * cs - x1 * sn);
+    put(i + half, x1 * cs + x0 * sn);
+  }
+  for (int i = a.rotary_dim + lane; i < D; i += 32) put(i, s[i]);
+}
 
 // One warp per (token, head) over the q heads, then the k heads, then the v heads; KT the cache's
 // value type.
@@ -20,12 +54,29 @@ __global__ void rope_kernel(const RopeArgs a) {
   pdl_wait();  // (launched with launch_pdl: nothing of an earlier kernel is touched before this)
   pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int heads = a.Hq + 2 * a.Hkv;
+  const int heads = a.Hq + 2 * a.Hkv, D = a.D;
   const int64_t job = int64_t(blockIdx.x) * nw + warp;
   if (job >= a.T * heads) return;
   const int64_t t = job / heads;
   const int h = int(job % heads);
-  rope_job<KT>(a, t, h, a.qkv + t * int64_t(heads) * a.D + int64_t(h) * a.D, hsm + size_t(warp) * a.D, lane);
+  const float* src = a.qkv + t * int64_t(heads) * D + int64_t(h) * D;
+  const TokenSlot slot = a.slots[t];
+  const int64_t kvd = int64_t(a.Hkv) * D;
+  const int64_t row = h >= a.Hq ? kv_row(a.kv, a.kv.tables + slot.table, a.layer, slot.pos, kvd) : 0;
+  if (h >= a.Hq + a.Hkv) {  // v: straight into the cache
+    KT* dst = static_cast<KT*>(a.kv.v) + row + int64_t(h - a.Hq - a.Hkv) * D;
+    for (int i = lane; i < D; i += 32) dst[i] = from_f32<KT>(src[i]);
+    return;
+  }
+  // q to q_out in fp32; k into the cache (rounded once there when it holds bf16).
+  if (h < a.Hq) {
+    float* qdst = a.q_out + t * int64_t(a.Hq) * D + int64_t(h) * D;
+    norm_rope_head(a, src, hsm + size_t(warp) * D, a.q_norm, slot.pos, lane, [&](int i, float v) { qdst[i] = v; });
+  } else {
+    KT* kdst = static_cast<KT*>(a.kv.k) + row + int64_t(h - a.Hq) * D;
+    norm_rope_head(a, src, hsm + size_t(warp) * D, a.k_norm, slot.pos, lane,
+                   [&](int i, float v) { kdst[i] = from_f32<KT>(v); });
+  }
 }
 
 // One block per (layer, K or V): the block's rows, src -> dst (KT: the cache's value type).

@@ -33,7 +33,6 @@
 #include <string>
 
 #include "kernels/cuda/mma_ptx.cuh"
-#include "kernels/cuda/rope_head.cuh"
 #include "util/env.h"
 #include "kernels/cuda/split_linear.cuh"
 #include "kernels/cuda/x_fragments.cuh"
@@ -423,33 +422,8 @@ __device__ inline void bulk_copy(uint32_t smem, const void* gmem, uint32_t bytes
                : "memory");
 }
 
-// ROPE (split_gemv_ropes, WARPS 1): the CTAs of a cluster are the D / 16 warps of one head of the
-// q/k/v projection. Once every one has stored its 16 columns -- the cluster barrier, release then
-// acquire at cluster scope, makes those stores visible across the cluster -- CTA r of the cluster
-// does rope_job for tokens r, r + D / 16, ... of that head, reading the head's row from L2: the
-// rope kernel's work without its launch and hand-over on the step's chain (issue 33, run 29).
-__device__ __forceinline__ void rope_own_heads(const RopeArgs& r, int g, int T, int lane, float* smem) {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-  unsigned rank = 0, n = 1;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  const int h = 16 * g / r.D, heads = r.Hq + 2 * r.Hkv;
-  float* src = smem;
-  float* stage = smem + r.D;
-  for (int t = int(rank); t < T; t += int(n)) {
-    const float* row = r.qkv + int64_t(t) * heads * r.D + int64_t(h) * r.D;
-    for (int i = lane; i < r.D; i += 32) src[i] = __ldcg(row + i);  // (L2: other CTAs' stores)
-    __syncwarp();
-    if (r.kv.bf16) rope_job<bf16>(r, t, h, src, stage, lane);
-    else rope_job<float>(r, t, h, src, stage, lane);
-    __syncwarp();
-  }
-}
-
-template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS, bool ROPE = false>
-__global__ void __launch_bounds__(WARPS * 32)
-    split_gemv_bulk_kernel(const GemmArgs p, const uint32_t* xf, int T, const RopeArgs rope) {
+template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmArgs p, const uint32_t* xf, int T) {
   extern __shared__ uint4 ring_smem[];
   constexpr int XA = ROWS16 ? 2 : 4;  // blocks of x's fragments ahead in registers
   constexpr int SLOTS = RING / CH;
@@ -507,8 +481,6 @@ __global__ void __launch_bounds__(WARPS * 32)
   }
   wide_store<SWIGLU>(p, acc, g, 0, T, lane);
   if constexpr (ROWS16) wide_store<SWIGLU>(p, acc8, g, 8, T, lane);
-  // (The ring is free: every chunk asked for was waited for.)
-  if constexpr (ROPE) rope_own_heads(rope, g, T, lane, reinterpret_cast<float*>(ring_smem));
 }
 
 // (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4 / v5: the earlier versions)
@@ -577,22 +549,7 @@ void launch_bulk_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_
   }();
   (void)raised;
   const dim3 grid(unsigned(ceil_div(g.N, 16 * WARPS)));
-  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T, RopeArgs{});
-  EPMOE_CUDA_LAUNCHED();
-}
-
-// v6 with the rope of the heads (ROPE): one warp a CTA, clusters of D / 16 CTAs (one head each).
-template <bool ROWS16>
-void launch_bulk_rope(const GemmArgs& g, const uint32_t* xf, int T, const RopeArgs& r, cudaStream_t s) {
-  constexpr int RING = 8;
-  auto kernel = split_gemv_bulk_kernel<false, ROWS16, RING, 4, 1, true>;
-  constexpr size_t smem = size_t(RING) * 16 * 128;
-  static const bool raised = [&] {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)raised;
-  launch_pdl_cluster(kernel, dim3(unsigned(g.N / 16)), dim3(32), smem, s, unsigned(r.D / 16), g, xf, T, r);
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
   EPMOE_CUDA_LAUNCHED();
 }
 
@@ -700,21 +657,13 @@ bool split_gemv_fits(const SplitWeight& W, int64_t T) {
   return g_config.enabled && enabled_by_env() && W.periodic && packed && T >= 1 && T <= kSplitGemvMaxRows;
 }
 
-bool split_gemv_ropes(const SplitWeight& W, int64_t T, const RopeArgs& r) {
-  static const bool on = !env_off("EPMOE_QKV_ROPE");
-  const int heads = r.Hq + 2 * r.Hkv;
-  // (D / 16 CTAs a cluster: at most 8, the portable cluster size; the rope's smem within the ring)
-  return on && split_gemv_fits(W, T) && g_config.version >= 6 && r.D % 16 == 0 && r.D / 16 <= 8 && r.D >= 32 &&
-         r.T == T && W.N == int64_t(heads) * r.D && r.qkv && r.q_out && r.slots;
-}
-
 XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T) {
   if (!split_gemv_fits(W, T)) return {};
   return XFragments{W.xfrag.data(), T > 8 ? 16 : 8};
 }
 
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
-                Epilogue ep, cudaStream_t s, bool accumulate, bool x_split_given, const RopeArgs* rope) {
+                Epilogue ep, cudaStream_t s, bool accumulate, bool x_split_given) {
   EPMOE_ASSERT(W.periodic && (g_config.version >= 5 ? W.frag16.data() : W.frag.data()),
                "split_gemv: needs a periodic split weight with its fragments packed for v" +
                    std::to_string(g_config.version) + " (pack_fragments under the same configuration)");
@@ -741,15 +690,6 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   g.accumulate = accumulate;
   const uint32_t* xf = W.xfrag.data();
   const bool swiglu = ep == Epilogue::SwiGLU;
-  if (rope) {
-    EPMOE_ASSERT(split_gemv_ropes(W, T, *rope) && rope->qkv == y && ep == Epilogue::Store && !accumulate,
-                 "split_gemv: the rope of a q/k/v projection needs v6, heads of D % 16 == 0 and D <= 128, rows "
-                 "[T][(Hq + 2 Hkv) D] written to rope.qkv, the Store epilogue (D " +
-                     std::to_string(rope->D) + ", N " + std::to_string(W.N) + ")");
-    if (rows16) launch_bulk_rope<true>(g, xf, int(T), *rope, s);
-    else launch_bulk_rope<false>(g, xf, int(T), *rope, s);
-    return;
-  }
   if (g_config.version >= 4) {
     const bool wide = g_config.version >= 5;
     if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s, wide);

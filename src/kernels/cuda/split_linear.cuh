@@ -24,8 +24,6 @@
 
 namespace epmoe::cuda {
 
-struct RopeArgs;  // kernels/cuda/attention.cuh
-
 struct SplitWeight {
   int N = 0, K = 0, P = 0;
   bool periodic = false;  // P = 2 with K a multiple of 64: w holds [N, K] once (gemm's b_k_twice)
@@ -97,16 +95,8 @@ void set_split_gemv_config(SplitGemvConfig c);  // benchmarks and tests: every c
 SplitGemvConfig split_gemv_config();
 bool split_gemv_enabled();  // not turned off by EPMOE_SPLIT_GEMV=0 (then nothing need be packed)
 bool split_gemv_fits(const SplitWeight& W, int64_t T);
-// rope (split_gemv_ropes): W is a q/k/v projection whose rows y = rope->qkv are [T][(Hq + 2 Hkv) D];
-// the kernel then also does qk_norm_rope_cache(*rope) -- q/k norm, RoPE, q to rope->q_out, k and v
-// into the cache -- with the rope kernel's arithmetic (rope_head.cuh), each head by a cluster of its
-// D / 16 CTAs once they stored it: one launch fewer on a decode step's chain.
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
-                Epilogue ep, cudaStream_t s, bool accumulate = false, bool x_split_given = false,
-                const RopeArgs* rope = nullptr);
-// Whether split_gemv takes the rope of this q/k/v call: v6, a call split_gemv takes, heads of
-// D % 16 == 0 and 32 <= D <= 128 (the cluster), r's rows those of the call; EPMOE_QKV_ROPE=0: never.
-bool split_gemv_ropes(const SplitWeight& W, int64_t T, const RopeArgs& r);
+                Epilogue ep, cudaStream_t s, bool accumulate = false, bool x_split_given = false);
 // Where the kernel that computes split_gemv's x may write it already split (x_fragments.cuh), for
 // a call of T rows through W: W's fragment buffer and its 8 or 16 rows; {} where split_gemv does
 // not take the call (split_gemv_fits). A split_linear / split_gemv call with x_split_given then

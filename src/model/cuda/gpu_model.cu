@@ -804,21 +804,27 @@ struct GpuModel final : LanguageModel {
   // q/k norm + RoPE + KV-cache write on qkv, then attention into ctx (TA: the o projection's input).
   // o_frag: the o projection's x fragments for the decode kernel to write as well; returns whether
   // it did (the projection then skips its x split).
-  // roped: the q/k/v projection did the rope already (split_gemv_ropes), so attention reads q from
-  // rope_args' q_out and the cache holds this step's rows.
   template <class TA>
-  bool rope_and_attend(Layer<T>& L, int l, int64_t T_, int max_ctx, TA* ctx_out, const XFragments& o_frag = {},
-                       bool roped = false) {
+  bool rope_and_attend(Layer<T>& L, int l, int64_t T_, int max_ctx, TA* ctx_out, const XFragments& o_frag = {}) {
     cudaStream_t s = stream();
-    const RopeArgs ra = rope_args(L, l, T_);
+    RopeArgs ra;
+    ra.qkv = qkv.data();
+    ra.T = T_;
+    ra.Hq = Hq;
+    ra.Hkv = Hkv;
+    ra.D = D;
+    ra.rotary_dim = cfg.rotary_dim;
+    ra.q_norm = L.has_qk_norm ? L.q_norm.data() : nullptr;
+    ra.k_norm = L.has_qk_norm ? L.k_norm.data() : nullptr;
+    ra.eps = cfg.rms_norm_eps;
+    ra.inv_freq = inv_freq.data();
+    ra.attention_factor = rope_factor;
+    ra.slots = st_slots;
+    ra.kv = pages();
+    ra.layer = l;
+    ra.q_out = q.data();
     AttnArgs aa;
-    if (roped) {
-      aa.q = ra.q_out;
-      aa.q_tok = int64_t(Hq) * D;
-      aa.q_head = D;
-    } else {
-      aa.rope = ra;  // (attention() runs it first, or the decode kernel does it for its own token)
-    }
+    aa.rope = ra;  // (attention() runs it first, or the decode kernel does it for its own token)
     // (Opt-in: run 25 measured it level at one sequence and 1 % slower at 8 on an H100.)
     static const bool rope_separate = !env_on("EPMOE_ATTN_ROPE");
     aa.rope_separate = rope_separate;
@@ -837,27 +843,6 @@ struct GpuModel final : LanguageModel {
     aa.max_run = st_run;
     aa.o_frag = o_frag;
     return attention<TA>(aa, ctx_out, s);
-  }
-
-  // The q/k norm + RoPE + KV-cache write of layer l's T_ rows of qkv (q to q).
-  RopeArgs rope_args(Layer<T>& L, int l, int64_t T_) {
-    RopeArgs ra;
-    ra.qkv = qkv.data();
-    ra.T = T_;
-    ra.Hq = Hq;
-    ra.Hkv = Hkv;
-    ra.D = D;
-    ra.rotary_dim = cfg.rotary_dim;
-    ra.q_norm = L.has_qk_norm ? L.q_norm.data() : nullptr;
-    ra.k_norm = L.has_qk_norm ? L.k_norm.data() : nullptr;
-    ra.eps = cfg.rms_norm_eps;
-    ra.inv_freq = inv_freq.data();
-    ra.attention_factor = rope_factor;
-    ra.slots = st_slots;
-    ra.kv = pages();
-    ra.layer = l;
-    ra.q_out = q.data();
-    return ra;
   }
 
   // y [T, N] = x [T, K] (rows lda apart) p^T: fp32 SIMT (f32 mode) or fp32-grade split (bf16 mode).
@@ -1007,14 +992,9 @@ struct GpuModel final : LanguageModel {
     cudaStream_t s = stream();
     const float* bias = L.has_bias ? L.qkv_bias.data() : nullptr;
     if constexpr (kBf16) {
-      // A decode step's q/k/v projection on split_gemv also does the rope (split_gemv_ropes).
-      const RopeArgs ra = rope_args(L, l, T_);
-      const bool roped = T_ > 0 && split_gemv_ropes(L.qkv_s, T_, ra);
-      if (roped)
-        split_gemv(L.qkv_s, hn_f.data(), H, T_, qkv.data(), bias, Epilogue::Store, s, false, qkv_x_given_, &ra);
-      else split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s, false, qkv_x_given_);
+      split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s, false, qkv_x_given_);
       qkv_x_given_ = false;
-      const bool o_given = rope_and_attend(L, l, T_, max_ctx, ctx_f.data(), producer_splits(L.o_s, T_), roped);
+      const bool o_given = rope_and_attend(L, l, T_, max_ctx, ctx_f.data(), producer_splits(L.o_s, T_));
       split_linear(L.o_s, ctx_f.data(), qd, T_, xs, residual_out(T_), nullptr, Epilogue::Store, s, add_in_epilogue(T_),
                    o_given);
       residual_add(T_);
