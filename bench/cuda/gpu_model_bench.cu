@@ -18,7 +18,7 @@
 //   gpu_model_bench [--out FILE.tsv] [--layers N (48)] [--batches LIST (1,8,64,256)] [--prefill 0|1 (1)]
 //                   [--steps N (32)] [--peak-tflops F (989)] [--profile-step 0|1 (0)]
 //                   [--kv-cache-dtype bf16|fp32 (bf16: what serve gives a bf16 checkpoint)]
-//                   [--split-gemv-ring -1|0|8|16|32 (-1: split_gemv v4 as the model chooses; 0: v3)]
+//                   [--split-gemv-ring -1|0|8|16|32 (-1: chosen per weight; 0: split_gemv v3)]
 // --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
 // between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (scripts/gpu-decode-profile.sh).
