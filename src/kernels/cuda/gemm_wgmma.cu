@@ -34,6 +34,10 @@ namespace epmoe::cuda {
 namespace {
 
 using ptx::group_range;
+using ptx::mbar_arrive;
+using ptx::mbar_arrive_tx;
+using ptx::mbar_init;
+using ptx::mbar_wait;
 using ptx::smem_u32;
 using ptx::store_pair;  // the mma.sync kernel's epilogue: the bits of C must match
 using ptx::swz;
@@ -97,25 +101,6 @@ __device__ inline void wgmma_m64n128(float (&d)[64], uint64_t da, uint64_t db) {
 // (cp.async.mbarrier.arrive.noinc); the consumers fence the generic-proxy copies for the async
 // proxy that wgmma reads through.
 
-__device__ inline void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ inline void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ inline void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // Arrives on bar once every cp.async this thread issued before has landed; the arrival is part of
 // the barrier's initial count (noinc).
 __device__ inline void cp_async_mbar_arrive(uint32_t bar) {

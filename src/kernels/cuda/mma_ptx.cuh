@@ -2,7 +2,8 @@
 // gemm_wgmma.cu, gemm_fp8.cu's e4m3 kernel, moe/cuda/router.cu): asynchronous copies into shared
 // memory, ldmatrix, the bf16 MMA step, the swizzled tile layout, the one mma.sync main loop (the
 // cp.async pipeline over k-tiles and a warp's MMAs over one tile), the epilogue pair and the row
-// range of a GEMM group. Written once so that the kernels stage tiles alike and, where they must,
+// range of a GEMM group, the mbarrier and bulk-copy instructions (gemm_wgmma.cu's pipeline,
+// split_gemv's ring). Written once so that the kernels stage tiles alike and, where they must,
 // compute the same bits.
 #pragma once
 
@@ -199,6 +200,36 @@ __device__ inline bool cta_tiles(const GemmArgs& p, int BM, CtaTiles& t) {
   }
   group_range(p, t.group, t.row_begin, t.rows);
   return t.m_first * BM < t.rows;
+}
+
+// mbarriers in shared memory (addresses from smem_u32): init with the arrivals a phase needs, wait
+// for the phase of the given parity to complete, arrive, and arrive announcing the bytes that
+// asynchronous copies will complete on it (expect_tx).
+__device__ inline void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ inline void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ inline void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One bulk copy (the TMA unit, no tensor map) of bytes -- a multiple of 16, both addresses 16-byte
+// aligned -- from global to shared memory, completing its bytes on bar.
+__device__ inline void bulk_copy_g2s(uint32_t smem, const void* gmem, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem),
+               "l"(gmem), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 }  // namespace epmoe::cuda::ptx

@@ -401,27 +401,6 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmA
 // phase (c / SLOTS) & 1. A slot is asked for again after the warp read it: __syncwarp orders every
 // lane's shared loads before lane 0's fence.proxy.async, which orders them before the bulk copy's
 // writes (the async proxy). The bits are v5's: the same wide_mma_block, blocks in ascending order.
-__device__ inline void bulk_mbar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-__device__ inline void bulk_mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// bytes (a multiple of 16) from gmem to smem (both 16-byte aligned), completing on bar.
-__device__ inline void bulk_copy(uint32_t smem, const void* gmem, uint32_t bytes, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem),
-               "l"(gmem), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmArgs p, const uint32_t* xf, int T) {
   extern __shared__ uint4 ring_smem[];
@@ -442,11 +421,13 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
   const uint32_t ring_addr = smem_u32(ring_smem + int64_t(warp) * RING * 128), bar0 = smem_u32(&full[warp][0]);
   auto ask = [&](int c) {  // (lane 0) chunk c into its slot
     const int slot = c % SLOTS, nb = min(CH, nblk - c * CH);
-    bulk_copy(ring_addr + uint32_t(slot * CH * 2048), wg + int64_t(c) * CH * 2048, uint32_t(nb * 2048), bar0 + 8 * slot);
+    const uint32_t bar = bar0 + 8 * slot, bytes = uint32_t(nb * 2048);
+    ptx::mbar_arrive_tx(bar, bytes);
+    ptx::bulk_copy_g2s(ring_addr + uint32_t(slot * CH * 2048), wg + int64_t(c) * CH * 2048, bytes, bar);
   };
   // The weights depend on no earlier kernel: the ring is asked for before the wait.
   if (lane == 0) {
-    for (int s = 0; s < SLOTS; s++) bulk_mbar_init(bar0 + 8 * s);
+    for (int s = 0; s < SLOTS; s++) ptx::mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     for (int c = 0; c < SLOTS && c < nch; c++) ask(c);
   }
@@ -459,7 +440,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
   for (int a = 0; a < XA; a++) x.load(a, xr[a], xr8[a]);
   for (int c = 0; c < nch; c++) {
     const int slot = c % SLOTS;
-    bulk_mbar_wait(bar0 + 8 * slot, uint32_t(c / SLOTS) & 1u);
+    ptx::mbar_wait(bar0 + 8 * slot, uint32_t(c / SLOTS) & 1u);
     const uint4* rs = ring + 128 * CH * slot;
 #pragma unroll
     for (int d = 0; d < CH; d++) {
@@ -518,58 +499,39 @@ void launch_rows(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
   }
 }
 
-// v4 (x as the A operand: 8 columns and 1 KB of a ring block per warp) and v5 (WIDE, W as the A
-// operand: 16 columns, 2 KB) launch alike: a ring of RING blocks for each of WARPS warps in dynamic
-// shared memory.
+// v4 (x as the A operand: 8 columns and 1 KB of a ring block per warp), v5 and v6 (WIDE, W as the A
+// operand: 16 columns, 2 KB; v6 in chunks of 4 or 8 blocks) launch alike: a ring of RING blocks for
+// each of WARPS warps in dynamic shared memory.
 template <bool WIDE, bool SWIGLU, bool ROWS16, int RING, int WARPS>
 void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
   constexpr int kCols = WIDE ? 16 : 8;  // output columns per warp
-  auto kernel = WIDE ? split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>
-                     : split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
+  using Kernel = void (*)(GemmArgs, const uint32_t*, int);
+  // The kernels of this shape: v4, or v5 and v6 with either chunk.
+  constexpr int kKernels = WIDE ? 3 : 1;
+  Kernel kernels[kKernels];
+  if constexpr (WIDE) {
+    kernels[0] = split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>;
+    kernels[1] = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, 4, WARPS>;
+    kernels[2] = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, 8, WARPS>;
+  } else {
+    kernels[0] = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
+  }
   constexpr size_t smem = size_t(WARPS) * RING * kCols * 128;
-  // (Raised once, at the first call: an eager step, before any graph captures this kernel.)
+  // (Raised once for each, at the first call: an eager step, before any graph captures them.)
   static const bool raised = [&] {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    for (Kernel k : kernels)
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)raised;
+  const Kernel kernel = kernels[!WIDE || g_config.version < 6 ? 0 : g_config.chunk == 8 ? 2 : 1];
   const dim3 grid(unsigned(ceil_div(g.N, kCols * WARPS)));
   launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
   EPMOE_CUDA_LAUNCHED();
 }
 
-// v6: v5's grid and shared memory, the ring in chunks of CH blocks, and the chunks' barriers.
-template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS>
-void launch_bulk_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  auto kernel = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, CH, WARPS>;
-  constexpr size_t smem = size_t(WARPS) * RING * 16 * 128;
-  static const bool raised = [&] {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)raised;
-  const dim3 grid(unsigned(ceil_div(g.N, 16 * WARPS)));
-  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
-  EPMOE_CUDA_LAUNCHED();
-}
-
-template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
-void launch_bulk_chunk(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  if constexpr (RING >= 8) {
-    if (g_config.chunk == 8) return launch_bulk_warps<SWIGLU, ROWS16, RING, 8, WARPS>(g, xf, T, s);
-  }
-  launch_bulk_warps<SWIGLU, ROWS16, RING, 4, WARPS>(g, xf, T, s);
-}
-
 template <bool WIDE, bool SWIGLU, bool ROWS16, int RING>
 void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
-  if (WIDE && g_config.version >= 6) {
-    if constexpr (WIDE) switch (warps) {
-      case 1: return launch_bulk_chunk<SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
-      case 2: return launch_bulk_chunk<SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
-      default: return launch_bulk_chunk<SWIGLU, ROWS16, RING, 4>(g, xf, T, s);
-    }
-  }
   switch (warps) {
     case 1: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
     case 2: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
