@@ -37,9 +37,16 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_EARLY_TILES", "1 | 0",
        "0: decode attention requests no K/V tiles of earlier positions before its PDL wait (the same values; for "
        "measuring)"},
+      {"EPMOE_ATTN_DECODE_WARPS", "8 | 4 | 16",
+       "warps of a decode attention block (4: its shape before run 30; the same bits; for measuring)"},
+      {"EPMOE_ATTN_DECODE_STAGES", "8 | 4",
+       "4: decode attention stages 4 K/V tiles instead of 8 where 8 fit (the same bits; for measuring)"},
       {"EPMOE_ATTN_ROPE", "0 | 1",
        "1: decode attention does its own token's q/k norm, RoPE and KV-cache write instead of the rope kernel "
        "before it (the same bits; measured level at 1 sequence and 1 % slower at 8, run 25)"},
+      {"EPMOE_EXPERTS_EARLY", "1 | 0",
+       "0: a decode step's gate+up GEMM requests its first weight tiles after the expert plan instead of before "
+       "it, from the routing (the same bits; for measuring)"},
       {"EPMOE_SPLIT_GEMV", "1 | 0 | v5 | v4 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
        "fragment copy of their weights; v5 runs split_gemv's earlier version (its ring filled by every lane's "

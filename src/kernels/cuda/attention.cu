@@ -402,24 +402,30 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention for decode steps of a few sequences (docs/gpu.md, issue 33): one block of 128 threads
-// per (token, q head), as attention_kernel, so a one-sequence step still spreads over Hq SMs
-// (the tiled kernel gives it Hkv blocks). The K rows, then the V rows, of the token's sequence
-// stream through kDecStages shared-memory tiles of kAttnRows rows with cp.async -- one flat
-// sequence of tiles, so the first V tiles are in flight while the last scores and the softmax are
-// computed -- instead of attention_kernel's few rows in flight per warp. The bits are
-// attention_kernel's: each score is the per-lane chain over dims lane + 32 i and warp_sum's tree
-// (warp_sums: eight keys a warp at once), the softmax the same 128 threads' partial sums over
-// j = tid, tid + 128, ... and block_sum, each output dim the same sequential sum over j = 0 .. pos.
+// Attention for decode steps of a few sequences (docs/gpu.md, issue 33): one block of NW warps per
+// (token, q head), as attention_kernel, so a one-sequence step still spreads over Hq SMs (the tiled
+// kernel gives it Hkv blocks). The K rows, then the V rows, of the token's sequence stream through
+// STG shared-memory tiles of kAttnRows rows with cp.async -- one flat sequence of tiles, so the
+// first V tiles are in flight while the last scores and the softmax are computed. The tiles never
+// hold the token's own row (the kernel before writes it): they can all be requested before the
+// PDL wait, and the own row comes in after it, straight from the pool (or from the fused rope).
+// The bits are attention_kernel's: each score is the per-lane chain over dims lane + 32 i and
+// warp_sum's tree (warp_sums: four or eight keys a warp at once; which warp takes a key does not
+// enter it), the softmax attention_kernel's 128 threads' partial sums over j = tid, tid + 128, ...
+// and block_sum (the other warps add exact zeros), each output dim the same sequential sum over
+// j = 0 .. pos.
+//
+// NW = 8 (run 30): a one-sequence step gives the kernel 32 blocks on 132 SMs, so the scores of one
+// block were four warps' latency chain; STG = 8 where the shared memory allows (bf16 caches): a
+// context of up to 7 tiles (448 positions) is in flight before the wait.
 
-constexpr int kDecThreads = 128;  // attention_kernel's block: its softmax sums are per thread
-constexpr int kDecStages = 4;
+constexpr int kDecSumThreads = 128;  // attention_kernel's block: its softmax sums are per thread
 
-template <class KT>
+template <int NTH, class KT>
 __device__ __forceinline__ void decode_stage_tile(KT* dst, const KT* base, int64_t stride, int D, const KvPages& kv,
                                                   const int32_t* table, int layer, int j0, int n) {
   const int cpr = D * int(sizeof(KT)) / 16;  // 16-byte chunks per row
-  for (int idx = threadIdx.x; idx < kAttnRows * cpr; idx += kDecThreads) {
+  for (int idx = threadIdx.x; idx < kAttnRows * cpr; idx += NTH) {
     const int r = idx / cpr, c = idx - r * cpr, j = j0 + r;
     const KT* src = j < n ? base + kv_row(kv, table, layer, j, stride) + c * (16 / int(sizeof(KT))) : base;
     ptx::cp_async16(dst + r * D + c * (16 / int(sizeof(KT))), src, j < n ? 16 : 0);
@@ -431,13 +437,16 @@ __device__ __forceinline__ void decode_stage_tile(KT* dst, const KT* base, int64
 // puts the token's k and v rows into its staged tiles itself, instead of reading back what the rope
 // kernel wrote (one launch fewer on a decode step's chain). The first q head of each kv head's
 // group writes the rows to the cache for the steps after; no block of this launch reads them there.
-template <class TA, class KT, int NT, bool ROPE>
-__global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const AttnArgs a, TA* ctx) {
+template <class TA, class KT, int NT, bool ROPE, int NW, int STG>
+__global__ void __launch_bounds__(NW * 32) attention_decode_kernel(const AttnArgs a, TA* ctx) {
+  constexpr int NTH = NW * 32;
+  static_assert(NTH >= kDecSumThreads && NW >= 3, "decode attention: attention_kernel's 128 sum threads, rope's 3 warps");
   extern __shared__ __align__(16) unsigned char dsm[];
   __shared__ float scratch[32];
   constexpr int D = NT * 32;  // Dk = Dv
-  KT* tiles = reinterpret_cast<KT*>(dsm);  // [kDecStages][kAttnRows][D]
-  float* p = reinterpret_cast<float*>(dsm + size_t(kDecStages) * kAttnRows * D * sizeof(KT));  // [max_ctx]
+  static_assert(D <= NTH, "decode attention: a thread per dim of the own row");
+  KT* tiles = reinterpret_cast<KT*>(dsm);  // [STG][kAttnRows][D]
+  float* p = reinterpret_cast<float*>(dsm + size_t(STG) * kAttnRows * D * sizeof(KT));  // [max_ctx]
   // ROPE: the token's q (fp32) and its k and v rows (KT: as the cache holds them), and two warps'
   // staging rows for norm_rope_head.
   __shared__ float own_q[ROPE ? D : 1], stage[ROPE ? 2 * D : 1];
@@ -459,39 +468,37 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   const KT* kbase = static_cast<const KT*>(kv.k) + int64_t(hk) * D;
   const KT* vbase = static_cast<const KT*>(kv.v) + int64_t(hk) * D;
   const int n = slot.pos + 1, nk = (n + kAttnRows - 1) / kAttnRows, total = 2 * nk;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Tile f of the flat sequence: K tile f, then V tile f - nk; one commit group each (empty past
-  // the end, so that the wait below counts groups the same way to the last tile). ROPE: the own
-  // row (position n - 1) is not read from the pool (zero-filled, then overwritten below).
+  // the end, so that the wait below counts groups the same way to the last tile). The own row
+  // (position n - 1) is never read into a tile (zero-filled, then overwritten below).
   auto issue = [&](int f) {
     if (f < total) {
       const bool is_k = f < nk;
-      decode_stage_tile(tiles + size_t(f % kDecStages) * kAttnRows * D, is_k ? kbase : vbase,
-                        is_k ? a.k_stride : a.v_stride, D, kv, table, a.layer, (is_k ? f : f - nk) * kAttnRows,
-                        ROPE ? n - 1 : n);
+      decode_stage_tile<NTH>(tiles + size_t(f % STG) * kAttnRows * D, is_k ? kbase : vbase,
+                             is_k ? a.k_stride : a.v_stride, D, kv, table, a.layer, (is_k ? f : f - nk) * kAttnRows,
+                             n - 1);
     }
     ptx::cp_async_commit();
   };
-  // a.early_tiles: the first tiles while the kernels before still run, up to the first that holds
-  // the token's own row (ROPE: any, that row is not read; the commit groups stay in tile order),
-  // the rest after the wait. What makes the early reads safe is an ordering, not this kernel:
-  // before its wait, a kernel is only known to run after its predecessor triggered, and the kernels
-  // of the step that trigger only after their own wait (RMSNorm; the x split where
-  // EPMOE_NORM_SPLITS=0) have every earlier kernel complete by then -- the copy-on-write block copy
-  // queued before the step included (kv_pool.h), the one kernel that writes rows of earlier
-  // positions. (The q/k/v split_gemv between the norm and this kernel triggers early, but only
-  // after the norm triggered.) A kernel between the copy and the first attention that triggers
-  // before its wait at every layer would break it (run 22's early triggers, reverted, would have).
-  auto before_own_row = [&](int f) {
-    const int j0 = (f < nk ? f : f - nk) * kAttnRows;
-    return slot.pos < j0 || slot.pos >= j0 + kAttnRows;
-  };
+  // a.early_tiles: the first STG - 1 tiles while the kernels before still run, the rest after the
+  // wait. What makes the early reads safe is an ordering, not this kernel: before its wait, a
+  // kernel is only known to run after its predecessor triggered, and the kernels of the step that
+  // trigger only after their own wait (RMSNorm; the x split where EPMOE_NORM_SPLITS=0) have every
+  // earlier kernel complete by then -- the copy-on-write block copy queued before the step included
+  // (kv_pool.h), the one kernel that writes rows of earlier positions. (The q/k/v split_gemv
+  // between the norm and this kernel triggers early, but only after the norm triggered.) A kernel
+  // between the copy and the first attention that triggers before its wait at every layer would
+  // break it (run 22's early triggers, reverted, would have).
   int issued = 0;
-  while (a.early_tiles && issued < kDecStages - 1 && (ROPE || before_own_row(issued))) issue(issued++);
+  while (a.early_tiles && issued < STG - 1) issue(issued++);
   pdl_wait();  // (launched with launch_pdl: nothing an earlier kernel of the step writes is touched before this)
   pdl_trigger();
-  while (issued < kDecStages - 1) issue(issued++);
+  while (issued < STG - 1) issue(issued++);
   const int own_k_tile = (n - 1) / kAttnRows, own_row = (n - 1) % kAttnRows;
+  // Not ROPE: thread i < D holds dim i of the own K and V rows, loaded now, first used at their
+  // tiles (the last K tile, the last V tile), so their latency hides behind the earlier tiles.
+  KT own_k_reg{}, own_v_reg{};
   if constexpr (ROPE) {
     // rope_kernel's three jobs for this block: warp 0 its q head, warp 1 the k row, warp 2 the v row.
     const RopeArgs& r = a.rope;
@@ -516,43 +523,52 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
       }
     }
     __syncthreads();
+  } else if (tid < D) {
+    own_k_reg = kbase[kv_row(kv, table, a.layer, slot.pos, a.k_stride) + tid];
+    own_v_reg = vbase[kv_row(kv, table, a.layer, slot.pos, a.v_stride) + tid];
   }
   float qr[NT];
   const float* qh = ROPE ? own_q : a.q + t * a.q_tok + int64_t(h) * a.q_head;
 #pragma unroll
   for (int i = 0; i < NT; i++) qr[i] = qh[lane + 32 * i];
   float m = -INFINITY, inv = 0.f;
-  float o[NT];  // thread -> dims threadIdx.x + 128 u (attention_kernel's loop over i)
+  float o[NT];  // thread -> dims threadIdx.x + NTH u (attention_kernel's loop over i)
 #pragma unroll
   for (int u = 0; u < NT; u++) o[u] = 0.f;
+  // Scores: each warp RPW rows of a tile, QG at a time.
+  constexpr int RPW = kAttnRows / NW, QG = RPW < 8 ? RPW : 8, LQ = QG == 8 ? 3 : QG == 4 ? 2 : 1;
+  static_assert(QG == 2 || QG == 4 || QG == 8, "decode attention: keys per warp_sums");
   for (int f = 0; f < total; f++) {
-    ptx::cp_async_wait<kDecStages - 2>();
+    ptx::cp_async_wait<STG - 2>();
     __syncthreads();  // tile f is in for every thread; tile f - 1 is done with (its stage refills)
-    issue(f + kDecStages - 1);
-    KT* tile = tiles + size_t(f % kDecStages) * kAttnRows * D;
-    if (ROPE && (f == own_k_tile || f == nk + own_k_tile)) {  // the token's own row, computed above
-      const KT* own = f < nk ? own_k : own_v;
-      for (int i = threadIdx.x; i < D; i += kDecThreads) tile[own_row * D + i] = own[i];
+    issue(f + STG - 1);
+    KT* tile = tiles + size_t(f % STG) * kAttnRows * D;
+    if (f == own_k_tile || f == nk + own_k_tile) {  // the token's own row, loaded or computed above
+      if constexpr (ROPE) {
+        const KT* own = f < nk ? own_k : own_v;
+        for (int i = tid; i < D; i += NTH) tile[own_row * D + i] = own[i];
+      } else if (tid < D) {
+        tile[own_row * D + tid] = f < nk ? own_k_reg : own_v_reg;
+      }
       __syncthreads();
     }
     if (f < nk) {
-      // Scores: warp w takes rows 16 w .. 16 w + 15 of the tile, eight at a time.
       const int j0 = f * kAttnRows;
 #pragma unroll
-      for (int g = 0; g < 2; g++) {
-        const int r0 = 16 * warp + 8 * g;
+      for (int g = 0; g < RPW / QG; g++) {
+        const int r0 = RPW * warp + QG * g;
         if (j0 + r0 >= n) break;
-        float d[8];
+        float d[QG];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
+        for (int u = 0; u < QG; u++) {
           d[u] = 0.f;
 #pragma unroll
           for (int i = 0; i < NT; i++) d[u] += qr[i] * to_f32(tile[(r0 + u) * D + lane + 32 * i]);
         }
-        const float sc = warp_sums<8>(d, lane) * a.scale;  // lane l: key r0 + (l >> 2)
-        const int j = j0 + r0 + (lane >> 2);
+        const float sc = warp_sums<QG>(d, lane) * a.scale;  // lane l: key r0 + (l >> (5 - LQ))
+        const int j = j0 + r0 + (lane >> (5 - LQ));
         if (j < n) {
-          if ((lane & 3) == 0) p[j] = sc;
+          if ((lane & ((32 >> LQ) - 1)) == 0) p[j] = sc;
           m = fmaxf(m, sc);
         }
       }
@@ -561,10 +577,11 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
     if (f == nk) {  // every score is in p[] (the barrier above): the softmax, attention_kernel's
       m = block_max(m, scratch);
       float sum = 0.f;
-      for (int j = threadIdx.x; j < n; j += kDecThreads) {
-        p[j] = expf(p[j] - m);
-        sum += p[j];
-      }
+      if (tid < kDecSumThreads)
+        for (int j = tid; j < n; j += kDecSumThreads) {
+          p[j] = expf(p[j] - m);
+          sum += p[j];
+        }
       sum = block_sum(sum, scratch);
       inv = 1.0f / sum;
       __syncthreads();
@@ -573,7 +590,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
     const int j0 = (f - nk) * kAttnRows, rows = min(kAttnRows, n - j0);
 #pragma unroll
     for (int u = 0; u < NT; u++) {
-      const int i = threadIdx.x + kDecThreads * u;
+      const int i = tid + NTH * u;
       if (i >= D) break;
       float acc = o[u];
       int r = 0;
@@ -587,7 +604,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(const Att
   ptx::cp_async_wait<0>();
 #pragma unroll
   for (int u = 0; u < NT; u++) {
-    const int i = threadIdx.x + kDecThreads * u;
+    const int i = tid + NTH * u;
     if (i >= D) break;  // (whole warps: D is a multiple of 32)
     ctx[t * a.o_tok + int64_t(h) * a.o_head + i] = from_f32<TA>(o[u]);
     if (a.o_frag.xf) store_fragment_pair(a.o_frag, int(t), h * D + i, o[u], a.Hq * D);
@@ -747,13 +764,40 @@ static void raise_tiled_smem() {
   done = true;
 }
 
-template <class TA, class KT, bool ROPE = false>
-static auto decode_instance(int D) {
-  return D == 64 ? attention_decode_kernel<TA, KT, 2, ROPE> : attention_decode_kernel<TA, KT, 4, ROPE>;
+// The decode kernel's block: warps (EPMOE_ATTN_DECODE_WARPS = 4, 8 or 16; 4 was its shape before
+// run 30) and staged tiles (8 where they and the scores fit the shared memory, else 4).
+struct DecodeShape {
+  int warps = 8, stages = 4;
+};
+static int decode_warps() {
+  static const int w = [] {
+    const int v = env_int("EPMOE_ATTN_DECODE_WARPS", 8);
+    return v == 4 || v == 16 ? v : 8;
+  }();
+  return w;
 }
 // attention_decode_kernel's shared memory: the staged tiles, then the scores of max_ctx positions.
-static size_t decode_smem(const AttnArgs& a) {
-  return size_t(kDecStages) * kAttnRows * size_t(a.Dk) * a.kv.value_bytes() + size_t(a.max_ctx) * sizeof(float);
+static size_t decode_smem(const AttnArgs& a, int stages) {
+  return size_t(stages) * kAttnRows * size_t(a.Dk) * a.kv.value_bytes() + size_t(a.max_ctx) * sizeof(float);
+}
+static DecodeShape decode_shape(const AttnArgs& a) {
+  static const int most = env_int("EPMOE_ATTN_DECODE_STAGES", 8) == 4 ? 4 : 8;
+  DecodeShape s;
+  s.warps = decode_warps();
+  s.stages = most == 8 && decode_smem(a, 8) <= kTiledSmemMax ? 8 : 4;
+  return s;
+}
+
+template <class TA, class KT, bool ROPE, int NW, int STG>
+static auto decode_instance_of(int D) {
+  return D == 64 ? attention_decode_kernel<TA, KT, 2, ROPE, NW, STG> : attention_decode_kernel<TA, KT, 4, ROPE, NW, STG>;
+}
+template <class TA, class KT, bool ROPE = false>
+static auto decode_instance(int D, DecodeShape s) {
+  if (s.warps == 4) return s.stages == 8 ? decode_instance_of<TA, KT, ROPE, 4, 8>(D) : decode_instance_of<TA, KT, ROPE, 4, 4>(D);
+  if (s.warps == 16)
+    return s.stages == 8 ? decode_instance_of<TA, KT, ROPE, 16, 8>(D) : decode_instance_of<TA, KT, ROPE, 16, 4>(D);
+  return s.stages == 8 ? decode_instance_of<TA, KT, ROPE, 8, 8>(D) : decode_instance_of<TA, KT, ROPE, 8, 4>(D);
 }
 // Where the decode kernel applies: K and V rows of one width (64 or 128), 16-byte aligned rows
 // (cp.async), the scores within the shared memory.
@@ -761,19 +805,21 @@ static bool decode_applies(const AttnArgs& a) {
   const size_t vb = a.kv.value_bytes();
   return a.Dk == a.Dv && (a.Dk == 64 || a.Dk == 128) && (a.k_stride * vb) % 16 == 0 && (a.v_stride * vb) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(a.kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(a.kv.v) % 16 == 0 &&
-         decode_smem(a) <= kTiledSmemMax;
+         decode_smem(a, 4) <= kTiledSmemMax;
 }
 static void raise_decode_smem() {
   static bool done = false;
   if (done) return;
-  for (int d : {64, 128}) {
-    for (auto k : {decode_instance<float, float>(d), decode_instance<float, bf16>(d),
-                   decode_instance<float, float, true>(d), decode_instance<float, bf16, true>(d)})
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
-    for (auto k : {decode_instance<bf16, float>(d), decode_instance<bf16, bf16>(d),
-                   decode_instance<bf16, float, true>(d), decode_instance<bf16, bf16, true>(d)})
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
-  }
+  for (int d : {64, 128})
+    for (int st : {4, 8}) {
+      const DecodeShape s{decode_warps(), st};
+      for (auto k : {decode_instance<float, float>(d, s), decode_instance<float, bf16>(d, s),
+                     decode_instance<float, float, true>(d, s), decode_instance<float, bf16, true>(d, s)})
+        EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
+      for (auto k : {decode_instance<bf16, float>(d, s), decode_instance<bf16, bf16>(d, s),
+                     decode_instance<bf16, float, true>(d, s), decode_instance<bf16, bf16, true>(d, s)})
+        EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
+    }
   done = true;
 }
 
@@ -834,8 +880,9 @@ bool attention(const AttnArgs& a_in, TA* ctx, cudaStream_t s) {
   if (kind == AttnKernel::Decode) {
     EPMOE_ASSERT(a.max_run == 1 && decode_applies(a), "gpu attention: the decode kernel does not apply to this step");
     raise_decode_smem();
-    auto k = a.kv.bf16 ? (own_rope ? decode_instance<TA, bf16, true>(a.Dk) : decode_instance<TA, bf16>(a.Dk))
-                       : (own_rope ? decode_instance<TA, float, true>(a.Dk) : decode_instance<TA, float>(a.Dk));
+    const DecodeShape shape = decode_shape(a);
+    auto k = a.kv.bf16 ? (own_rope ? decode_instance<TA, bf16, true>(a.Dk, shape) : decode_instance<TA, bf16>(a.Dk, shape))
+                       : (own_rope ? decode_instance<TA, float, true>(a.Dk, shape) : decode_instance<TA, float>(a.Dk, shape));
     static const bool early_on = !env_off("EPMOE_ATTN_EARLY_TILES");
     AttnArgs b = a;
     b.early_tiles = a.early_tiles || early_on;
@@ -844,7 +891,7 @@ bool attention(const AttnArgs& a_in, TA* ctx, cudaStream_t s) {
                       (a.Hq * a.Dv) % 64 == 0 && a.T <= a.o_frag.rows;
     if (!frag) b.o_frag = {};
     const int64_t blocks = b.T * b.Hq + (frag ? a.o_frag.rows - b.T : 0);
-    launch_pdl(k, dim3(unsigned(blocks)), dim3(kDecThreads), decode_smem(b), s, b, ctx);
+    launch_pdl(k, dim3(unsigned(blocks)), dim3(unsigned(32 * shape.warps)), decode_smem(b, shape.stages), s, b, ctx);
     EPMOE_CUDA_LAUNCHED();
     return frag;
   }

@@ -202,6 +202,34 @@ __device__ inline bool cta_tiles(const GemmArgs& p, int BM, CtaTiles& t) {
   return t.m_first * BM < t.rows;
 }
 
+// The group of tile blockIdx.y read from the routing instead of the tile list (GemmArgs::route_phys):
+// the blockIdx.y-th smallest local expert present among the routed jobs, -1 past the last (the
+// host keeps G <= 256). Every thread computes it; the ids are read from L2 (__ldcg: the buffer is
+// the same every layer, so a line in L1 may be an earlier layer's).
+__device__ inline int routed_group(const GemmArgs& p) {
+  uint32_t present[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+  for (int r = 0; r < p.route_rows; r++)
+    for (int k = 0; k < p.route_k; k++) {
+      const int e = __ldcg(p.route_phys + int64_t(r) * p.route_phys_stride + k) - p.route_p0;
+      if (e < 0 || e >= p.G) continue;
+#pragma unroll
+      for (int w = 0; w < 8; w++)
+        if ((e >> 5) == w) present[w] |= 1u << (e & 31);
+    }
+  int want = int(blockIdx.y);
+#pragma unroll
+  for (int w = 0; w < 8; w++) {
+    const int c = __popc(present[w]);
+    if (want < c) {
+      uint32_t m = present[w];
+      for (int q = 0; q < want; q++) m &= m - 1;  // (drop the lowest set bits before it)
+      return 32 * w + __ffs(int(m)) - 1;
+    }
+    want -= c;
+  }
+  return -1;
+}
+
 // mbarriers in shared memory (addresses from smem_u32): init with the arrivals a phase needs, wait
 // for the phase of the given parity to complete, arrive, and arrive announcing the bytes that
 // asynchronous copies will complete on it (expect_tx).
