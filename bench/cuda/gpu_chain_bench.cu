@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  init_device(0);
   const int sms = sm_count();
   DeviceArray<unsigned> words(size_t(kernels) + 1);
   DeviceArray<float> row(512), sink(1);

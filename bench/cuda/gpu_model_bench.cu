@@ -18,8 +18,7 @@
 //   gpu_model_bench [--out FILE.tsv] [--layers N (48)] [--batches LIST (1,8,64,256)] [--prefill 0|1 (1)]
 //                   [--steps N (32)] [--peak-tflops F (989)] [--profile-step 0|1 (0)]
 //                   [--kv-cache-dtype bf16|fp32 (bf16: what serve gives a bf16 checkpoint)]
-//                   [--split-gemv-ring -2|-1|0|8|16|32|64 (-1: chosen per weight; -2: each warp's whole
-//                   slice, up to 64 blocks; 0: split_gemv v3)]
+//                   [--split-gemv-ring -1|0|8|16|32 (-1: chosen per weight; 0: split_gemv v3)]
 // --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
 // between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (scripts/gpu-decode-profile.sh).
@@ -215,12 +214,12 @@ int main(int argc, char** argv) {
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
       } else if (k == "--split-gemv-ring") {
-        // The decode projections' split_gemv ring: -1 chosen per weight (default), 8/16/32/64 blocks, -2 each
-        // warp's whole slice (one warp per CTA), 0 v3 (register prefetch) -- the same bits, to compare in one process.
+        // The decode projections' split_gemv ring: -1 chosen per weight (default), 8/16/32 blocks
+        // (one warp per CTA), 0 v3 (register prefetch) -- the same bits, to compare in one process.
         // (EPMOE_SPLIT_GEMV=v4 chooses the version; set before the weights are packed.)
         cuda::SplitGemvConfig c = cuda::split_gemv_config();
         c.ring = std::stoi(v);
-        c.warps = c.ring > 0 || c.ring == -2 ? 1 : c.warps;
+        c.warps = c.ring > 0 ? 1 : c.warps;
         if (c.ring == 0) c.version = 3;
         cuda::set_split_gemv_config(c);
       } else {

@@ -41,9 +41,9 @@ const std::vector<EnvVar>& env_table() {
        "warps of a decode attention block (4: its shape before run 30; the same bits; for measuring)"},
       {"EPMOE_ATTN_DECODE_STAGES", "8 | 4",
        "4: decode attention stages 4 K/V tiles instead of 8 where 8 fit (the same bits; for measuring)"},
-      {"EPMOE_ATTN_ROPE", "0 | 1",
-       "1: decode attention does its own token's q/k norm, RoPE and KV-cache write instead of the rope kernel "
-       "before it (the same bits; measured level at 1 sequence and 1 % slower at 8, run 25)"},
+      {"EPMOE_ATTN_ROPE", "1 | 0",
+       "0: the rope kernel does decode steps' q/k norm, RoPE and KV-cache write before decode attention instead of "
+       "the attention kernel doing its own token's (the same bits; for measuring)"},
       {"EPMOE_EXPERTS_EARLY", "1 | 0",
        "0: a decode step's gate+up GEMM requests its first weight tiles after the expert plan instead of before "
        "it, from the routing (the same bits; for measuring)"},

@@ -105,7 +105,7 @@ struct AttnArgs {
   // launch fewer; the same bits in the cache and the output; rope.q_out is then not written). q,
   // q_tok and q_head are ignored. GQA only (the rope's heads, D and KV pages those of these args).
   RopeArgs rope;
-  bool rope_separate = false;  // the rope kernel first wherever (the model unless EPMOE_ATTN_ROPE=1; tests)
+  bool rope_separate = false;  // the rope kernel first wherever (the model under EPMOE_ATTN_ROPE=0; tests)
 };
 // Returns whether the output was also written as a.o_frag (the caller's projection then takes it
 // as given); false where a.o_frag is empty or the kernel run does not write it.

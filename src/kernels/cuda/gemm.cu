@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   ptx::CtaTiles ct;
   bool has_tile;
   if (routed) {
-    ct.group = ptx::routed_group(p);  // (the tile list's group, once the plan is complete)
+    __shared__ uint32_t present[8];
+    ct.group = ptx::routed_group(p, present);  // (the tile list's group, once the plan is complete)
     has_tile = ct.group >= 0;
   } else {
     has_tile = ptx::cta_tiles(p, BM, ct);

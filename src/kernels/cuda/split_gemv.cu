@@ -28,7 +28,6 @@
 // zero -- with the same mma.sync instruction and the same fragment values (x split as
 // split_rows_kernel splits it), then store_pair. Rows past T are zero, as the tile kernel's
 // zero-filled rows; they reach no output. GpuGemm.SplitGemvKeepsTheBits checks it.
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -533,8 +532,6 @@ void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_
 
 template <bool WIDE, bool SWIGLU, bool ROWS16, int RING>
 void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, int warps) {
-  // (A 64-block ring is 128 KB a warp: one warp per CTA.)
-  if constexpr (RING == 64) return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
   switch (warps) {
     case 1: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 1>(g, xf, T, s);
     case 2: return launch_ring_warps<WIDE, SWIGLU, ROWS16, RING, 2>(g, xf, T, s);
@@ -552,11 +549,7 @@ void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, i
 // chunks of 8 slower at every ring).
 template <bool WIDE, bool SWIGLU, bool ROWS16>
 void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  // ring -2: the warp's whole weight slice (K / 64 blocks, up to 64), all of it requested before
-  // the PDL wait -- while the kernel before runs.
-  const int whole = g.K / 64 <= 8 ? 8 : g.K / 64 <= 16 ? 16 : g.K / 64 <= 32 ? 32 : 64;
   const int ring = g_config.ring > 0       ? g_config.ring
-                   : g_config.ring == -2   ? (WIDE ? whole : std::min(whole, 32))
                    : g_config.version >= 6 ? 8
                    : WIDE                  ? (g.K >= 4096 ? 16 : 8)
                                            : (g.K >= 2048 ? 32 : 16);
@@ -564,7 +557,6 @@ void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) 
   switch (ring) {
     case 8: return launch_ring<WIDE, SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
     case 16: return launch_ring<WIDE, SWIGLU, ROWS16, 16>(g, xf, T, s, warps);
-    case 64: return launch_ring<WIDE, SWIGLU, ROWS16, 64>(g, xf, T, s, 1);
     default: return launch_ring<WIDE, SWIGLU, ROWS16, 32>(g, xf, T, s, warps);
   }
 }
@@ -608,11 +600,10 @@ void set_split_gemv_config(SplitGemvConfig c) {
   // (v5: 2 KB a ring block per warp, so warps x ring <= 64 keeps a CTA within 227 KB.)
   EPMOE_ASSERT((c.version >= 3 && c.version <= 6) && (c.depth == 4 || c.depth == 8 || c.depth == 16) &&
                    (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
-                   (c.ring == -2 || c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32 ||
-                    (c.ring == 64 && c.warps == 1)) &&
+                   (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32) &&
                    (c.version == 3 || c.ring != 0) && (c.version < 5 || c.warps * c.ring <= 64) &&
                    (c.chunk == 4 || c.chunk == 8),
-               "split_gemv: version 3/4/5/6, depth 4/8/16, warps 1/2/4, ring -2/-1/0/8/16/32/64 (64: one warp; not 0 past v3; warps x "
+               "split_gemv: version 3/4/5/6, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
                "ring <= 64 for v5 and v6), chunk 4/8, got v" +
                    std::to_string(c.version) + " " + std::to_string(c.depth) + "/" + std::to_string(c.warps) + "/" +
                    std::to_string(c.ring) + "/" + std::to_string(c.chunk));

@@ -81,8 +81,7 @@ struct SplitGemvConfig {
   int warps = 4;  // warps per CTA: 1, 2 or 4 (v4 / v5: with ring > 0 only)
   // v4's / v5's / v6's shared-memory ring, in 64-wide weight blocks per warp: -1 chooses per weight
   // (v4: 32, or 16 for K < 2048; v5: 8, or 16 for K >= 4096; v6: 8; one warp per CTA), 8 / 16 / 32
-  // (with `warps`), 64 (one warp), -2 the warp's whole slice (K / 64 blocks, up to 64; one warp),
-  // all of it requested before the PDL wait.
+  // (with `warps`).
   int ring = -1;
   // 6 (default, run 29): v5's layout and MMAs, the ring filled by lane 0's bulk copies of `chunk`
   // blocks (4 or 8) at a time, one mbarrier wait per chunk; 5: W as the MMA's A operand, 16

@@ -825,8 +825,10 @@ struct GpuModel final : LanguageModel {
     ra.q_out = q.data();
     AttnArgs aa;
     aa.rope = ra;  // (attention() runs it first, or the decode kernel does it for its own token)
-    // (Opt-in: run 25 measured it level at one sequence and 1 % slower at 8 on an H100.)
-    static const bool rope_separate = !env_on("EPMOE_ATTN_ROPE");
+    // (The default since run 30: with the decode kernel's 8 warps and its K/V tiles requested
+    // before the wait, one sequence 4.38 -> 4.31 ms a step on an H100; run 25, with 4 warps,
+    // measured it level at one sequence and 1 % slower at 8. EPMOE_ATTN_ROPE=0: the rope kernel.)
+    static const bool rope_separate = env_off("EPMOE_ATTN_ROPE");
     aa.rope_separate = rope_separate;
     aa.slots = st_slots;
     aa.kv = ra.kv;
