@@ -38,9 +38,11 @@ const std::vector<EnvVar>& env_table() {
        "0: decode attention requests no K/V tiles of earlier positions before its PDL wait (the same values; for "
        "measuring)"},
       {"EPMOE_ATTN_DECODE_WARPS", "8 | 4 | 16",
-       "warps of a decode attention block (4: its shape before run 30; the same bits; for measuring)"},
+       "warps of a decode attention block where the blocks are one per SM (4: its shape before run 30; the same "
+       "bits; for measuring)"},
       {"EPMOE_ATTN_DECODE_STAGES", "8 | 4",
-       "4: decode attention stages 4 K/V tiles instead of 8 where 8 fit (the same bits; for measuring)"},
+       "4: decode attention stages 4 K/V tiles instead of 8 where its blocks are one per SM and 8 fit (the same "
+       "bits; for measuring)"},
       {"EPMOE_ATTN_ROPE", "1 | 0",
        "0: the rope kernel does decode steps' q/k norm, RoPE and KV-cache write before decode attention instead of "
        "the attention kernel doing its own token's (the same bits; for measuring)"},

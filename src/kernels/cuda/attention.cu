@@ -415,9 +415,9 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 // and block_sum (the other warps add exact zeros), each output dim the same sequential sum over
 // j = 0 .. pos.
 //
-// NW = 8 (run 30): a one-sequence step gives the kernel 32 blocks on 132 SMs, so the scores of one
-// block were four warps' latency chain; STG = 8 where the shared memory allows (bf16 caches): a
-// context of up to 7 tiles (448 positions) is in flight before the wait.
+// NW warps, STG stages: decode_shape (below) -- 8 and 8 where the blocks are one per SM (a
+// one-sequence step gives the kernel 32 blocks on 132 SMs, so a block's latency is the kernel's),
+// the shape before run 30, 4 and 4, where they queue for the SMs.
 
 constexpr int kDecSumThreads = 128;  // attention_kernel's block: its softmax sums are per thread
 
@@ -764,12 +764,15 @@ static void raise_tiled_smem() {
   done = true;
 }
 
-// The decode kernel's block: warps (EPMOE_ATTN_DECODE_WARPS = 4, 8 or 16; 4 was its shape before
-// run 30) and staged tiles: 8 where the blocks are one per SM at most and the tiles and scores fit
-// the shared memory, else 4 (run 30, H100, 48 layers: 8 stages at 8 sequences -- 256 blocks, one
-// per SM with 128 KB each, two waves -- took 17.4 ms a step against 16.7 with 4).
+// The decode kernel's block. Where its blocks are one per SM at most (T Hq <= the SMs: one to four
+// sequences of Qwen3-30B-A3B), a block's latency is the kernel's: 8 warps (EPMOE_ATTN_DECODE_WARPS
+// = 4, 8 or 16) share the scores, and 8 staged tiles, where they and the scores fit the shared
+// memory, put a context of up to 448 positions in flight before the wait. Beyond, the blocks
+// queue for the SMs: 4 warps and 4 stages, the kernel's shape before run 30, fit three to an SM
+// (run 30, H100, 48 layers, 8 sequences: 8 warps and 8 stages, one 128 KB block an SM, took 17.4
+// ms a step against 16.7 with 4 and 4).
 struct DecodeShape {
-  int warps = 8, stages = 4;
+  int warps = 4, stages = 4;
 };
 static int decode_warps() {
   static const int w = [] {
@@ -785,8 +788,9 @@ static size_t decode_smem(const AttnArgs& a, int stages) {
 static DecodeShape decode_shape(const AttnArgs& a) {
   static const int most = env_int("EPMOE_ATTN_DECODE_STAGES", 8) == 4 ? 4 : 8;
   DecodeShape s;
+  if (a.T * a.Hq > sm_count()) return s;
   s.warps = decode_warps();
-  s.stages = most == 8 && a.T * a.Hq <= sm_count() && decode_smem(a, 8) <= kTiledSmemMax ? 8 : 4;
+  s.stages = most == 8 && decode_smem(a, 8) <= kTiledSmemMax ? 8 : 4;
   return s;
 }
 
@@ -813,8 +817,7 @@ static void raise_decode_smem() {
   static bool done = false;
   if (done) return;
   for (int d : {64, 128})
-    for (int st : {4, 8}) {
-      const DecodeShape s{decode_warps(), st};
+    for (const DecodeShape s : {DecodeShape{4, 4}, DecodeShape{decode_warps(), 4}, DecodeShape{decode_warps(), 8}}) {
       for (auto k : {decode_instance<float, float>(d, s), decode_instance<float, bf16>(d, s),
                      decode_instance<float, float, true>(d, s), decode_instance<float, bf16, true>(d, s)})
         EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTiledSmemMax)));
