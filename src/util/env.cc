@@ -45,10 +45,7 @@ const std::vector<EnvVar>& env_table() {
        "bits; for measuring)"},
       {"EPMOE_ATTN_ROPE", "1 | 0",
        "0: the rope kernel does decode steps' q/k norm, RoPE and KV-cache write before decode attention instead of "
-       "the attention kernel doing its own token's (the same bits; for measuring)"},
-      {"EPMOE_EXPERTS_EARLY", "1 | 0",
-       "0: a decode step's gate+up GEMM requests its first weight tiles after the expert plan instead of before "
-       "it, from the routing (the same bits; for measuring)"},
+       "the attention kernel doing its own token's where its blocks are one per SM (the same bits; for measuring)"},
       {"EPMOE_SPLIT_GEMV", "1 | 0 | v5 | v4 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
        "fragment copy of their weights; v5 runs split_gemv's earlier version (its ring filled by every lane's "

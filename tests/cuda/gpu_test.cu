@@ -1721,68 +1721,6 @@ TEST(GpuGemm, ProgrammaticLaunchChainSeesEachWrite) {
                          std::to_string(differ) + " of 6 differ");
 }
 
-// A grouped GEMM right after the plan that takes its groups from the routing (GemmArgs::route_phys;
-// the plan lets it start only after the plan's own wait) requests its first weight tiles before
-// the plan is complete: the same bits as the GEMM that waits for the plan, for decode-sized jobs (1
-// to 8 rows of 8 slots) over every local expert or a slice of them (ids outside it skipped, so some
-// rows have fewer served slots), 128 and 256 experts -- and when the ids it is given are not the
-// plan's, since the tile it reads after the wait decides (the early loads are dropped).
-TEST(GpuGemm, GroupsFromTheRoutingKeepTheBits) {
-  REQUIRE_GPU();
-  const int H = 256, N = 96, K = 8;
-  int cases = 0, same = 0;
-  std::mt19937 pick(7);
-  for (int E : {128, 256})
-    for (int slice = 0; slice < 2; slice++)
-      for (int T : {1, 2, 5, 8})
-        for (int wrong = 0; wrong < 2; wrong++) {
-          const int p0 = slice ? E / 4 : 0, nl = slice ? E / 2 : E;
-          std::vector<int32_t> phys(size_t(T) * K), other(size_t(T) * K);
-          for (int t = 0; t < T; t++) {
-            std::vector<int32_t> ids(static_cast<size_t>(E));
-            for (int e = 0; e < E; e++) ids[size_t(e)] = e;
-            std::shuffle(ids.begin(), ids.end(), pick);
-            for (int k = 0; k < K; k++) {
-              phys[size_t(t * K + k)] = ids[size_t(k)];
-              other[size_t(t * K + k)] = (ids[size_t(k)] + 1 + t) % E;
-            }
-          }
-          DeviceArray<int32_t> dphys, dother;
-          dphys.upload(phys), dother.upload(other);
-          DeviceArray<bf16> x(size_t(T) * H), w(size_t(nl) * N * H), ref(size_t(T) * K * N), got(size_t(T) * K * N);
-          fill_random(x.data(), int64_t(T) * H, 11 + T, 1.0f, stream());
-          fill_random(w.data(), int64_t(nl) * N * H, 12 + E, 0.05f, stream());
-          ExpertJobs j;
-          j.x = x.data(), j.x_stride = H, j.phys = dphys.data(), j.phys_stride = K, j.rows = T, j.K = K;
-          auto run = [&](DeviceArray<bf16>& out, bool routed) {
-            EPMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, sizeof(bf16) * size_t(T) * K * N, stream()));
-            ExpertPlanGpu plan;
-            EPMOE_ASSERT(plan.make(j, p0, nl, true, routed), "the plan has local experts");
-            GemmArgs g;
-            plan.apply(g, nl);
-            g.A = x.data(), g.lda = H, g.a_rows = plan.a_rows.data(), g.B = w.data(), g.ldb = H;
-            g.b_group_stride = int64_t(N) * H, g.N = N, g.K = H, g.C = out.data(), g.ldc = N;
-            g.c_rows = plan.c_rows.data();
-            if (routed) {
-              g.route_phys = (wrong ? dother : dphys).data();
-              g.route_phys_stride = K, g.route_rows = T, g.route_k = K, g.route_p0 = p0;
-            }
-            gemm<bf16, bf16>(g, Epilogue::Store, stream());
-            EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-            return out.download(size_t(T) * K * N);
-          };
-          const auto a = run(ref, false), b = run(got, true);
-          const bool ok = std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
-          cases++, same += ok;
-          if (!ok)
-            check(false, "grouped GEMM with its groups from the routing == after the plan (bits): E " +
-                             std::to_string(E) + " local [" + std::to_string(p0) + ", " + std::to_string(p0 + nl) +
-                             ") T " + std::to_string(T) + (wrong ? " (ids not the plan's)" : ""));
-        }
-  check(same == cases, "grouped GEMM with its groups from the routing == after the plan, bit for bit: " +
-                           std::to_string(same) + "/" + std::to_string(cases) + " cases");
-}
-
 // The one-kernel router (router_logits) against the split GEMM it replaced: router_split's bf16
 // planes, the bf16 GEMM over S chunks, the partials added in order as route() adds them. The same
 // bits, for each tile shape (by rows) and chunk lengths that are and are not multiples of the

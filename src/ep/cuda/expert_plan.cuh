@@ -22,8 +22,8 @@ struct ExpertPlanGpu {
   bool with_tiles = false;
 
   // Plans j on the process's stream. False when no GEMM is to run: no rows (row_base, when asked
-  // for, is then zeroed) or no local expert. late_trigger: PlanArgs::late_trigger.
-  bool make(const ExpertJobs& j, int p0, int n_local, bool tiled, bool late_trigger = false) {
+  // for, is then zeroed) or no local expert.
+  bool make(const ExpertJobs& j, int p0, int n_local, bool tiled) {
     if (j.rows == 0) {
       if (j.row_base) EPMOE_CUDA_CHECK(cudaMemsetAsync(j.row_base, 0, sizeof(int32_t), stream()));
       return false;
@@ -55,7 +55,6 @@ struct ExpertPlanGpu {
     pa.c_rows = c_rows.data();
     pa.row_base = j.row_base;
     pa.workspace = &workspace;
-    pa.late_trigger = late_trigger;
     if (tiled) {
       pa.tile_m = tile_m;
       pa.tiles = tiles.data();

@@ -47,9 +47,8 @@ __device__ void write_tiles(const PlanArgs& a, int* scratch) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
-  if (!a.late_trigger) pdl_trigger();
+  pdl_trigger();
   pdl_wait();  // (PDL, common.cuh) before the first read of an earlier kernel's output
-  if (a.late_trigger) pdl_trigger();
   extern __shared__ int psm[];
   int* cnt = psm;                 // [n_local]
   int* cursor = cnt + a.n_local;  // [n_local]

@@ -38,9 +38,6 @@ struct PlanArgs {
   // The multi-block form's scratch (host side only): the caller's own, or nullptr for one shared
   // by the process (which a graph must not capture: another plan may move it).
   DeviceArray<int32_t>* workspace = nullptr;
-  // The one-block form lets the next kernel start only after its own wait, when the routing (phys)
-  // is complete: a GEMM after it then reads phys before its wait (GemmArgs::route_phys).
-  bool late_trigger = false;
 };
 void plan(const PlanArgs& a, cudaStream_t s);
 // Whether plan() runs as one block (else three launches over the chip, through a workspace shared

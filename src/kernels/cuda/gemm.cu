@@ -54,52 +54,39 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   bf16* sB = sA + STAGES * BM * BK;
 
   // PDL (common.cuh): the first B stages are requested before waiting for the kernel that writes
-  // A whenever the weights are known without it: always for a dense GEMM, for a grouped one whose
-  // plan was complete before that kernel started (plan_precedes_a), and for one whose groups the
-  // routing gives (route_phys; the plan triggered after its wait, so the routing is complete).
-  // Otherwise the plan may still be running, so wait first -- and a GEMM that reads the plan lets
-  // the next kernel start only after its wait, which is what makes plan_precedes_a true for a GEMM
-  // that follows it.
-  const bool routed = p.route_phys != nullptr;
-  const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a || routed;
+  // A whenever the weights are known without it: always for a dense GEMM, and for a grouped one
+  // whose plan was complete before that kernel started (plan_precedes_a). Otherwise the plan may
+  // still be running, so wait first -- and only then let the next kernel start, which is what
+  // makes plan_precedes_a true for a GEMM that follows this one.
+  const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
   if (!early_b) pdl_wait();
-  if (!routed) pdl_trigger();
+  pdl_trigger();
   ptx::CtaTiles ct;
-  bool has_tile;
-  if (routed) {
-    __shared__ uint32_t present[8];
-    ct.group = ptx::routed_group(p, present);  // (the tile list's group, once the plan is complete)
-    has_tile = ct.group >= 0;
-  } else {
-    has_tile = ptx::cta_tiles(p, BM, ct);
-  }
-  if (!has_tile && !routed) {
+  if (!ptx::cta_tiles(p, BM, ct)) {
     if (early_b) pdl_wait();
     return;
   }
+  const int row_begin = ct.row_begin, rows = ct.rows, group = ct.group;
+  const int m_first = ct.m_first, m_end = ct.m_end, m_step = ct.m_step;
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = (K + BK - 1) / BK;
   const bf16* A = static_cast<const bf16*>(p.A);
+  const bf16* B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
 
-  // The B rows this thread copies are fixed for the whole CTA (its group's).
-  const bf16* B = nullptr;
+  // The B rows this thread copies are fixed for the whole CTA.
   const bf16* b_src[B_CH];
   int b_off[B_CH], b_col[B_CH];
   bool b_ok[B_CH];
-  auto set_group = [&](int group) {
-    B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
 #pragma unroll
-    for (int i = 0; i < B_CH; i++) {
-      const int idx = tid + i * NT, r = idx >> 3, c = idx & 7;
-      b_ok[i] = n0 + r < p.N;
-      b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb + c * 8;
-      b_off[i] = swz(r, c);
-      b_col[i] = c * 8;
-    }
-  };
-  if (has_tile) set_group(ct.group);
+  for (int i = 0; i < B_CH; i++) {
+    const int idx = tid + i * NT, r = idx >> 3, c = idx & 7;
+    b_ok[i] = n0 + r < p.N;
+    b_src[i] = B + int64_t(b_ok[i] ? n0 + r : 0) * p.ldb + c * 8;
+    b_off[i] = swz(r, c);
+    b_col[i] = c * 8;
+  }
   auto load_b = [&](int stage, int kt) {
     const int k0 = kt * BK;
     const int kb = p.b_k_twice ? (kt >> 1) * BK : k0;
@@ -115,29 +102,14 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   // wait_group<STAGES - 2> still covers both halves of stage kt (groups 0..STAGES-1+kt done).
   bool b_in_flight = false;
   if (early_b) {
-    if (has_tile) {
 #pragma unroll
-      for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load_b(s, s);
-        cp_async_commit();
-      }
-      b_in_flight = true;
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) load_b(s, s);
+      cp_async_commit();
     }
+    b_in_flight = true;
     pdl_wait();
   }
-  if (routed) {
-    pdl_trigger();
-    const int guessed = has_tile ? ct.group : -1;
-    has_tile = ptx::cta_tiles(p, BM, ct);
-    if (!has_tile || ct.group != guessed) {
-      cp_async_wait<0>();  // (the early copies land before their stages are rewritten or freed)
-      b_in_flight = false;
-      if (!has_tile) return;
-      set_group(ct.group);
-    }
-  }
-  const int row_begin = ct.row_begin, rows = ct.rows;
-  const int m_first = ct.m_first, m_end = ct.m_end, m_step = ct.m_step;
 
   for (int mt = m_first; mt < m_end && mt * BM < rows; mt += m_step) {
     const int m0 = mt * BM;
@@ -331,8 +303,6 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     const int rows = a.offsets ? a.rows_hint : a.M;
     EPMOE_ASSERT(!a.tiles || gemm_tile_m(rows) == gemm_tile_m(a.rows_hint), "gemm: tiles of another height");
     EPMOE_ASSERT(a.path != GemmPath::Wgmma || !a.tiles, "gemm: a tile list is laid out for the mma.sync tile height");
-    EPMOE_ASSERT(!a.route_phys || (a.tiles && a.G <= 256 && a.route_k >= 1),
-                 "gemm: groups from the routing need a tile list and at most 256 groups");
     static_assert(Tiny::BM == Small::BM, "gemm: a tile list serves both mma.sync tile widths");
     EPMOE_ASSERT(!a.tiles || (a.path != GemmPath::Tiled && a.path != GemmPath::TiledNarrow) ||
                      gemm_tile_m(a.rows_hint) == Small::BM,

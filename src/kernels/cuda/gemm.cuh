@@ -53,16 +53,6 @@ struct GemmArgs {
   // kernel is a GEMM which waited for the plan): the first weight tiles are then requested before
   // waiting for A (programmatic dependent launch, common.cuh). The down projection after gate+up.
   bool plan_precedes_a = false;
-  // The routed jobs behind a tile list, for a grouped GEMM that runs right after the plan (gate+up
-  // at decode sizes): route_rows rows of route_k physical ids (route_phys_stride apart; local
-  // expert = id - route_p0, kept below G), every group at most one m-tile. Tile i of the plan is
-  // then the i-th smallest local expert among them -- known from the routing before the plan is
-  // complete, so the first weight tiles are requested before the wait for the plan. (The plan then
-  // lets this GEMM start only after its own wait: plan_late_trigger. The tile read after the wait
-  // decides; a different one only costs the early loads.) nullptr: not known.
-  const int32_t* route_phys = nullptr;
-  int64_t route_phys_stride = 0;
-  int route_rows = 0, route_k = 0, route_p0 = 0;
   // Grouped GEMMs: the m-tiles to run, (group, first row) pairs that plan() wrote for the tile
   // height gemm_tile_m(rows_hint) -- one CTA per tile and N-tile, none looping over m, so a group
   // with twice the rows gets twice the CTAs instead of twice the time. num_tiles on the device;

@@ -202,35 +202,6 @@ __device__ inline bool cta_tiles(const GemmArgs& p, int BM, CtaTiles& t) {
   return t.m_first * BM < t.rows;
 }
 
-// The group of tile blockIdx.y read from the routing instead of the tile list (GemmArgs::route_phys):
-// the blockIdx.y-th smallest local expert present among the routed jobs, -1 past the last (the
-// host keeps G <= 256). Every thread of the CTA calls it (two barriers): the ids are read once, a
-// thread each, in parallel (a loop of one dependent L2 read per id cost ~22 us at 64 ids), from
-// L2 (__ldcg: the buffer is the same every layer, so a line in L1 may be an earlier layer's).
-// present: 8 words of shared memory.
-__device__ inline int routed_group(const GemmArgs& p, uint32_t* present) {
-  if (threadIdx.x < 8) present[threadIdx.x] = 0u;
-  __syncthreads();
-  const int n = p.route_rows * p.route_k;
-  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
-    const int r = i / p.route_k, k = i - r * p.route_k;
-    const int e = __ldcg(p.route_phys + int64_t(r) * p.route_phys_stride + k) - p.route_p0;
-    if (e >= 0 && e < p.G) atomicOr(&present[e >> 5], 1u << (e & 31));
-  }
-  __syncthreads();
-  int want = int(blockIdx.y);
-  for (int w = 0; w < 8; w++) {
-    uint32_t m = present[w];
-    const int c = __popc(m);
-    if (want < c) {
-      for (int q = 0; q < want; q++) m &= m - 1;  // (drop the lowest set bits before it)
-      return 32 * w + __ffs(int(m)) - 1;
-    }
-    want -= c;
-  }
-  return -1;
-}
-
 // mbarriers in shared memory (addresses from smem_u32): init with the arrivals a phase needs, wait
 // for the phase of the given parity to complete, arrive, and arrive announcing the bytes that
 // asynchronous copies will complete on it (expect_tx).

@@ -825,11 +825,13 @@ struct GpuModel final : LanguageModel {
     ra.q_out = q.data();
     AttnArgs aa;
     aa.rope = ra;  // (attention() runs it first, or the decode kernel does it for its own token)
-    // (The default since run 30: with the decode kernel's 8 warps and its K/V tiles requested
-    // before the wait, one sequence 4.38 -> 4.31 ms a step on an H100; run 25, with 4 warps,
-    // measured it level at one sequence and 1 % slower at 8. EPMOE_ATTN_ROPE=0: the rope kernel.)
+    // The decode kernel does the rope of its own token where its blocks are one per SM (the shape
+    // of 8 warps, attention.cu's decode_shape): run 30, H100, 48 layers, one sequence 4.38 -> 4.31
+    // ms a step. Where they queue for the SMs (the shape of 4 warps) the rope kernel stays before
+    // it: run 25 measured the fused rope there 1 % slower at 8 sequences, and run 30 has no
+    // measurement of it. EPMOE_ATTN_ROPE=0: the rope kernel everywhere.
     static const bool rope_separate = env_off("EPMOE_ATTN_ROPE");
-    aa.rope_separate = rope_separate;
+    aa.rope_separate = rope_separate || T_ * Hq > sm_count();
     aa.slots = st_slots;
     aa.kv = ra.kv;
     aa.layer = l;

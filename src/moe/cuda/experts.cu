@@ -1,28 +1,16 @@
 #include "moe/cuda/experts.cuh"
 
 #include "kernels/cuda/ops.cuh"
-#include "util/env.h"
 
 #include <cstring>
 #include <type_traits>
 
 namespace epmoe::cuda {
 
-// A decode step's gate+up GEMM requests its first weight tiles before the plan is complete, its
-// experts read from the routing (GemmArgs::route_phys): a few rows (so one m-tile per expert), the
-// ids on the host's count, at most 256 local experts. EPMOE_EXPERTS_EARLY=0: after the plan, as
-// before run 30 (for measuring; the same bits either way).
-static bool experts_early(const ExpertJobs& j, int n_local) {
-  static const bool on = !env_off("EPMOE_EXPERTS_EARLY");
-  return on && !j.rows_dev && j.rows >= 1 && j.rows * j.K <= 64 && j.rows <= gemm_tile_m(1) && n_local >= 1 &&
-         n_local <= 256;
-}
-
 template <class T>
 void ExpertRunnerGpu<T>::run(const ExpertJobs& j, void* out) {
   // bf16: one CTA per (m-tile, N-tile), from a tile list the plan writes.
-  const bool early = std::is_same_v<T, bf16> && experts_early(j, w_.n_local);
-  if (!plan_.make(j, w_.p0, w_.n_local, std::is_same_v<T, bf16>, early)) return;
+  if (!plan_.make(j, w_.p0, w_.n_local, std::is_same_v<T, bf16>)) return;
   h_.reserve(size_t(j.rows * j.K) * size_t(w_.I));
   GemmArgs g1;
   plan_.apply(g1, w_.n_local);
@@ -36,13 +24,6 @@ void ExpertRunnerGpu<T>::run(const ExpertJobs& j, void* out) {
   g1.K = w_.H;
   g1.C = h_.data();
   g1.ldc = w_.I;
-  if (early) {
-    g1.route_phys = j.phys;
-    g1.route_phys_stride = j.phys_stride;
-    g1.route_rows = int(j.rows);
-    g1.route_k = j.K;
-    g1.route_p0 = w_.p0;
-  }
   gemm<T, T>(g1, Epilogue::SwiGLU, stream());
   GemmArgs g2;
   plan_.apply(g2, w_.n_local);
