@@ -788,7 +788,7 @@ static size_t decode_smem(const AttnArgs& a, int stages) {
 static DecodeShape decode_shape(const AttnArgs& a) {
   static const int most = env_int("EPMOE_ATTN_DECODE_STAGES", 8) == 4 ? 4 : 8;
   DecodeShape s;
-  if (a.T * a.Hq > sm_count()) return s;
+  if (!decode_blocks_one_per_sm(a.T, a.Hq)) return s;
   s.warps = decode_warps();
   s.stages = most == 8 && decode_smem(a, 8) <= kTiledSmemMax ? 8 : 4;
   return s;
@@ -855,6 +855,8 @@ void attention_prepare(int Dk, int max_ctx) {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   raised = smem;
 }
+
+bool decode_blocks_one_per_sm(int64_t T, int Hq) { return T * Hq <= sm_count(); }
 
 template <class TA>
 bool attention(const AttnArgs& a_in, TA* ctx, cudaStream_t s) {

@@ -107,6 +107,10 @@ struct AttnArgs {
   RopeArgs rope;
   bool rope_separate = false;  // the rope kernel first wherever (the model under EPMOE_ATTN_ROPE=0; tests)
 };
+// Whether a decode step of T tokens over Hq q heads gives the decode kernel at most one block per
+// SM: there a block's latency is the kernel's, so it takes its 8-warp shape and the model has it do
+// its own token's rope (run 30); beyond, the blocks queue for the SMs.
+bool decode_blocks_one_per_sm(int64_t T, int Hq);
 // Returns whether the output was also written as a.o_frag (the caller's projection then takes it
 // as given); false where a.o_frag is empty or the kernel run does not write it.
 template <class TA>

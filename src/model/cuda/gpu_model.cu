@@ -825,13 +825,12 @@ struct GpuModel final : LanguageModel {
     ra.q_out = q.data();
     AttnArgs aa;
     aa.rope = ra;  // (attention() runs it first, or the decode kernel does it for its own token)
-    // The decode kernel does the rope of its own token where its blocks are one per SM (the shape
-    // of 8 warps, attention.cu's decode_shape): run 30, H100, 48 layers, one sequence 4.39 -> 4.31
-    // ms a step. Where they queue for the SMs (the shape of 4 warps) the rope kernel stays before
-    // it: run 25 measured the fused rope there 1 % slower at 8 sequences, and run 30 has no
-    // measurement of it. EPMOE_ATTN_ROPE=0: the rope kernel everywhere.
+    // The decode kernel does the rope of its own token where its blocks are one per SM (its 8-warp
+    // shape): run 30, H100, 48 layers, one sequence 4.39 -> 4.31 ms a step. Where they queue for
+    // the SMs the rope kernel stays before it: run 25 measured the fused rope there 1 % slower at
+    // 8 sequences, and run 30 has no measurement of it. EPMOE_ATTN_ROPE=0: the rope kernel everywhere.
     static const bool rope_separate = env_off("EPMOE_ATTN_ROPE");
-    aa.rope_separate = rope_separate || T_ * Hq > sm_count();
+    aa.rope_separate = rope_separate || !decode_blocks_one_per_sm(T_, Hq);
     aa.slots = st_slots;
     aa.kv = ra.kv;
     aa.layer = l;
