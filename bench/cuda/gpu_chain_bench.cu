@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "graph_timing.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/common.cuh"
 
@@ -61,44 +62,26 @@ int main(int argc, char** argv) {
   const int sms = sm_count();
   DeviceArray<unsigned> words(size_t(kernels) + 1);
   DeviceArray<float> row(512), sink(1);
-  EPMOE_CUDA_CHECK(cudaMemset(words.data(), 0, sizeof(unsigned) * (size_t(kernels) + 1)));
   EPMOE_CUDA_CHECK(cudaMemset(row.data(), 0, sizeof(float) * 512));
   std::printf("%d SMs, %d kernels a graph, PDL %s; us per kernel, median (worst) of %d replays\n\n", sms, kernels,
               pdl_enabled() ? "on" : "off", replays);
   std::printf("| CTAs | threads | work after the wait | us per kernel |\n|---|---|---|---|\n");
   for (int work : {0, 1})
     for (auto [ctas, threads] : {std::pair{1, 128}, std::pair{1, 1024}, std::pair{sms, 128}, std::pair{3 * sms, 64}}) {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      EPMOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-      for (int k = 0; k < kernels; k++)
-        launch_pdl(link_kernel, dim3(unsigned(ctas)), dim3(unsigned(threads)), 0, stream(),
-                   static_cast<const unsigned*>(words.data() + k), words.data() + k + 1,
-                   static_cast<const float*>(row.data()), sink.data(), work);
-      EPMOE_CUDA_CHECK(cudaStreamEndCapture(stream(), &g));
-      EPMOE_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-      cudaEvent_t a, b;
-      EPMOE_CUDA_CHECK(cudaEventCreate(&a));
-      EPMOE_CUDA_CHECK(cudaEventCreate(&b));
-      std::vector<float> us;
-      for (int r = 0; r < replays + 2; r++) {
+      const cudaGraphExec_t ge = bench::capture([&] {
+        for (int k = 0; k < kernels; k++)
+          launch_pdl(link_kernel, dim3(unsigned(ctas)), dim3(unsigned(threads)), 0, stream(),
+                     static_cast<const unsigned*>(words.data() + k), words.data() + k + 1,
+                     static_cast<const float*>(row.data()), sink.data(), work);
+      });
+      // (Each replay from zeroed words: the last one then says whether the chain saw every write.)
+      const auto us = bench::replay_us(ge, replays, 2, [&](int) {
         EPMOE_CUDA_CHECK(cudaMemsetAsync(words.data(), 0, sizeof(unsigned) * (size_t(kernels) + 1), stream()));
-        EPMOE_CUDA_CHECK(cudaEventRecord(a, stream()));
-        EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, stream()));
-        EPMOE_CUDA_CHECK(cudaEventRecord(b, stream()));
-        EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 2) us.push_back(ms * 1e3f / float(kernels));
-      }
-      std::sort(us.begin(), us.end());
+      });
       const unsigned last = words.download(size_t(kernels) + 1)[size_t(kernels)];
       std::printf("| %d | %d | %s | %.2f (%.2f)%s |\n", ctas, threads, work ? "2 KB L2 read + block sum" : "one word",
-                  us[us.size() / 2], us.back(), last == unsigned(kernels) ? "" : " (chain broken)");
+                  us[us.size() / 2] / kernels, us.back() / kernels, last == unsigned(kernels) ? "" : " (chain broken)");
       EPMOE_CUDA_CHECK(cudaGraphExecDestroy(ge));
-      EPMOE_CUDA_CHECK(cudaGraphDestroy(g));
-      EPMOE_CUDA_CHECK(cudaEventDestroy(a));
-      EPMOE_CUDA_CHECK(cudaEventDestroy(b));
     }
   return 0;
 }

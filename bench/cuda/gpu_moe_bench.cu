@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "graph_timing.cuh"
 #include "ep/cuda/plan_combine.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
@@ -261,37 +262,13 @@ void flush_l2(int i) {
   EPMOE_CUDA_LAUNCHED();
 }
 
-template <class F>
-cudaGraphExec_t capture(F&& f) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  EPMOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-  f();
-  EPMOE_CUDA_CHECK(cudaStreamEndCapture(stream(), &g));
-  EPMOE_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  EPMOE_CUDA_CHECK(cudaGraphDestroy(g));
-  return ge;
-}
+using bench::capture;
 
 // Median microseconds of `iters` replays, each after an L2 flush (flush_l2).
 double time_graph(cudaGraphExec_t ge, int iters, bool flush = true) {
-  cudaEvent_t a, b;
-  EPMOE_CUDA_CHECK(cudaEventCreate(&a));
-  EPMOE_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> us;
-  for (int i = 0; i < iters + 3; i++) {
+  const auto us = bench::replay_us(ge, iters, 3, [&](int i) {
     if (flush) flush_l2(i);
-    EPMOE_CUDA_CHECK(cudaEventRecord(a, stream()));
-    EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, stream()));
-    EPMOE_CUDA_CHECK(cudaEventRecord(b, stream()));
-    EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 3) us.push_back(ms * 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(us.begin(), us.end());
+  });
   return us[us.size() / 2];
 }
 

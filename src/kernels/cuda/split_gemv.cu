@@ -146,16 +146,24 @@ __device__ __forceinline__ void mma_block(float (&acc)[4], const uint4 (&xa)[4],
   }
 }
 
+// Every kernel's start: the next kernel may request its weights meanwhile (PDL trigger); g, the
+// warp's group of COLS output columns (WARPS warps a CTA); false past N -- after the PDL wait every
+// CTA must make (common.cuh), so what follows the kernel sees everything before it.
+template <int COLS, int WARPS>
+__device__ __forceinline__ bool warp_group(const GemmArgs& p, int& g) {
+  pdl_trigger();
+  g = int(blockIdx.x) * WARPS + int(threadIdx.x >> 5);
+  if (COLS * g < p.N) return true;
+  pdl_wait();
+  return false;
+}
+
 // One warp per 8 output columns (group g), WARPS warps per CTA; p.B = the packed fragments.
 template <bool SWIGLU, bool ROWS16, int DEPTH, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) split_gemv_kernel(const GemmArgs p, const uint32_t* xf, int T) {
-  pdl_trigger();  // (the next kernel may request its weights meanwhile)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = int(blockIdx.x) * WARPS + warp;
-  if (8 * g >= p.N) {
-    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
-    return;
-  }
+  int g;
+  if (!warp_group<8, WARPS>(p, g)) return;
   const int nblk = p.K / 64;
   const uint4* wp = static_cast<const uint4*>(p.B) + int64_t(g) * nblk * 64 + lane;  // block j: + 64 j, + 32
   // The weights depend on no earlier kernel: the first DEPTH blocks are requested before the wait.
@@ -214,13 +222,9 @@ template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) split_gemv_ring_kernel(const GemmArgs p, const uint32_t* xf, int T) {
   extern __shared__ uint4 ring_smem[];
   constexpr int XA = ROWS16 ? 2 : 4;  // (x ring registers: 16 per block ahead and row half)
-  pdl_trigger();  // (the next kernel may request its weights meanwhile)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = int(blockIdx.x) * WARPS + warp;
-  if (8 * g >= p.N) {
-    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
-    return;
-  }
+  int g;
+  if (!warp_group<8, WARPS>(p, g)) return;
   const int nblk = p.K / 64;
   const uint4* wp = static_cast<const uint4*>(p.B) + int64_t(g) * nblk * 64 + lane;  // block j: + 64 j, + 32
   uint4* ring = ring_smem + int64_t(warp) * RING * 64 + lane;                         // slot s: + 64 s, + 32
@@ -334,13 +338,9 @@ template <bool SWIGLU, bool ROWS16, int RING, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmArgs p, const uint32_t* xf, int T) {
   extern __shared__ uint4 ring_smem[];
   constexpr int XA = ROWS16 ? 2 : 4;  // blocks of x's fragments ahead in registers
-  pdl_trigger();                      // (the next kernel may request its weights meanwhile)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = int(blockIdx.x) * WARPS + warp;
-  if (16 * g >= p.N) {
-    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
-    return;
-  }
+  int g;
+  if (!warp_group<16, WARPS>(p, g)) return;
   const int nblk = p.K / 64;
   const uint4* wp = static_cast<const uint4*>(p.B) + int64_t(g) * nblk * 128 + lane;  // block j: + 128 j, step s: + 32 s
   uint4* ring = ring_smem + int64_t(warp) * RING * 128 + lane;                         // slot: + 128 slot
@@ -408,13 +408,9 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
   constexpr int SLOTS = RING / CH;
   static_assert(RING % CH == 0 && CH % XA == 0, "split_gemv v6: whole chunks in the ring, x's registers by chunk");
   __shared__ __align__(8) uint64_t full[WARPS][SLOTS];
-  pdl_trigger();  // (the next kernel may request its weights meanwhile)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = int(blockIdx.x) * WARPS + warp;
-  if (16 * g >= p.N) {
-    pdl_wait();  // (common.cuh: every CTA waits, so what follows sees everything before)
-    return;
-  }
+  int g;
+  if (!warp_group<16, WARPS>(p, g)) return;
   const int nblk = p.K / 64, nch = (nblk + CH - 1) / CH;
   const char* wg = static_cast<const char*>(p.B) + int64_t(g) * nblk * 2048;  // the group's blocks, 2 KB each
   const uint4* ring = ring_smem + int64_t(warp) * RING * 128 + lane;            // slot: + 128 CH slot
