@@ -14,7 +14,7 @@ jobs=${JOBS:-2}
 # a kernel edit then recompiles one file.)
 PATH=/usr/local/cuda/bin:$PATH cmake -S . -B "$build" -DEPMOE_CUDA=ON -DEPMOE_BUILD_TESTS=ON \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=OFF >/dev/null
-targets=(epmoe gpu_test gpu_ep_test gpu_ipc_test gpu_moe_bench gpu_ep_bench gpu_model_bench gpu_gemm_bench gpu_chain_bench scheduler_bench)
+targets=(epmoe gpu_test gpu_ep_test gpu_ipc_test gpu_moe_bench gpu_ep_bench gpu_model_bench gpu_gemm_bench gpu_chain_bench mma_chain_bench scheduler_bench)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib
