@@ -28,6 +28,7 @@
 #include <cudaTypedefs.h>
 
 #include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/wgmma_ptx.cuh"
 
 namespace epmoe::cuda {
 
@@ -41,30 +42,13 @@ using ptx::mbar_wait;
 using ptx::smem_u32;
 using ptx::store_pair;  // the mma.sync kernel's epilogue: the bits of C must match
 using ptx::swz;
+using ptx::smem_desc;
+using ptx::wgmma_fence;
+using ptx::wgmma_commit;
+using ptx::wgmma_wait;
+using ptx::fence_proxy_async;
+using ptx::fence_acc;
 
-
-// The shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout starting at
-// addr (1024-byte aligned): 8-row groups 1024 bytes apart (SBO), LBO unused by this layout (1).
-// The start address moves by 32 bytes (+2) per k16 step inside the 64-wide k-tile.
-__device__ inline uint64_t smem_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ inline void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes through the generic proxy, wgmma reads through the async proxy.
-__device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Keeps the compiler from moving accumulator accesses across an MMA still in flight.
-template <int R>
-__device__ inline void fence_acc(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // D += A B^T over one k16 step, D 64 x 128 fp32 (scale-d 1: accumulate), A and B from shared memory.
 __device__ inline void wgmma_m64n128(float (&d)[64], uint64_t da, uint64_t db) {
