@@ -249,7 +249,8 @@ __global__ void latency_mma_sync(long long* cycles, float* sink) {
   if (d[0] == 12345.f) *sink = d[1] + d[2] + d[3];
 }
 
-template <int FORM>  // 0: n8 smem A; 1: n8 register A; 2: n16 smem A (one commit group); 3: as 0, a group per 8
+template <int FORM>  // 0: n8 smem A; 1: n8 register A; 2: n16 smem A (one commit group); 3: as 0, a group per 8;
+                     // 4: as 3, each group retired before the next (split_gemv v7's rhythm)
 __global__ void latency_wgmma(long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char sm[];
   for (int i = threadIdx.x; i < 16384 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0x3c003c00u;
@@ -268,10 +269,11 @@ __global__ void latency_wgmma(long long* cycles, float* sink) {
     if constexpr (FORM == 0 || FORM == 3) wg_n8_ss(d4, da, db);
     else if constexpr (FORM == 1) wg_n8_rs(d4, a, db);
     else wg_n16_ss(d, da, db);
-    if constexpr (FORM == 1 || FORM == 3) {  // a ring kernel's rhythm: a group per 64-wide block
+    if constexpr (FORM == 1 || FORM == 3 || FORM == 4) {  // a ring kernel's rhythm: a group per 64-wide block
       if (i % 8 == 7) {
         wg_commit();
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if constexpr (FORM == 4) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        else asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         wg_fence();
       }
     }
@@ -420,6 +422,8 @@ int main(int argc, char** argv) {
       [&](int bl) { latency_wgmma<0><<<bl, 128, 16384, stream()>>>(cyc, sink); });
   row("wgmma m64n8k16, A smem, a commit group per 8 (wait 1)",
       [&](int bl) { latency_wgmma<3><<<bl, 128, 16384, stream()>>>(cyc, sink); });
+  row("wgmma m64n8k16, A smem, a group per 8 retired before the next (wait 0)",
+      [&](int bl) { latency_wgmma<4><<<bl, 128, 16384, stream()>>>(cyc, sink); });
   row("wgmma m64n8k16, A registers, a group per 8", [&](int bl) { latency_wgmma<1><<<bl, 128, 16384, stream()>>>(cyc, sink); });
   row("wgmma m64n16k16, A smem", [&](int bl) { latency_wgmma<2><<<bl, 128, 16384, stream()>>>(cyc, sink); });
   EPMOE_CUDA_CHECK(cudaGetLastError());
