@@ -30,6 +30,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/wgmma_ptx.cuh"
 
 using namespace epmoe;
 using namespace epmoe::cuda;
@@ -43,18 +44,13 @@ constexpr int kTok = 8;    // tokens (x's rows)
 constexpr int kK = 512, kBlk = kK / 64, kPasses = 8, kChain = kPasses * kBlk * 8;
 constexpr int kLat = 256;  // the latency kernels' chain
 
-__device__ inline uint64_t desc128(uint32_t addr) {  // gemm_wgmma.cu's K-major 128-byte swizzle
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-__device__ inline void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-template <int R>
-__device__ inline void fence_acc(float (&d)[R]) {  // gemm_wgmma.cu's: no accumulator access moves across
-#pragma unroll
-  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ inline void fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+using ptx::fence_acc;
+using ptx::wgmma_fence;
+using ptx::wgmma_commit;
+using ptx::wgmma_wait;
+// gemm_wgmma.cu's K-major 128-byte swizzle descriptor (wgmma_ptx.cuh)
+__device__ inline uint64_t desc128(uint32_t addr) { return ptx::smem_desc(addr); }
+__device__ inline void fence_async() { ptx::fence_proxy_async(); }
 
 __device__ inline void wg_n8_ss(float (&d)[4], uint64_t da, uint64_t db) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;\n"
@@ -157,7 +153,7 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
   __syncthreads();
   const long long c0 = clock64();
   fence_acc(d);
-  wg_fence();
+  wgmma_fence();
 #pragma unroll
   for (int pass = 0; pass < kPasses; pass++)
 #pragma unroll
@@ -168,13 +164,13 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
         uint32_t a[4][4];
 #pragma unroll
         for (int s = 0; s < 4; s++) afrag(64 * j + 16 * s + 2 * t, a[s]);
-        wg_fence();
+        wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], desc128(xh + j * kTok * 128) + 2 * s);
 #pragma unroll
         for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], desc128(xl + j * kTok * 128) + 2 * s);
-        wg_commit();
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wgmma_commit();
+        wgmma_wait<1>();
       } else {
         const uint64_t da = desc128(base + j * kRows * 128);
 #pragma unroll
@@ -183,8 +179,8 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
         for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, desc128(xl + j * kTok * 128) + 2 * s);
       }
     }
-  wg_commit();
-  wg_wait0();
+  wgmma_commit();
+  wgmma_wait<0>();
   fence_acc(d);
   const long long c1 = clock64();
   if (threadIdx.x == 0) cycles[blockIdx.x] = c1 - c0;
@@ -209,7 +205,7 @@ __global__ void chain_wgmma_xa(Data p, float* out, long long* cycles) {
   __syncthreads();
   const long long c0 = clock64();
   fence_acc(d);
-  wg_fence();
+  wgmma_fence();
 #pragma unroll
   for (int pass = 0; pass < kPasses; pass++)
 #pragma unroll
@@ -220,8 +216,8 @@ __global__ void chain_wgmma_xa(Data p, float* out, long long* cycles) {
 #pragma unroll
       for (int s = 0; s < 4; s++) wg_n16_ss(d, desc128(xl + j * kRows * 128) + 2 * s, db + 2 * s);
     }
-  wg_commit();
-  wg_wait0();
+  wgmma_commit();
+  wgmma_wait<0>();
   fence_acc(d);
   const long long c1 = clock64();
   if (threadIdx.x == 0) cycles[blockIdx.x] = c1 - c0;
@@ -263,7 +259,7 @@ __global__ void latency_wgmma(long long* cycles, float* sink) {
   fence_acc(d4);
   fence_acc(d);
   const long long c0 = clock64();
-  wg_fence();
+  wgmma_fence();
 #pragma unroll
   for (int i = 0; i < kLat; i++) {
     if constexpr (FORM == 0 || FORM == 3) wg_n8_ss(d4, da, db);
@@ -271,15 +267,15 @@ __global__ void latency_wgmma(long long* cycles, float* sink) {
     else wg_n16_ss(d, da, db);
     if constexpr (FORM == 1 || FORM == 3 || FORM == 4) {  // a ring kernel's rhythm: a group per 64-wide block
       if (i % 8 == 7) {
-        wg_commit();
-        if constexpr (FORM == 4) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        else asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        wg_fence();
+        wgmma_commit();
+        if constexpr (FORM == 4) wgmma_wait<0>();
+        else wgmma_wait<1>();
+        wgmma_fence();
       }
     }
   }
-  wg_commit();
-  wg_wait0();
+  wgmma_commit();
+  wgmma_wait<0>();
   fence_acc(d4);
   fence_acc(d);
   const long long c1 = clock64();

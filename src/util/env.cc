@@ -46,10 +46,9 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ATTN_ROPE", "1 | 0",
        "0: the rope kernel does decode steps' q/k norm, RoPE and KV-cache write before decode attention instead of "
        "the attention kernel doing its own token's where its blocks are one per SM (the same bits; for measuring)"},
-      {"EPMOE_SPLIT_GEMV", "1 | 0 | v7 | v5 | v4 | v3",
+      {"EPMOE_SPLIT_GEMV", "1 | 0 | v5 | v4 | v3",
        "0 runs decode steps' split projections on the tile kernel instead of split_gemv (same bits), and packs no "
-       "fragment copy of their weights; v7 runs it on the warpgroup MMA (wgmma, a warpgroup per 16 columns; same "
-       "bits); v5 runs split_gemv's earlier version (its ring filled by every lane's "
+       "fragment copy of their weights; v5 runs split_gemv's earlier version (its ring filled by every lane's "
        "cp.async instead of bulk copies), v4 the one before (x as the MMA's A operand, 8 columns per warp), v3 that "
        "one with the weights prefetched into registers instead of the shared-memory ring (same bits)"},
       // Launchers

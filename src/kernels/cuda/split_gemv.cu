@@ -33,7 +33,6 @@
 #include <string>
 
 #include "kernels/cuda/mma_ptx.cuh"
-#include "kernels/cuda/wgmma_ptx.cuh"
 #include "util/env.h"
 #include "kernels/cuda/split_linear.cuh"
 #include "kernels/cuda/x_fragments.cuh"
@@ -461,144 +460,13 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
   if constexpr (ROWS16) wide_store<SWIGLU>(p, acc8, g, 8, T, lane);
 }
 
-// v7 (issue 33, run 31): the products on Hopper's warpgroup MMA. Why: at one row v6 is bound by
-// its warps' instruction streams and MMA chains -- o's 512 dependent mma.sync per warp at ~26.5
-// cycles each, ~430 cycles a 64-wide block against the ~250 its 2 KB take to stream on a 1/132
-// share of HBM. A warpgroup's wgmma takes both operands without per-lane loads of W (a shared
-// memory descriptor) and keeps its accumulator in the tensor core's pipeline between dependent
-// steps (mma_chain_bench measures both forms).
-//
-// The roles: x is the MMA's A operand from registers (m64: warp 0's rows are x's 16 rows, the
-// other warps' A is zero and their rows are never stored), W the B operand from shared memory
-// (n16: 16 output columns a CTA, as v5's warp). W comes in a layout of its own (pack_wg16_kernel):
-// per 16 columns and 64-wide k block, the 2 KB shared-memory image of the tile in the 128-byte
-// swizzle (wgmma_ptx.cuh), so one bulk copy of CH blocks lands ready for the descriptor; the ring
-// is v6's (SLOTS slots of CH blocks, an mbarrier each, thread 0 asks before the PDL wait).
-//
-// A's registers are read by the MMA asynchronously, so x's registers of a block are written again
-// only after that block's commit group retired: XS register slots, block j's x loaded (XS - 1)
-// blocks ahead into the slot of block j - 1, after `wgmma_wait<1>` retired it. A slot of the ring
-// is asked for again after every warp's MMAs on it retired (a CTA barrier per chunk).
-//
-// The bits: per 64-wide block in ascending order, the four k16 steps with xh then the four with
-// xl, one fp32 accumulator from zero -- the tile kernel's b_k_twice chain; one wgmma k16 step
-// rounds as one mma.sync k16 step (gemm_wgmma.cu), and which operand holds W does not change an
-// element's 16 products (v5). GpuGemm.SplitGemvKeepsTheBits checks it against the tile kernel.
-__device__ __forceinline__ void wgmma_n16_ra(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint64_t db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-      "%12, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
-}
-
-// wg16[g][j] = the 2 KB shared-memory image of rows 16 g .. 16 g + 15 (zero past N), k 64 j ..
-// 64 j + 63: row r's 16-byte chunk c (k 8 c ..) at r * 128 + ((c ^ (r % 8)) * 16).
-__global__ void pack_wg16_kernel(const bf16* w, int N, int K, uint32_t* wg16) {
-  const int nblk = K / 64;
-  const int64_t n = int64_t((N + 15) / 16) * nblk * 512;  // words
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int byte = int(i & 511) * 4, r = byte >> 7, chunk = ((byte >> 4) & 7) ^ (r & 7), e = (byte & 15) >> 1;
-    const int64_t gj = i >> 9;
-    const int j = int(gj % nblk), g = int(gj / nblk);
-    const int row = 16 * g + r, k = 64 * j + 8 * chunk + e;
-    wg16[i] = row < N ? pack_bf16(w[int64_t(row) * K + k], w[int64_t(row) * K + k + 1]) : 0u;
-  }
-}
-
-template <bool SWIGLU, bool ROWS16, int CH, int SLOTS, bool WAIT_ALL = true>
-__global__ void __launch_bounds__(128) split_gemv_wg_kernel(const GemmArgs p, const uint32_t* xf, int T) {
-  extern __shared__ unsigned char wg_ring[];  // (+ 1 KB: the ring starts at the next 1024-byte boundary)
-  constexpr int XS = 4;  // x's register slots: block j's loaded 3 blocks ahead (compile-time slots: CH % XS == 0)
-  static_assert(CH % XS == 0, "split_gemv v7: x's register slots by chunk");
-  __shared__ __align__(8) uint64_t full[SLOTS];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = blockIdx.x;
-  pdl_trigger();
-  const int nblk = p.K / 64, nch = (nblk + CH - 1) / CH;
-  const char* wsrc = static_cast<const char*>(p.B) + int64_t(g) * nblk * 2048;
-  // (The 128-byte swizzle repeats every 1024 bytes of address: a tile's image must start on one.)
-  const uint32_t ring = (smem_u32(wg_ring) + 1023u) & ~1023u, bar0 = smem_u32(&full[0]);
-  auto ask = [&](int c) {  // (thread 0) chunk c into its slot
-    const int slot = c % SLOTS, nb = min(CH, nblk - c * CH);
-    const uint32_t bar = bar0 + 8 * slot, bytes = uint32_t(nb * 2048);
-    ptx::mbar_arrive_tx(bar, bytes);
-    ptx::bulk_copy_g2s(ring + uint32_t(slot * CH * 2048), wsrc + int64_t(c) * CH * 2048, bytes, bar);
-  };
-  // The weights depend on no earlier kernel: the ring is asked for before the wait.
-  if (tid == 0) {
-    for (int s = 0; s < SLOTS; s++) ptx::mbar_init(bar0 + 8 * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int c = 0; c < SLOTS && c < nch; c++) ask(c);
-  }
-  __syncthreads();
-  pdl_wait();
-  // Warp 0 holds x's rows; the other warps' rows load nothing (zeros, by the same code: a branch
-  // between the loads of A and the MMAs would serialise the warpgroup's MMAs).
-  const XBlocks<ROWS16> x(xf, warp == 0 ? T : 0, nblk, lane);
-  float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  uint4 xr[XS][4], xr8[XS][4];
-#pragma unroll
-  for (int a = 0; a < XS - 1; a++) x.load(a, xr[a], xr8[a]);
-  ptx::fence_acc(d);
-  for (int c = 0; c < nch; c++) {
-    const int slot = c % SLOTS;
-    ptx::mbar_wait(bar0 + 8 * slot, uint32_t(c / SLOTS) & 1u);
-    const uint32_t rs = ring + uint32_t(slot * CH * 2048);
-#pragma unroll
-    for (int dd = 0; dd < CH; dd++) {
-      const int j = c * CH + dd;
-      if (j >= nblk) break;
-      const uint4(&xa)[4] = xr[dd % XS];
-      const uint4(&xb)[4] = xr8[dd % XS];
-      const uint64_t db = ptx::smem_desc(rs + uint32_t(dd * 2048));
-      ptx::wgmma_fence();  // (x's registers were written since the last MMAs)
-#pragma unroll
-      for (int part = 0; part < 2; part++)  // xh's four k16 steps, then xl's
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-          const uint4& q = xa[2 * part + (s >> 1)];
-          const uint4& q8 = xb[2 * part + (s >> 1)];
-          // A words: {row r, k 2t}, {row r + 8, k 2t}, {row r, k 2t + 8}, {row r + 8, k 2t + 8}
-          if (s & 1) wgmma_n16_ra(d, q.z, q8.z, q.w, q8.w, db + 2 * s);
-          else wgmma_n16_ra(d, q.x, q8.x, q.y, q8.y, db + 2 * s);
-        }
-      ptx::wgmma_commit();
-      // WAIT_ALL: block j's MMAs retired before x's registers are written again (ptxas serialises
-      // every MMA where it cannot see that an in-flight MMA's registers are left alone); else block
-      // j - 1's: its x slot (and, at a chunk's start, its ring slot) is free.
-      if constexpr (WAIT_ALL) ptx::wgmma_wait<0>();
-      else ptx::wgmma_wait<1>();
-      // The ring slot of chunk c - 1 again, for chunk c - 1 + SLOTS, once every warp's MMAs on it retired.
-      if (dd == 0 && c >= 1 && c - 1 + SLOTS < nch) {
-        __syncthreads();
-        if (tid == 0) ask(c - 1 + SLOTS);
-      }
-      x.load(j + XS - 1, xr[(dd + XS - 1) % XS], xr8[(dd + XS - 1) % XS]);
-    }
-  }
-  ptx::wgmma_wait<0>();
-  ptx::fence_acc(d);
-  if (warp == 0) {  // D rows 0..15 are x's rows: d[4h + 0 / 1] row r, columns 8h + 2t (+1); d[4h + 2 / 3] row r + 8
-    const int r = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int col = 16 * g + 8 * h + 2 * t;
-      if (r < T) store_pair<float, SWIGLU>(p, r, col, d[4 * h], d[4 * h + 1]);
-      if (ROWS16 && r + 8 < T) store_pair<float, SWIGLU>(p, r + 8, col, d[4 * h + 2], d[4 * h + 3]);
-    }
-  }
-}
-
-// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4 / v5: the earlier versions, v7 the
-// warpgroup kernel)
+// (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4 / v5: the earlier versions)
 SplitGemvConfig g_config = [] {
   SplitGemvConfig c;
   const char* v = env_get("EPMOE_SPLIT_GEMV");
   if (v && std::string(v) == "v3") c.version = 3;
   if (v && std::string(v) == "v4") c.version = 4;
   if (v && std::string(v) == "v5") c.version = 5;
-  if (v && std::string(v) == "v7") c.version = 7;
   return c;
 }();
 
@@ -689,36 +557,6 @@ void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) 
   }
 }
 
-// v7: one warpgroup per 16 output columns, a ring of RING blocks (2 KB each) in chunks of CH.
-template <bool SWIGLU, bool ROWS16, int CH, int SLOTS>
-void launch_wg_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  constexpr size_t smem = size_t(CH) * SLOTS * 2048 + 1024;
-  auto kernel = split_gemv_wg_kernel<SWIGLU, ROWS16, CH, SLOTS>;
-  static const bool raised = [&] {  // (once, at the first call: an eager step, before any capture)
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)raised;
-  launch_pdl(kernel, dim3(unsigned(ceil_div(g.N, 16))), dim3(128), smem, s, g, xf, T);
-  EPMOE_CUDA_LAUNCHED();
-}
-
-template <bool SWIGLU, bool ROWS16>
-void launch_wg(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int ring = g_config.ring > 0 ? g_config.ring : 16;
-  if (g_config.chunk == 8) {
-    switch (ring) {
-      case 16: return launch_wg_shape<SWIGLU, ROWS16, 8, 2>(g, xf, T, s);
-      default: return launch_wg_shape<SWIGLU, ROWS16, 8, 4>(g, xf, T, s);  // 32 (8: one slot, refused by the config)
-    }
-  }
-  switch (ring) {
-    case 8: return launch_wg_shape<SWIGLU, ROWS16, 4, 2>(g, xf, T, s);
-    case 16: return launch_wg_shape<SWIGLU, ROWS16, 4, 4>(g, xf, T, s);
-    default: return launch_wg_shape<SWIGLU, ROWS16, 4, 8>(g, xf, T, s);
-  }
-}
-
 // v4 or v5 (wide) through the ring.
 template <bool SWIGLU, bool ROWS16>
 void launch_rows_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, bool wide) {
@@ -731,11 +569,6 @@ bool enabled_by_env() {
     return !env_off("EPMOE_SPLIT_GEMV");
   }();
   return on;
-}
-
-// W holds the layout the version reads (v3 / v4: frag, v5 / v6: frag16, v7: wg16).
-bool packed_for(const SplitWeight& W, int version) {
-  return version == 7 ? W.wg16.data() != nullptr : version >= 5 ? W.frag16.data() != nullptr : W.frag.data() != nullptr;
 }
 
 int blocks_for(int64_t n) { return int(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, int64_t(sm_count()) * 8))); }
@@ -751,13 +584,7 @@ void SplitWeight::pack_fragments(cudaStream_t s, bool every_layout) {
     pack_fragments_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, frag.data());
     EPMOE_CUDA_LAUNCHED();
   }
-  if (every_layout || g_config.version == 7) {
-    const int64_t n = int64_t((N + 15) / 16) * (K / 64) * 512;
-    wg16.reserve(size_t(n));
-    pack_wg16_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, wg16.data());
-    EPMOE_CUDA_LAUNCHED();
-  }
-  if (every_layout || (g_config.version >= 5 && g_config.version <= 6)) {
+  if (every_layout || g_config.version >= 5) {
     const int64_t n = int64_t((N + 15) / 16) * (K / 64) * 4 * 32 * 4;
     frag16.reserve(size_t(n));
     pack_fragments16_kernel<<<blocks_for(n), 256, 0, s>>>(w.data(), N, K, frag16.data());
@@ -767,13 +594,13 @@ void SplitWeight::pack_fragments(cudaStream_t s, bool every_layout) {
 
 void set_split_gemv_config(SplitGemvConfig c) {
   // (v5: 2 KB a ring block per warp, so warps x ring <= 64 keeps a CTA within 227 KB.)
-  EPMOE_ASSERT((c.version >= 3 && c.version <= 7) && (c.version != 7 || c.ring != 8 || c.chunk == 4) && (c.depth == 4 || c.depth == 8 || c.depth == 16) &&
+  EPMOE_ASSERT((c.version >= 3 && c.version <= 6) && (c.depth == 4 || c.depth == 8 || c.depth == 16) &&
                    (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
                    (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32) &&
                    (c.version == 3 || c.ring != 0) && (c.version < 5 || c.warps * c.ring <= 64) &&
                    (c.chunk == 4 || c.chunk == 8),
-               "split_gemv: version 3/4/5/6/7, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
-               "ring <= 64 for v5 and v6; v7's ring of 8 in chunks of 4), chunk 4/8, got v" +
+               "split_gemv: version 3/4/5/6, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
+               "ring <= 64 for v5 and v6), chunk 4/8, got v" +
                    std::to_string(c.version) + " " + std::to_string(c.depth) + "/" + std::to_string(c.warps) + "/" +
                    std::to_string(c.ring) + "/" + std::to_string(c.chunk));
   g_config = c;
@@ -784,8 +611,8 @@ SplitGemvConfig split_gemv_config() { return g_config; }
 bool split_gemv_enabled() { return enabled_by_env(); }
 
 bool split_gemv_fits(const SplitWeight& W, int64_t T) {
-  return g_config.enabled && enabled_by_env() && W.periodic && packed_for(W, g_config.version) && T >= 1 &&
-         T <= kSplitGemvMaxRows;
+  const bool packed = g_config.version >= 5 ? W.frag16.data() != nullptr : W.frag.data() != nullptr;
+  return g_config.enabled && enabled_by_env() && W.periodic && packed && T >= 1 && T <= kSplitGemvMaxRows;
 }
 
 XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T) {
@@ -795,7 +622,7 @@ XFragments split_gemv_x_fragments(const SplitWeight& W, int64_t T) {
 
 void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, float* y, const float* bias,
                 Epilogue ep, cudaStream_t s, bool accumulate, bool x_split_given) {
-  EPMOE_ASSERT(W.periodic && packed_for(W, g_config.version),
+  EPMOE_ASSERT(W.periodic && (g_config.version >= 5 ? W.frag16.data() : W.frag.data()),
                "split_gemv: needs a periodic split weight with its fragments packed for v" +
                    std::to_string(g_config.version) + " (pack_fragments under the same configuration)");
   EPMOE_ASSERT(T >= 1 && T <= kSplitGemvMaxRows, "split_gemv: " + std::to_string(T) + " rows (1.." +
@@ -811,9 +638,7 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
     EPMOE_CUDA_LAUNCHED();
   }
   GemmArgs g;
-  g.B = g_config.version == 7  ? static_cast<const void*>(W.wg16.data())
-        : g_config.version >= 5 ? static_cast<const void*>(W.frag16.data())
-                                : static_cast<const void*>(W.frag.data());
+  g.B = g_config.version >= 5 ? static_cast<const void*>(W.frag16.data()) : static_cast<const void*>(W.frag.data());
   g.N = W.N;
   g.K = W.K;
   g.M = int(T);
@@ -823,13 +648,6 @@ void split_gemv(const SplitWeight& W, const float* x, int64_t lda, int64_t T, fl
   g.accumulate = accumulate;
   const uint32_t* xf = W.xfrag.data();
   const bool swiglu = ep == Epilogue::SwiGLU;
-  if (g_config.version == 7) {
-    if (swiglu && rows16) launch_wg<true, true>(g, xf, int(T), s);
-    else if (swiglu) launch_wg<true, false>(g, xf, int(T), s);
-    else if (rows16) launch_wg<false, true>(g, xf, int(T), s);
-    else launch_wg<false, false>(g, xf, int(T), s);
-    return;
-  }
   if (g_config.version >= 4) {
     const bool wide = g_config.version >= 5;
     if (swiglu && rows16) launch_rows_ring<true, true>(g, xf, int(T), s, wide);

@@ -46,7 +46,6 @@ struct SplitWeight {
   void pack_fragments(cudaStream_t s, bool every_layout = false);
   DeviceArray<uint32_t> frag;    // v3 / v4: [ceil(N / 8)][K / 64][2][32 lanes][4 words] (W as the B operand)
   DeviceArray<uint32_t> frag16;  // v5: [ceil(N / 16)][K / 64][4 k16 steps][32 lanes][4 words] (W as the A operand)
-  DeviceArray<uint32_t> wg16;    // v7: [ceil(N / 16)][K / 64][2 KB]: a 16 x 64 tile's shared-memory image (wgmma's B)
   mutable DeviceArray<uint32_t> xfrag;  // [2 row halves][K / 64][32 lanes][16 words]: x split (split_gemv)
 
  private:
@@ -84,13 +83,11 @@ struct SplitGemvConfig {
   // (v4: 32, or 16 for K < 2048; v5: 8, or 16 for K >= 4096; v6: 8; one warp per CTA), 8 / 16 / 32
   // (with `warps`).
   int ring = -1;
-  // 7 (run 31): a warpgroup per 16 columns on wgmma (x as A from registers, W as B through a ring of
-  // `ring` blocks, default 16, in chunks of 4 or 8);
   // 6 (default, run 29): v5's layout and MMAs, the ring filled by lane 0's bulk copies of `chunk`
   // blocks (4 or 8) at a time, one mbarrier wait per chunk; 5: W as the MMA's A operand, 16
   // columns per warp, through a ring every lane fills with cp.async; 4: x as A, 8 columns per
   // warp, through the ring; 3: as 4 with the weights prefetched into registers.
-  // EPMOE_SPLIT_GEMV=v3 / v4 / v5 / v7 chooses at start-up (pack_fragments packs the chosen layout).
+  // EPMOE_SPLIT_GEMV=v3 / v4 / v5 chooses at start-up (pack_fragments packs the chosen layout).
   int version = 6;
   int chunk = 4;
 };

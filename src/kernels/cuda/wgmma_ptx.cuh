@@ -1,5 +1,5 @@
 // Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) basics shared by the wgmma GEMM (gemm_wgmma.cu)
-// and split_gemv's warpgroup kernel: the shared-memory descriptor of the one layout both use, the
+// and bench/cuda/mma_chain_bench.cu: the shared-memory descriptor of the one layout both use, the
 // fence / commit / wait of the asynchronous MMAs, and the accumulator fence.
 #pragma once
 
