@@ -4,7 +4,8 @@
 # files must be byte for byte equal. Then `epmoe generate` (greedy, the device argmax) on two
 # fixtures must print the same tokens. For kernel work that claims to keep the bits (docs/gpu.md,
 # issue 18): run the binary from before the change against the one after, on one GPU.
-#   scripts/gpu-same-bits.sh OLD/epmoe NEW/epmoe        exit 0 when everything is identical
+#   scripts/gpu-same-bits.sh OLD/epmoe NEW/epmoe        exit 0 when everything is identical; the last
+#                                                       line is the verdict with every count
 # DEVICE=cpu runs the same comparison on the CPU (for refactors that claim to keep the CPU's bits).
 # NEW_ARGS: flags for the new binary only, where a change of default is the only difference meant
 # (e.g. NEW_ARGS="--kv-cache-dtype fp32" after the GPU's KV cache became bf16 for bf16 models).
@@ -39,15 +40,18 @@ for cfg in tests/data/*/config.json; do
     fi
   done
 done
-echo "logits files identical: $same, different: $differ, failed: $failed"
+gen_same=0 gen_differ=0
 for name in qwen3moe-tiny deepseek-v3-tiny; do
   for side in old new; do
     bin=$old extra="" envs=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-} envs=${NEW_ENV:-}
     env $envs timeout 120 "$bin" generate --device $device --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
       2>/dev/null | tail -2 > "$tmp/gen.$side"
   done
-  if cmp -s "$tmp/gen.old" "$tmp/gen.new"; then echo "generate $name: same tokens"
-  else echo "generate $name: DIFFERENT"; differ=$((differ + 1)); fi
+  if cmp -s "$tmp/gen.old" "$tmp/gen.new"; then echo "generate $name: same tokens"; gen_same=$((gen_same + 1))
+  else echo "generate $name: DIFFERENT"; gen_differ=$((gen_differ + 1)); fi
 done
 rm -rf "$tmp"
-((differ == 0 && failed == 0))
+# The verdict last, in one line: a caller that keeps only the tail of the output still has it.
+verdict=SAME; ((differ + gen_differ + failed > 0)) && verdict=DIFFERENT
+echo "same-bits $verdict: logits files identical $same, different $differ, failed $failed; generate same $gen_same, different $gen_differ"
+((differ == 0 && gen_differ == 0 && failed == 0))
