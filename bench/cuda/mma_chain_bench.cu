@@ -7,12 +7,15 @@
 // which run 26 estimated at ~26.5 cycles each (~7 us, longer than its 16.8 MB take to stream).
 // wgmma.mma_async accumulates in the tensor core's pipeline; if its dependent instructions issue
 // closer together, the same chain -- with the same bits (gemm_wgmma.cu measured one wgmma k16 step
-// rounding as one mma.sync step) -- is shorter.
+// rounding as one mma.sync step) -- is shorter. (Run 31, one H100: the bits are the same in every
+// form; mma.sync takes 24 cycles a step, wgmma 13.5-25.6 with a chain alone on an SM, about twice
+// that with two -- docs/gpu.md, "Decode at full depth after run 31".)
 //
 // Prints, never asserts:
 //   - cycles per dependent instruction: mma.sync m16n8k16; wgmma m64n8k16 / m64n16k16 with A and B
-//     from shared memory; wgmma m64n8k16 with A (the weights) from registers; one CTA, then every
-//     SM holding one or two chains (the tensor cores shared);
+//     from shared memory, as one commit group or a group per 8 (each retired before the next, or
+//     one left in flight); wgmma m64n8k16 with A from registers; one CTA, then one, two and four
+//     chains an SM (the tensor cores shared);
 //   - whether the outputs of the b_k_twice chain agree bit for bit: mma.sync (W as A, x as B),
 //     wgmma with W as A (m64 output columns, n8 tokens), wgmma with x as A (m64 rows, 8 of them
 //     tokens) and W as B (n16 output columns).

@@ -34,21 +34,20 @@ namespace epmoe::cuda {
 
 namespace {
 
+using ptx::fence_acc;
+using ptx::fence_proxy_async;
 using ptx::group_range;
 using ptx::mbar_arrive;
 using ptx::mbar_arrive_tx;
 using ptx::mbar_init;
 using ptx::mbar_wait;
+using ptx::smem_desc;
 using ptx::smem_u32;
 using ptx::store_pair;  // the mma.sync kernel's epilogue: the bits of C must match
 using ptx::swz;
-using ptx::smem_desc;
-using ptx::wgmma_fence;
 using ptx::wgmma_commit;
+using ptx::wgmma_fence;
 using ptx::wgmma_wait;
-using ptx::fence_proxy_async;
-using ptx::fence_acc;
-
 
 // D += A B^T over one k16 step, D 64 x 128 fp32 (scale-d 1: accumulate), A and B from shared memory.
 __device__ inline void wgmma_m64n128(float (&d)[64], uint64_t da, uint64_t db) {
