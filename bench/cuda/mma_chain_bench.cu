@@ -34,6 +34,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/mma_ptx.cuh"
 #include "kernels/cuda/wgmma_ptx.cuh"
+#include "tensor/dtype.h"
 
 using namespace epmoe;
 using namespace epmoe::cuda;
@@ -51,9 +52,8 @@ using ptx::fence_acc;
 using ptx::wgmma_fence;
 using ptx::wgmma_commit;
 using ptx::wgmma_wait;
-// gemm_wgmma.cu's K-major 128-byte swizzle descriptor (wgmma_ptx.cuh)
-__device__ inline uint64_t desc128(uint32_t addr) { return ptx::smem_desc(addr); }
-__device__ inline void fence_async() { ptx::fence_proxy_async(); }
+using ptx::fence_proxy_async;
+using ptx::smem_desc;  // gemm_wgmma.cu's K-major 128-byte swizzle
 
 __device__ inline void wg_n8_ss(float (&d)[4], uint64_t da, uint64_t db) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;\n"
@@ -80,25 +80,31 @@ __host__ __device__ inline uint32_t tile_off(int r, int k, int rows) {
 }
 
 struct Data {
-  const bf16* w;   // [64][K]
-  const bf16* xh;  // [8][K]
+  const bf16* w;   // [64][kK]
+  const bf16* xh;  // [8][kK]
   const bf16* xl;
-  int K, passes;
 };
+
+// An m16n8 fp32 accumulator fragment (mma.sync's, and a wgmma warp's n8 chunk) of rows row0 and
+// row0 + 8, columns 2t and 2t + 1, into out[64][8].
+__device__ inline void store_d(float* out, int row0, int t, const float (&d)[4]) {
+  out[row0 * kTok + 2 * t] = d[0];
+  out[row0 * kTok + 2 * t + 1] = d[1];
+  out[(row0 + 8) * kTok + 2 * t] = d[2];
+  out[(row0 + 8) * kTok + 2 * t + 1] = d[3];
+}
 
 // mma.sync: warp w of 4 owns W rows 16w..; the b_k_twice chain, fragments from global (L1/L2):
 // the arithmetic reference. out[64][8].
 __global__ void ref_mma_sync(Data p, float* out) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, t = lane & 3;
   const uint32_t* W = reinterpret_cast<const uint32_t*>(p.w);
-  auto wd = [&](int row, int k) { return W[(int64_t(row) * p.K + k) >> 1]; };
-  auto xd = [&](const bf16* x, int row, int k) {
-    return reinterpret_cast<const uint32_t*>(x)[(int64_t(row) * p.K + k) >> 1];
-  };
+  auto wd = [&](int row, int k) { return W[(row * kK + k) >> 1]; };
+  auto xd = [&](const bf16* x, int row, int k) { return reinterpret_cast<const uint32_t*>(x)[(row * kK + k) >> 1]; };
   float d[4] = {0.f, 0.f, 0.f, 0.f};
   const int row0 = 16 * warp + r;
-  for (int pass = 0; pass < p.passes; pass++)
-    for (int j = 0; j < p.K / 64; j++)
+  for (int pass = 0; pass < kPasses; pass++)
+    for (int j = 0; j < kBlk; j++)
       for (int half = 0; half < 2; half++)
         for (int s = 0; s < 4; s++) {
           const int k = 64 * j + 16 * s + 2 * t;
@@ -107,16 +113,13 @@ __global__ void ref_mma_sync(Data p, float* out) {
           uint32_t b[2] = {xd(x, r, k), xd(x, r, k + 8)};
           ptx::mma_bf16(d, a, b[0], b[1]);
         }
-  out[(row0)*kTok + 2 * t] = d[0];
-  out[(row0)*kTok + 2 * t + 1] = d[1];
-  out[(row0 + 8) * kTok + 2 * t] = d[2];
-  out[(row0 + 8) * kTok + 2 * t + 1] = d[3];
+  store_d(out, row0, t, d);
 }
 
 // Shared memory: W tile [64 rows][K] then xh, xl tiles [8 rows][K] (and, for the transposed form,
 // x as A: [64 rows][K], rows past 8 zero, hi then lo).
 __device__ void stage(const Data& p, unsigned char* sm, bool x_as_a) {
-  const int K = p.K;
+  constexpr int K = kK;
   for (int i = threadIdx.x; i < kRows * K; i += blockDim.x) {
     const int r = i / K, k = i % K;
     *reinterpret_cast<bf16*>(sm + tile_off(r, k, kRows)) = p.w[i];
@@ -129,7 +132,7 @@ __device__ void stage(const Data& p, unsigned char* sm, bool x_as_a) {
     *reinterpret_cast<bf16*>(xs + tile_off(r, k, xr)) = r < kTok ? p.xh[r * K + k] : z;
     *reinterpret_cast<bf16*>(xs + xr * K * 2 + tile_off(r, k, xr)) = r < kTok ? p.xl[r * K + k] : z;
   }
-  fence_async();
+  fence_proxy_async();
   __syncthreads();
 }
 
@@ -139,7 +142,7 @@ template <bool REG_A>
 __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
   extern __shared__ __align__(1024) unsigned char sm[];
   stage(p, sm, false);
-  const int K = p.K;
+  constexpr int K = kK;
   const uint32_t base = ptx::smem_u32(sm);
   const uint32_t xh = base + kRows * K * 2, xl = xh + kTok * K * 2;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, t = lane & 3;
@@ -169,17 +172,17 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
         for (int s = 0; s < 4; s++) afrag(64 * j + 16 * s + 2 * t, a[s]);
         wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], desc128(xh + j * kTok * 128) + 2 * s);
+        for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], smem_desc(xh + j * kTok * 128) + 2 * s);
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], desc128(xl + j * kTok * 128) + 2 * s);
+        for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], smem_desc(xl + j * kTok * 128) + 2 * s);
         wgmma_commit();
         wgmma_wait<1>();
       } else {
-        const uint64_t da = desc128(base + j * kRows * 128);
+        const uint64_t da = smem_desc(base + j * kRows * 128);
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, desc128(xh + j * kTok * 128) + 2 * s);
+        for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, smem_desc(xh + j * kTok * 128) + 2 * s);
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, desc128(xl + j * kTok * 128) + 2 * s);
+        for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, smem_desc(xl + j * kTok * 128) + 2 * s);
       }
     }
   wgmma_commit();
@@ -187,13 +190,7 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
   fence_acc(d);
   const long long c1 = clock64();
   if (threadIdx.x == 0) cycles[blockIdx.x] = c1 - c0;
-  if (blockIdx.x == 0) {
-    const int row0 = 16 * warp + r;
-    out[row0 * kTok + 2 * t] = d[0];
-    out[row0 * kTok + 2 * t + 1] = d[1];
-    out[(row0 + 8) * kTok + 2 * t] = d[2];
-    out[(row0 + 8) * kTok + 2 * t + 1] = d[3];
-  }
+  if (blockIdx.x == 0) store_d(out, 16 * warp + r, t, d);
 }
 
 // wgmma, x as A (m64: rows 0..7 the tokens), W's rows 0..15 as B (n16). out[64][8] as above
@@ -201,7 +198,7 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
 __global__ void chain_wgmma_xa(Data p, float* out, long long* cycles) {
   extern __shared__ __align__(1024) unsigned char sm[];
   stage(p, sm, true);
-  const int K = p.K;
+  constexpr int K = kK;
   const uint32_t base = ptx::smem_u32(sm);
   const uint32_t xh = base + kRows * K * 2, xl = xh + kRows * K * 2;
   float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -213,11 +210,11 @@ __global__ void chain_wgmma_xa(Data p, float* out, long long* cycles) {
   for (int pass = 0; pass < kPasses; pass++)
 #pragma unroll
     for (int j = 0; j < kBlk; j++) {
-      const uint64_t db = desc128(base + j * kRows * 128);  // W rows 0..15 of block j
+      const uint64_t db = smem_desc(base + j * kRows * 128);  // W rows 0..15 of block j
 #pragma unroll
-      for (int s = 0; s < 4; s++) wg_n16_ss(d, desc128(xh + j * kRows * 128) + 2 * s, db + 2 * s);
+      for (int s = 0; s < 4; s++) wg_n16_ss(d, smem_desc(xh + j * kRows * 128) + 2 * s, db + 2 * s);
 #pragma unroll
-      for (int s = 0; s < 4; s++) wg_n16_ss(d, desc128(xl + j * kRows * 128) + 2 * s, db + 2 * s);
+      for (int s = 0; s < 4; s++) wg_n16_ss(d, smem_desc(xl + j * kRows * 128) + 2 * s, db + 2 * s);
     }
   wgmma_commit();
   wgmma_wait<0>();
@@ -235,7 +232,7 @@ __global__ void chain_wgmma_xa(Data p, float* out, long long* cycles) {
   }
 }
 
-// Pure chain latency: n dependent instructions on constant operands, per form; cycles[blockIdx].
+// Pure chain latency: kLat dependent instructions on constant operands, per form; cycles[blockIdx].
 __global__ void latency_mma_sync(long long* cycles, float* sink) {
   uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u}, b[2] = {0x3c003c00u, 0x3c003c00u};
   float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -249,14 +246,15 @@ __global__ void latency_mma_sync(long long* cycles, float* sink) {
 }
 
 template <int FORM>  // 0: n8 smem A; 1: n8 register A; 2: n16 smem A (one commit group); 3: as 0, a group per 8;
-                     // 4: as 3, each group retired before the next (split_gemv v7's rhythm)
+                     // 4: as 3, each group retired before the next (split_gemv v7's rhythm; run 31's
+                     // figure for it was taken while this form ran the n16 instruction)
 __global__ void latency_wgmma(long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char sm[];
   for (int i = threadIdx.x; i < 16384 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0x3c003c00u;
-  fence_async();
+  fence_proxy_async();
   __syncthreads();
   const uint32_t base = ptx::smem_u32(sm);
-  const uint64_t da = desc128(base), db = desc128(base + 8192);
+  const uint64_t da = smem_desc(base), db = smem_desc(base + 8192);
   const uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
   float d4[4] = {0.f, 0.f, 0.f, 0.f}, d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   fence_acc(d4);
@@ -265,7 +263,7 @@ __global__ void latency_wgmma(long long* cycles, float* sink) {
   wgmma_fence();
 #pragma unroll
   for (int i = 0; i < kLat; i++) {
-    if constexpr (FORM == 0 || FORM == 3) wg_n8_ss(d4, da, db);
+    if constexpr (FORM == 0 || FORM == 3 || FORM == 4) wg_n8_ss(d4, da, db);
     else if constexpr (FORM == 1) wg_n8_rs(d4, a, db);
     else wg_n16_ss(d, da, db);
     if constexpr (FORM == 1 || FORM == 3 || FORM == 4) {  // a ring kernel's rhythm: a group per 64-wide block
@@ -284,18 +282,6 @@ __global__ void latency_wgmma(long long* cycles, float* sink) {
   const long long c1 = clock64();
   if (threadIdx.x % 128 == 0) cycles[blockIdx.x] = c1 - c0;
   if (d[0] + d4[0] == 12345.f) *sink = d[1] + d[2] + d[3] + d4[1];
-}
-
-uint16_t to_bf16_bits(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf16_bits(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 double median_cycles(std::vector<long long> c) {
@@ -320,11 +306,11 @@ int main(int argc, char** argv) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nw(0.f, 0.02f), nx(0.f, 1.f);
   std::vector<uint16_t> w(size_t(kRows) * K), xh(size_t(kTok) * K), xl(size_t(kTok) * K);
-  for (auto& v : w) v = to_bf16_bits(nw(rng));
+  for (auto& v : w) v = f32_to_bf16(nw(rng));
   for (size_t i = 0; i < xh.size(); i++) {
     const float v = nx(rng);
-    xh[i] = to_bf16_bits(v);
-    xl[i] = to_bf16_bits(v - from_bf16_bits(xh[i]));
+    xh[i] = f32_to_bf16(v);
+    xl[i] = f32_to_bf16(v - bf16_to_f32(xh[i]));
   }
   bf16 *dw, *dxh, *dxl;
   float *o_ref, *o_wa_s, *o_wa_r, *o_xa, *sink;
@@ -341,7 +327,7 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(dxh, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(dxl, xl.data(), xl.size() * 2, cudaMemcpyHostToDevice));
-  const Data p{dw, dxh, dxl, K, passes};
+  const Data p{dw, dxh, dxl};
   const int chain = kChain;
 
   auto cycles_of = [&](int blocks) {
@@ -381,8 +367,8 @@ int main(int argc, char** argv) {
     for (int t = 0; t < kTok; t++) {
       double s = 0, mag = 0;
       for (int k = 0; k < K; k++) {
-        const double wv = from_bf16_bits(w[size_t(r) * K + k]);
-        const double xv = double(from_bf16_bits(xh[size_t(t) * K + k])) + from_bf16_bits(xl[size_t(t) * K + k]);
+        const double wv = bf16_to_f32(w[size_t(r) * K + k]);
+        const double xv = double(bf16_to_f32(xh[size_t(t) * K + k])) + bf16_to_f32(xl[size_t(t) * K + k]);
         s += wv * xv;
         mag += std::fabs(wv * xv);
       }
