@@ -82,6 +82,14 @@ class ExpertRunner {
   virtual Device device() const = 0;
   // out: output rows (see ExpertJobs) of H elements of the activation type.
   virtual void run(const ExpertJobs& jobs, void* out) = 0;
+  // run() with the single-process backend's slot-order combine folded into the runner's last
+  // kernel, for the jobs of token_jobs (one output row per (token, slot), every slot served here):
+  // y[t] = sum over k ascending of w[t K + k] * out[t K + k], fp32, each step the combine's own
+  // (the same bits as run() and then the backend's combine). False: this runner does not for
+  // these jobs, and nothing was enqueued (the backend runs run() and combines itself).
+  virtual bool run_and_combine(const ExpertJobs& /*jobs*/, void* /*out*/, const float* /*w*/, float* /*y*/) {
+    return false;
+  }
 };
 
 enum class CombineMode {

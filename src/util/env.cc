@@ -22,6 +22,12 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_EXPERT_TILE", "32 | 64",
        "64 runs the routed experts' GEMMs of decode-sized groups on 64-column tiles instead of 32 (half the "
        "CTAs; the same bits; for measuring)"},
+      {"EPMOE_PLANLESS_JOBS", "16 | N",
+       "the routed experts of a step with up to N (token, slot) pairs run without the plan kernel, each pair a "
+       "one-row group whose GEMM picks its expert's weights (0: always plan; the same bits)"},
+      {"EPMOE_FUSED_COMBINE", "1 | 0",
+       "0: a planless step's slot-order combine runs as its own kernel after the experts instead of in the "
+       "down GEMM's last CTA of each column tile (the same bits; for measuring)"},
       {"EPMOE_ROUTE_BLOCK", "1 | 0",
        "0 routes SoftmaxTopK one warp per token instead of one block per token, a thread per expert (the same "
        "bits; for measuring)"},

@@ -1,6 +1,8 @@
 // The single-GPU backend (every expert local, no communication): the reference of the NCCL
 // backends. The experts read the token rows in place and write one row per (token, slot); the
-// slot-order combine of every GPU backend follows, which is what makes their outputs the same bits.
+// slot-order combine of every GPU backend follows, which is what makes their outputs the same bits
+// (a decode step's runner folds it into its down GEMM: ExpertRunner::run_and_combine, the same
+// arithmetic).
 #include "ep/cuda/plan_combine.cuh"
 #include "ep/nccl/nccl_backends.h"
 
@@ -23,6 +25,7 @@ class CudaLocalBackend final : public A2ABackend {
     const bool bf = in.act == DType::BF16;
     const size_t elt = bf ? 2 : 4;
     slots_.reserve(size_t(in.T) * size_t(in.K) * size_t(in.H) * elt);
+    if (experts.run_and_combine(token_jobs(in), slots_.data(), in.weights, y)) return;
     experts.run(token_jobs(in), slots_.data());
     if (bf)
       cuda::combine_slots(reinterpret_cast<const bf16*>(slots_.data()), nullptr, in.weights, in.T, in.H, in.K, 1.0f, y,

@@ -214,7 +214,7 @@ __global__ void combine_bf16x8_kernel(const bf16* rows, const int32_t* slot_pos,
       const uint4 v = *reinterpret_cast<const uint4*>(rows + r * H + h);
       const bf16* b = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
-      for (int q = 0; q < 8; q++) acc[q] += wk * __bfloat162float(b[q]);
+      for (int q = 0; q < 8; q++) acc[q] = slot_sum_step(acc[q], wk, __bfloat162float(b[q]));
     }
     if (scale != 1.0f)
 #pragma unroll
@@ -237,7 +237,7 @@ __global__ void combine_kernel(const TS* rows, const int32_t* slot_pos, const fl
     float acc = 0.f;
     for (int k = 0; k < K; k++) {
       const int64_t r = slot_pos ? int64_t(slot_pos[t * K + k]) : t * K + k;
-      acc += w[t * K + k] * to_f32(rows[r * H + h]);
+      acc = slot_sum_step(acc, w[t * K + k], to_f32(rows[r * H + h]));
     }
     if (scale != 1.0f) acc *= scale;
     y[i] = acc;

@@ -192,6 +192,11 @@ __host__ __device__ inline float from_f32<float>(float x) { return x; }
 template <>
 __host__ __device__ inline bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// One step of the slot-order combine, acc + w v rounded once: every GPU combine of expert rows
+// (ep/cuda/plan_combine.cu's kernels, the grouped GEMM's row sums) adds with it, so that their
+// outputs are the same bits.
+__device__ inline float slot_sum_step(float acc, float w, float v) { return __fmaf_rn(w, v, acc); }
+
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

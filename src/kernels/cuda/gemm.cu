@@ -45,6 +45,44 @@ struct TcCfg {
   static_assert((BM * 8) % NT == 0 && (BN * 8) % NT == 0, "chunks per thread");
 };
 
+// GemmArgs::row_sum_out: this CTA's C tile (columns n0 .. n0 + BN of job `job`) is stored; the
+// last CTA of the (s, N-tile) to arrive adds the R rows of s in ascending order. The classic
+// last-block pattern: every thread's stores, a fence, then one counter; the last reader fences
+// again and reads the others' rows from L2 (ld.global.cg: never a stale L1 line).
+template <class TC>
+__device__ void row_sum_tile(const GemmArgs& p, int job, int n0, int BN) {
+  __shared__ int last;
+  const int R = p.row_sum_rows, s = job / R;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* count = p.row_sum_counters + int64_t(s) * gridDim.x + blockIdx.x;
+    last = atomicAdd(count, 1) == R - 1;
+    if (last) *count = 0;  // every CTA of this (s, N-tile) has arrived: the next launch starts at zero
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const TC* C = static_cast<const TC*>(p.C) + int64_t(s) * R * p.ldc;
+  const float* w = p.row_sum_w + int64_t(s) * R;
+  for (int c = threadIdx.x; c < BN && n0 + c < p.N; c += blockDim.x) {
+    const int n = n0 + c;
+    float acc = 0.f;
+    // Eight rows' loads go out before their adds: an add waits for its load, and a load issued
+    // after it would wait with it.
+    for (int r0 = 0; r0 < R; r0 += 8) {
+      float wv[8], cv[8];
+#pragma unroll
+      for (int q = 0; q < 8; q++)
+        if (r0 + q < R) wv[q] = w[r0 + q], cv[q] = to_f32(__ldcg(C + int64_t(r0 + q) * p.ldc + n));
+#pragma unroll
+      for (int q = 0; q < 8; q++)
+        if (r0 + q < R) acc = slot_sum_step(acc, wv[q], cv[q]);
+    }
+    p.row_sum_out[int64_t(s) * p.row_sum_ld + n] = acc;
+  }
+}
+
 template <class Cfg, class TC, bool SWIGLU>
 __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const GemmArgs p) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, NT = Cfg::NT, STAGES = Cfg::STAGES;
@@ -58,7 +96,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   // whose plan was complete before that kernel started (plan_precedes_a). Otherwise the plan may
   // still be running, so wait first -- and only then let the next kernel start, which is what
   // makes plan_precedes_a true for a GEMM that follows this one.
-  const bool early_b = (!p.offsets && !p.tiles) || p.plan_precedes_a;
+  const bool early_b = (!p.offsets && !p.tiles && !p.job_expert) || p.plan_precedes_a;
   if (!early_b) pdl_wait();
   pdl_trigger();
   ptx::CtaTiles ct;
@@ -71,7 +109,16 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = (K + BK - 1) / BK;
   const bf16* A = static_cast<const bf16*>(p.A);
-  const bf16* B = static_cast<const bf16*>(p.B) + int64_t(group) * p.b_group_stride;
+  // A job's weights are its expert's (GemmArgs::job_expert); a job served elsewhere writes nothing.
+  const int b_group = p.job_expert ? p.job_expert[group] - p.job_expert_base : group;
+  if (p.job_expert && (b_group < 0 || b_group >= p.job_experts)) {
+    if (early_b) pdl_wait();
+    // (Its rows are another rank's: it stores none, but its row sum still counts on its arrival.)
+    if constexpr (!SWIGLU)
+      if (p.row_sum_out) row_sum_tile<TC>(p, group, blockIdx.x * BN, BN);
+    return;
+  }
+  const bf16* B = static_cast<const bf16*>(p.B) + int64_t(b_group) * p.b_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
 
@@ -122,6 +169,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
       a_ok[i] = m0 + r < rows;
       int src = row_begin + m0 + r;
       if (a_ok[i] && p.a_rows) src = p.a_rows[src];
+      else if (p.job_expert) src /= p.job_a_div;
       a_src[i] = A + int64_t(a_ok[i] ? src : 0) * p.lda + c * 8;
       a_off[i] = swz(r, c);
       a_col[i] = c * 8;
@@ -157,6 +205,8 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 
     ptx::store_warp_tile<TC, SWIGLU>(p, acc, row_begin, rows, m0, wm * TM, n0 + wn * TN, lane);
   }
+  if constexpr (!SWIGLU)
+    if (p.row_sum_out) row_sum_tile<TC>(p, group, n0, BN);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,6 +329,7 @@ bool narrow_expert_tiles() {
 void check_args(const GemmArgs& a, Epilogue ep) {
   EPMOE_ASSERT(a.N > 0 && a.K > 0 && a.G >= 1, "gemm: empty shape");
   EPMOE_ASSERT(!a.accumulate || ep == Epilogue::Store, "gemm: accumulate needs the Store epilogue");
+  EPMOE_ASSERT(!a.row_sum_out || a.job_expert, "gemm: row sums only in jobs mode");
   if (ep == Epilogue::SwiGLU) EPMOE_ASSERT(a.N % 2 == 0 && !a.bias, "gemm: SwiGLU needs an even N and no bias");
 }
 
@@ -307,6 +358,18 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     EPMOE_ASSERT(!a.tiles || (a.path != GemmPath::Tiled && a.path != GemmPath::TiledNarrow) ||
                      gemm_tile_m(a.rows_hint) == Small::BM,
                  "gemm: a tile list laid out for the wgmma tile height, forced onto the mma.sync kernel");
+    if (a.job_expert) {
+      EPMOE_ASSERT(!a.offsets && !a.tiles && !a.a_rows && a.M == 1 && a.job_a_div >= 1 && a.path != GemmPath::Wgmma,
+                   "gemm: jobs are groups of one row on the mma.sync tile kernel, without offsets, tiles or a_rows");
+      EPMOE_ASSERT(!a.row_sum_out || (ep == Epilogue::Store && !a.accumulate && !a.c_rows && a.row_sum_rows > 0 &&
+                                      a.G % a.row_sum_rows == 0 && a.row_sum_w && a.row_sum_counters),
+                   "gemm: row sums need the Store epilogue, whole sets of rows, weights and counters");
+      // The tile width of the grouped path (narrow_expert_tiles), so that the two paths split N alike.
+      if (a.path == GemmPath::TiledNarrow || (a.path == GemmPath::Auto && narrow_expert_tiles()))
+        launch_tc<Tiny, TC>(a, ep, stream);
+      else launch_tc<Small, TC>(a, ep, stream);
+      return;
+    }
     // Hopper's wgmma kernel where groups have enough rows (the same bits, gemm_wgmma.cu); not for
     // a dense GEMM of a few rows, where its wider tile would leave half the CTAs of Small/Tiny.
     const bool dense_decode = !a.offsets && !a.tiles && rows <= 16;
@@ -319,6 +382,7 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
     else launch_tc<Small, TC>(a, ep, stream);
   } else {
     EPMOE_ASSERT(!a.tiles, "gemm f32: no tile lists (the fp32 path loops over m-tiles)");
+    EPMOE_ASSERT(!a.job_expert, "gemm f32: no jobs (the fp32 runner plans)");
     EPMOE_ASSERT(!a.b_k_twice, "gemm f32: no b_k_twice");
     const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
     dim3 grid(ceil_div(a.N, 64), a.G, std::max(1, std::min(ceil_div(per_group, 64), 65535)));

@@ -61,6 +61,26 @@ struct GemmArgs {
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
   GemmPath path = GemmPath::Auto;
+  // Grouped by job instead of by expert (a decode step's few (token, slot) jobs, with no plan):
+  // G groups of M = 1 row (offsets, tiles and a_rows null), group g is job g, its A row g /
+  // job_a_div (gate+up: K, the token; down: 1, h's row g), its C row g (or c_rows[g]), its weights
+  // those of group job_expert[g] - job_expert_base; a job whose expert is outside [0,
+  // job_experts) is not this rank's and writes nothing. The ids are read after the PDL wait unless
+  // plan_precedes_a (the GEMM before waited for the kernel that wrote them). mma.sync tile kernel
+  // only; a row's bits are the grouped path's (the same kernel, one row a tile either way).
+  const int32_t* job_expert = nullptr;
+  int job_expert_base = 0, job_experts = 0, job_a_div = 1;
+  // Jobs mode, Store epilogue, no c_rows: after its stores, the weighted sum of every row_sum_rows
+  // consecutive C rows into one fp32 row of row_sum_out (ld row_sum_ld): out[s, n] = sum over r ascending of
+  // row_sum_w[s R + r] * C[s R + r, n], each step slot_sum_step (common.cuh) -- the slot-order
+  // combine of a backend, folded into the down GEMM. The last CTA of each (s, N-tile) to finish
+  // adds it, found by a counter each (row_sum_counters: [G / R][N-tiles of 32 columns], zero
+  // before the launch; the last CTA sets it back to zero).
+  int row_sum_rows = 0;
+  const float* row_sum_w = nullptr;
+  float* row_sum_out = nullptr;
+  int64_t row_sum_ld = 0;
+  int32_t* row_sum_counters = nullptr;
   // Store epilogue, fp32 C: C += the result (+ bias) -- the residual add after a projection, with
   // add_inplace's arithmetic (x + y rounded once).
   bool accumulate = false;

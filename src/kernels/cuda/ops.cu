@@ -61,12 +61,21 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
     v[c] = i < H ? r[i] : 0.f;
   }
   if (res.routed) {
+    // Every MoE value is loaded before the first store to x: x may alias them for all the compiler
+    // knows, so a load after a store stays after it, and the store waits for its own sum -- loads
+    // and stores interleaved made C dependent trips to L2 out of one.
+    float m[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = threadIdx.x + 256 * c;
+      m[c] = i < H ? moe_residual_value(res, t * H + i, H) : 0.f;
+    }
     float* xr = const_cast<float*>(r);
 #pragma unroll
     for (int c = 0; c < C; c++) {
       const int i = threadIdx.x + 256 * c;
       if (i < H) {
-        v[c] = v[c] + moe_residual_value(res, t * H + i, H);
+        v[c] = v[c] + m[c];
         xr[i] = v[c];
       }
     }

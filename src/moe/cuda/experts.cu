@@ -1,14 +1,95 @@
 #include "moe/cuda/experts.cuh"
 
 #include "kernels/cuda/ops.cuh"
+#include "util/env.h"
 
 #include <cstring>
 #include <type_traits>
 
 namespace epmoe::cuda {
 
+// A decode step's jobs run without a plan up to this many (token, slot) pairs: EPMOE_PLANLESS_JOBS
+// (0: always plan). Past a few tokens, two jobs of one expert read its weights twice where the plan
+// gives them one tile.
+int planless_jobs_default() {
+  static const int n = env_int("EPMOE_PLANLESS_JOBS", 16);
+  return n;
+}
+
+bool fused_combine_default() {
+  static const bool on = !env_off("EPMOE_FUSED_COMBINE");
+  return on;
+}
+
+template <class T>
+bool ExpertRunnerGpu<T>::planless(const ExpertJobs& j) const {
+  return std::is_same_v<T, bf16> && j.rows > 0 && j.rows * j.K <= planless_jobs_ && !j.compact && !j.one_per_row &&
+         !j.rows_dev && !j.row_base && j.phys_stride == j.K && w_.n_local > 0;
+}
+
+template <class T>
+bool ExpertRunnerGpu<T>::run_and_combine(const ExpertJobs& j, void* out, const float* w, float* y) {
+  if (!fused_combine_ || !planless(j)) return false;
+  run_jobs(j, out, w, y);
+  return true;
+}
+
+template <class T>
+void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w, float* y) {
+  const int jobs = int(j.rows * j.K);
+  h_.reserve(size_t(jobs) * size_t(w_.I));
+  // Job g = (token g / K, slot g % K): its h row is g, its output row g = t * K + k (token_jobs).
+  auto jobs_of = [&](GemmArgs& g) {
+    g.G = jobs;
+    g.M = 1;
+    g.job_expert = j.phys;
+    g.job_expert_base = w_.p0;
+    g.job_experts = w_.n_local;
+  };
+  GemmArgs g1;
+  jobs_of(g1);
+  g1.job_a_div = j.K;
+  g1.A = j.x;
+  g1.lda = j.x_stride;
+  g1.B = w_.w1.data();
+  g1.ldb = w_.H;
+  g1.b_group_stride = int64_t(2) * w_.I * w_.H;
+  g1.N = 2 * w_.I;
+  g1.K = w_.H;
+  g1.C = h_.data();
+  g1.ldc = w_.I;
+  gemm<T, T>(g1, Epilogue::SwiGLU, stream());
+  GemmArgs g2;
+  jobs_of(g2);
+  g2.A = h_.data();
+  g2.lda = w_.I;
+  g2.B = w_.w2.data();
+  g2.ldb = w_.I;
+  g2.b_group_stride = int64_t(w_.H) * w_.I;
+  g2.N = w_.H;
+  g2.K = w_.I;
+  g2.C = out;
+  g2.ldc = w_.H;
+  g2.plan_precedes_a = true;  // g1 waited for the routing before letting g2 start
+  if (y) {
+    // A counter per (token, 32-column tile), zeroed once: every launch leaves them at zero.
+    const size_t counters = size_t(j.rows) * size_t(ceil_div(w_.H, 32));
+    if (row_sum_counters_.capacity() < counters) {
+      row_sum_counters_.reserve(counters);
+      EPMOE_CUDA_CHECK(cudaMemsetAsync(row_sum_counters_.data(), 0, counters * sizeof(int32_t), stream()));
+    }
+    g2.row_sum_rows = j.K;
+    g2.row_sum_w = w;
+    g2.row_sum_out = y;
+    g2.row_sum_ld = w_.H;
+    g2.row_sum_counters = row_sum_counters_.data();
+  }
+  gemm<T, T>(g2, Epilogue::Store, stream());
+}
+
 template <class T>
 void ExpertRunnerGpu<T>::run(const ExpertJobs& j, void* out) {
+  if (planless(j)) return run_jobs(j, out);
   // bf16: one CTA per (m-tile, N-tile), from a tile list the plan writes.
   if (!plan_.make(j, w_.p0, w_.n_local, std::is_same_v<T, bf16>)) return;
   h_.reserve(size_t(j.rows * j.K) * size_t(w_.I));

@@ -16,6 +16,9 @@
 
 namespace epmoe::cuda {
 
+int planless_jobs_default();   // EPMOE_PLANLESS_JOBS (experts.cu)
+bool fused_combine_default();  // EPMOE_FUSED_COMBINE (experts.cu)
+
 template <class T>
 struct ExpertWeightsGpu {
   int H = 0, I = 0;
@@ -34,9 +37,22 @@ class ExpertRunnerGpu final : public ExpertRunner {
   void run(const ExpertJobs& j, void* out) override;
   // For tests and benchmarks: the per-expert offsets of the last plan.
   const int32_t* offsets() const { return plan_.offsets.data(); }
+  // Up to this many (token, slot) jobs of a token_jobs set (bf16) run without a plan: each job is a
+  // group of one row whose weights the GEMM picks from its expert id (GemmArgs::job_expert), so a
+  // decode step's chain loses the plan kernel. 0: always plan. Default EPMOE_PLANLESS_JOBS (16).
+  void set_planless_jobs(int64_t n) { planless_jobs_ = n; }
+  // Planless jobs fold the backend's combine into the down GEMM (GemmArgs::row_sum_out): one
+  // kernel fewer on a decode step's chain. Default EPMOE_FUSED_COMBINE (1).
+  bool run_and_combine(const ExpertJobs& j, void* out, const float* w, float* y) override;
+  void set_fused_combine(bool on) { fused_combine_ = on; }
 
  private:
+  bool planless(const ExpertJobs& j) const;
+  void run_jobs(const ExpertJobs& j, void* out, const float* w = nullptr, float* y = nullptr);
   const ExpertWeightsGpu<T>& w_;
+  int64_t planless_jobs_ = planless_jobs_default();
+  bool fused_combine_ = fused_combine_default();
+  DeviceArray<int32_t> row_sum_counters_;  // zero between launches (GemmArgs::row_sum_counters)
   ExpertPlanGpu plan_;
   DeviceArray<T> h_;
 };
