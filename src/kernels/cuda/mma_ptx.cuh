@@ -56,10 +56,8 @@ __device__ inline int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); 
 // The epilogue pair of columns (col even) of output row orow: SwiGLU (B rows interleaved gate,
 // up: C[orow, col / 2] = silu(gate) * up) or Store (+ bias; with accumulate, C += it). One
 // definition for the mma.sync, decode and wgmma kernels: their C must have the same bits.
-// prior(c0, c1): C's two values before the kernel (accumulate only) -- read here, or read earlier
-// by a kernel that keeps its stores' trips off its end (store_pair_onto).
-template <class TC, bool SWIGLU, class Prior>
-__device__ inline void store_pair_with(const GemmArgs& p, int64_t orow, int col, float v0, float v1, Prior prior) {
+template <class TC, bool SWIGLU>
+__device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
   TC* C = static_cast<TC*>(p.C);
   if constexpr (SWIGLU) {
     // col is even: (gate, up) of output column col / 2.
@@ -71,30 +69,13 @@ __device__ inline void store_pair_with(const GemmArgs& p, int64_t orow, int col,
     }
     if constexpr (std::is_same_v<TC, float>) {
       if (p.accumulate) {  // (add_inplace's x[i] += y[i])
-        float c0 = 0.f, c1 = 0.f;
-        prior(c0, c1);
-        if (col < p.N) v0 = c0 + v0;
-        if (col + 1 < p.N) v1 = c1 + v1;
+        if (col < p.N) v0 = C[orow * p.ldc + col] + v0;
+        if (col + 1 < p.N) v1 = C[orow * p.ldc + col + 1] + v1;
       }
     }
     if (col < p.N) C[orow * p.ldc + col] = from_f32<TC>(v0);
     if (col + 1 < p.N) C[orow * p.ldc + col + 1] = from_f32<TC>(v1);
   }
-}
-// C's prior pair at (orow, col) for accumulate (columns past N read as 0, unused).
-__device__ inline void load_prior_pair(const GemmArgs& p, int64_t orow, int col, float& c0, float& c1) {
-  const float* C = static_cast<const float*>(p.C);
-  c0 = col < p.N ? C[orow * p.ldc + col] : 0.f;
-  c1 = col + 1 < p.N ? C[orow * p.ldc + col + 1] : 0.f;
-}
-template <class TC, bool SWIGLU>
-__device__ inline void store_pair(const GemmArgs& p, int64_t orow, int col, float v0, float v1) {
-  store_pair_with<TC, SWIGLU>(p, orow, col, v0, v1, [&](float& c0, float& c1) { load_prior_pair(p, orow, col, c0, c1); });
-}
-// store_pair onto C's values read before (c0, c1: load_prior_pair's, when accumulating).
-template <class TC, bool SWIGLU>
-__device__ inline void store_pair_onto(const GemmArgs& p, int64_t orow, int col, float v0, float v1, float c0, float c1) {
-  store_pair_with<TC, SWIGLU>(p, orow, col, v0, v1, [&](float& a, float& b) { a = c0, b = c1; });
 }
 
 // ---- The mma.sync main loop (gemm.cu, gemm_fp8.cu, router.cu) ----

@@ -43,9 +43,7 @@ namespace {
 
 using ptx::smem_u32;
 using ptx::mma_bf16;
-using ptx::load_prior_pair;
 using ptx::store_pair;
-using ptx::store_pair_onto;
 
 // Lane (r = lane / 4, t = lane % 4) of an m16n8k16 MMA holds, for k16 step s of a 64-wide block,
 // B words b0 = w[r][16 s + 2t .. +1] and b1 = w[r][16 s + 8 + 2t .. +1]; word 2 s + h of its 8
@@ -313,34 +311,6 @@ __device__ __forceinline__ void wide_store(const GemmArgs& p, const float (&c)[4
     }
   }
 }
-// wide_store's C values before the kernel, for accumulate: the residual that an o projection adds
-// onto was written kernels before, so a lane can read its pairs as soon as it has waited, and its
-// stores at the end need no trip to memory first (store_pair reads them there: two trips, the
-// second pair's loads behind the first pair's stores).
-struct WidePrior {
-  float v[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-};
-__device__ __forceinline__ void wide_prior(const GemmArgs& p, int g, int row0, int T, int lane, WidePrior& pr) {
-  const int r = lane >> 2, t = lane & 3, row = row0 + 2 * t + ((r & 1) ? 1 : 0);
-  if (!p.accumulate || row >= T) return;
-#pragma unroll
-  for (int h = 0; h < 2; h++) load_prior_pair(p, row, 16 * g + 8 * h + (r & ~1), pr.v[h][0], pr.v[h][1]);
-}
-template <bool SWIGLU>
-__device__ __forceinline__ void wide_store_onto(const GemmArgs& p, const float (&c)[4], int g, int row0, int T,
-                                                int lane, const WidePrior& pr) {
-  const int r = lane >> 2, t = lane & 3;
-  const bool odd = r & 1;
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const float other = __shfl_xor_sync(0xffffffffu, odd ? c[2 * h] : c[2 * h + 1], 4);
-    const int col = 16 * g + 8 * h + (r & ~1), row = row0 + 2 * t + (odd ? 1 : 0);
-    if (row < T) {
-      if (odd) store_pair_onto<float, SWIGLU>(p, row, col, other, c[2 * h + 1], pr.v[h][0], pr.v[h][1]);
-      else store_pair_onto<float, SWIGLU>(p, row, col, c[2 * h], other, pr.v[h][0], pr.v[h][1]);
-    }
-  }
-}
 
 // v5 (the default since run 24): the same products with the roles swapped -- W's rows are the
 // MMA's A operand (m16: 16 output columns per warp), x's rows its B operand (n8: 8 rows of x per
@@ -464,11 +434,6 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
   uint4 xr[XA][4], xr8[XA][4];
 #pragma unroll
   for (int a = 0; a < XA; a++) x.load(a, xr[a], xr8[a]);
-  WidePrior prior, prior8;
-  if constexpr (!SWIGLU) {
-    wide_prior(p, g, 0, T, lane, prior);
-    if constexpr (ROWS16) wide_prior(p, g, 8, T, lane, prior8);
-  }
   for (int c = 0; c < nch; c++) {
     const int slot = c % SLOTS;
     ptx::mbar_wait(bar0 + 8 * slot, uint32_t(c / SLOTS) & 1u);
@@ -491,8 +456,8 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
       }
     }
   }
-  wide_store_onto<SWIGLU>(p, acc, g, 0, T, lane, prior);
-  if constexpr (ROWS16) wide_store_onto<SWIGLU>(p, acc8, g, 8, T, lane, prior8);
+  wide_store<SWIGLU>(p, acc, g, 0, T, lane);
+  if constexpr (ROWS16) wide_store<SWIGLU>(p, acc8, g, 8, T, lane);
 }
 
 // (set_split_gemv_config: benchmarks and tests; EPMOE_SPLIT_GEMV=v3 / v4 / v5: the earlier versions)
