@@ -70,12 +70,12 @@ struct GemmArgs {
   // only; a row's bits are the grouped path's (the same kernel, one row a tile either way).
   const int32_t* job_expert = nullptr;
   int job_expert_base = 0, job_experts = 0, job_a_div = 1;
-  // Jobs mode, Store epilogue, no c_rows: after its stores, the weighted sum of every row_sum_rows
-  // consecutive C rows into one fp32 row of row_sum_out (ld row_sum_ld): out[s, n] = sum over r ascending of
-  // row_sum_w[s R + r] * C[s R + r, n], each step slot_sum_step (common.cuh) -- the slot-order
-  // combine of a backend, folded into the down GEMM. The last CTA of each (s, N-tile) to finish
-  // adds it, found by a counter each (row_sum_counters: [G / R][N-tiles of 32 columns], zero
-  // before the launch; the last CTA sets it back to zero).
+  // Jobs mode, Store epilogue, no c_rows: after its stores, the weighted sum of every R =
+  // row_sum_rows consecutive C rows into one fp32 row of row_sum_out (ld row_sum_ld):
+  // out[s, n] = sum over r ascending of row_sum_w[s R + r] * C[s R + r, n], each step
+  // slot_sum_step (common.cuh) -- the slot-order combine of a backend, folded into the down GEMM.
+  // The last CTA of each (s, N-tile) to finish adds it, found by a counter each (row_sum_counters:
+  // [G / R][N-tiles of 32 columns], zero before the launch; the last CTA sets it back to zero).
   int row_sum_rows = 0;
   const float* row_sum_w = nullptr;
   float* row_sum_out = nullptr;
