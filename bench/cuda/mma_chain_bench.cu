@@ -94,6 +94,22 @@ __device__ inline void store_d(float* out, int row0, int t, const float (&d)[4])
   out[(row0 + 8) * kTok + 2 * t + 1] = d[3];
 }
 
+// One wgmma chain timed by the SM's clock: the accumulator d fenced in, chain() issues the steps
+// (its own commit groups, if any), the last group retired and d fenced out; cycles[blockIdx].
+template <int N, class Chain>
+__device__ void timed_wgmma_chain(float (&d)[N], long long* cycles, Chain chain) {
+  __syncthreads();
+  const long long c0 = clock64();
+  fence_acc(d);
+  wgmma_fence();
+  chain();
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(d);
+  const long long c1 = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = c1 - c0;
+}
+
 // mma.sync: warp w of 4 owns W rows 16w..; the b_k_twice chain, fragments from global (L1/L2):
 // the arithmetic reference. out[64][8].
 __global__ void ref_mma_sync(Data p, float* out) {
@@ -156,40 +172,33 @@ __global__ void chain_wgmma_wa(Data p, float* out, long long* cycles) {
     a[2] = *reinterpret_cast<const uint32_t*>(sm + tile_off(row0, k + 8, kRows));
     a[3] = *reinterpret_cast<const uint32_t*>(sm + tile_off(row0 + 8, k + 8, kRows));
   };
-  __syncthreads();
-  const long long c0 = clock64();
-  fence_acc(d);
-  wgmma_fence();
+  timed_wgmma_chain(d, cycles, [&] {
 #pragma unroll
-  for (int pass = 0; pass < kPasses; pass++)
+    for (int pass = 0; pass < kPasses; pass++)
 #pragma unroll
-    for (int j = 0; j < kBlk; j++) {
-      if constexpr (REG_A) {
-        // A's registers stay the wgmma's until it retires: a block's eight are one commit group,
-        // and the group before must retire before its registers are written again.
-        uint32_t a[4][4];
+      for (int j = 0; j < kBlk; j++) {
+        if constexpr (REG_A) {
+          // A's registers stay the wgmma's until it retires: a block's eight are one commit group,
+          // and the group before must retire before its registers are written again.
+          uint32_t a[4][4];
 #pragma unroll
-        for (int s = 0; s < 4; s++) afrag(64 * j + 16 * s + 2 * t, a[s]);
-        wgmma_fence();
+          for (int s = 0; s < 4; s++) afrag(64 * j + 16 * s + 2 * t, a[s]);
+          wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], smem_desc(xh + j * kTok * 128) + 2 * s);
+          for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], smem_desc(xh + j * kTok * 128) + 2 * s);
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], smem_desc(xl + j * kTok * 128) + 2 * s);
-        wgmma_commit();
-        wgmma_wait<1>();
-      } else {
-        const uint64_t da = smem_desc(base + j * kRows * 128);
+          for (int s = 0; s < 4; s++) wg_n8_rs(d, a[s], smem_desc(xl + j * kTok * 128) + 2 * s);
+          wgmma_commit();
+          wgmma_wait<1>();
+        } else {
+          const uint64_t da = smem_desc(base + j * kRows * 128);
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, smem_desc(xh + j * kTok * 128) + 2 * s);
+          for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, smem_desc(xh + j * kTok * 128) + 2 * s);
 #pragma unroll
-        for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, smem_desc(xl + j * kTok * 128) + 2 * s);
+          for (int s = 0; s < 4; s++) wg_n8_ss(d, da + 2 * s, smem_desc(xl + j * kTok * 128) + 2 * s);
+        }
       }
-    }
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_acc(d);
-  const long long c1 = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = c1 - c0;
+  });
   if (blockIdx.x == 0) store_d(out, 16 * warp + r, t, d);
 }
 
@@ -202,25 +211,18 @@ __global__ void chain_wgmma_xa(Data p, float* out, long long* cycles) {
   const uint32_t base = ptx::smem_u32(sm);
   const uint32_t xh = base + kRows * K * 2, xl = xh + kRows * K * 2;
   float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  __syncthreads();
-  const long long c0 = clock64();
-  fence_acc(d);
-  wgmma_fence();
+  timed_wgmma_chain(d, cycles, [&] {
 #pragma unroll
-  for (int pass = 0; pass < kPasses; pass++)
+    for (int pass = 0; pass < kPasses; pass++)
 #pragma unroll
-    for (int j = 0; j < kBlk; j++) {
-      const uint64_t db = smem_desc(base + j * kRows * 128);  // W rows 0..15 of block j
+      for (int j = 0; j < kBlk; j++) {
+        const uint64_t db = smem_desc(base + j * kRows * 128);  // W rows 0..15 of block j
 #pragma unroll
-      for (int s = 0; s < 4; s++) wg_n16_ss(d, smem_desc(xh + j * kRows * 128) + 2 * s, db + 2 * s);
+        for (int s = 0; s < 4; s++) wg_n16_ss(d, smem_desc(xh + j * kRows * 128) + 2 * s, db + 2 * s);
 #pragma unroll
-      for (int s = 0; s < 4; s++) wg_n16_ss(d, smem_desc(xl + j * kRows * 128) + 2 * s, db + 2 * s);
-    }
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_acc(d);
-  const long long c1 = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = c1 - c0;
+        for (int s = 0; s < 4; s++) wg_n16_ss(d, smem_desc(xl + j * kRows * 128) + 2 * s, db + 2 * s);
+      }
+  });
   // D[m][n]: warp w rows 16w + r (+8), n8 chunk i: d[4i + 0/1] cols 8i + 2t (+1), d[4i + 2/3] row + 8.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, t = lane & 3;
   if (blockIdx.x == 0 && warp == 0 && r < kTok) {  // token r (row r < 8 of warp 0)

@@ -2087,13 +2087,15 @@ TEST(GpuExperts, PlanlessJobsAreThePlansBits) {
         dp.upload(phys);
         DeviceArray<float> dw;
         dw.upload(randu(size_t(T) * K));
-        ExpertJobs j;
-        j.x = dx.data();
-        j.x_stride = H;
-        j.phys = dp.data();
-        j.phys_stride = K;
-        j.rows = T;
-        j.K = K;
+        // The jobs the single-GPU backend hands its experts.
+        MoeTokens tok;
+        tok.device = Device::Cuda;
+        tok.act = DType::BF16;
+        tok.T = T, tok.H = H, tok.K = K;
+        tok.x = dx.data();
+        tok.physical = dp.data();
+        tok.weights = dw.data();
+        const ExpertJobs j = token_jobs(tok);
         const size_t n = size_t(T) * K * H;
         struct Out {
           std::vector<uint16_t> rows;

@@ -35,20 +35,8 @@ bool ExpertRunnerGpu<T>::run_and_combine(const ExpertJobs& j, void* out, const f
 }
 
 template <class T>
-void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w, float* y) {
-  const int jobs = int(j.rows * j.K);
-  h_.reserve(size_t(jobs) * size_t(w_.I));
-  // Job g = (token g / K, slot g % K): its h row is g, its output row g = t * K + k (token_jobs).
-  auto jobs_of = [&](GemmArgs& g) {
-    g.G = jobs;
-    g.M = 1;
-    g.job_expert = j.phys;
-    g.job_expert_base = w_.p0;
-    g.job_experts = w_.n_local;
-  };
-  GemmArgs g1;
-  jobs_of(g1);
-  g1.job_a_div = j.K;
+void ExpertRunnerGpu<T>::run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j, void* out) {
+  h_.reserve(size_t(j.rows * j.K) * size_t(w_.I));
   g1.A = j.x;
   g1.lda = j.x_stride;
   g1.B = w_.w1.data();
@@ -59,8 +47,6 @@ void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w
   g1.C = h_.data();
   g1.ldc = w_.I;
   gemm<T, T>(g1, Epilogue::SwiGLU, stream());
-  GemmArgs g2;
-  jobs_of(g2);
   g2.A = h_.data();
   g2.lda = w_.I;
   g2.B = w_.w2.data();
@@ -70,7 +56,22 @@ void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w
   g2.K = w_.I;
   g2.C = out;
   g2.ldc = w_.H;
-  g2.plan_precedes_a = true;  // g1 waited for the routing before letting g2 start
+  g2.plan_precedes_a = true;  // g1 waited for the plan (or the routing) before letting g2 start
+  gemm<T, T>(g2, Epilogue::Store, stream());
+}
+
+template <class T>
+void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w, float* y) {
+  // Job g = (token g / K, slot g % K): its h row is g, its output row g = t * K + k (token_jobs).
+  GemmArgs g1, g2;
+  for (GemmArgs* g : {&g1, &g2}) {
+    g->G = int(j.rows * j.K);
+    g->M = 1;
+    g->job_expert = j.phys;
+    g->job_expert_base = w_.p0;
+    g->job_experts = w_.n_local;
+  }
+  g1.job_a_div = j.K;  // (g2's A row is h's row g)
   if (y) {
     // A counter per (token, 32-column tile), zeroed once: every launch leaves them at zero.
     const size_t counters = size_t(j.rows) * size_t(ceil_div(w_.H, 32));
@@ -84,7 +85,7 @@ void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w
     g2.row_sum_ld = w_.H;
     g2.row_sum_counters = row_sum_counters_.data();
   }
-  gemm<T, T>(g2, Epilogue::Store, stream());
+  run_gemms(g1, g2, j, out);
 }
 
 template <class T>
@@ -92,34 +93,12 @@ void ExpertRunnerGpu<T>::run(const ExpertJobs& j, void* out) {
   if (planless(j)) return run_jobs(j, out);
   // bf16: one CTA per (m-tile, N-tile), from a tile list the plan writes.
   if (!plan_.make(j, w_.p0, w_.n_local, std::is_same_v<T, bf16>)) return;
-  h_.reserve(size_t(j.rows * j.K) * size_t(w_.I));
-  GemmArgs g1;
+  GemmArgs g1, g2;
   plan_.apply(g1, w_.n_local);
-  g1.A = j.x;
-  g1.lda = j.x_stride;
-  g1.a_rows = plan_.a_rows.data();
-  g1.B = w_.w1.data();
-  g1.ldb = w_.H;
-  g1.b_group_stride = int64_t(2) * w_.I * w_.H;
-  g1.N = 2 * w_.I;
-  g1.K = w_.H;
-  g1.C = h_.data();
-  g1.ldc = w_.I;
-  gemm<T, T>(g1, Epilogue::SwiGLU, stream());
-  GemmArgs g2;
   plan_.apply(g2, w_.n_local);
-  g2.A = h_.data();
-  g2.lda = w_.I;
-  g2.B = w_.w2.data();
-  g2.ldb = w_.I;
-  g2.b_group_stride = int64_t(w_.H) * w_.I;
-  g2.N = w_.H;
-  g2.K = w_.I;
-  g2.C = out;
-  g2.ldc = w_.H;
+  g1.a_rows = plan_.a_rows.data();
   g2.c_rows = plan_.c_rows.data();
-  g2.plan_precedes_a = true;  // g1 waited for the plan before letting g2 start
-  gemm<T, T>(g2, Epilogue::Store, stream());
+  run_gemms(g1, g2, j, out);
 }
 template class ExpertRunnerGpu<float>;
 template class ExpertRunnerGpu<bf16>;

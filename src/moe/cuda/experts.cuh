@@ -49,6 +49,9 @@ class ExpertRunnerGpu final : public ExpertRunner {
  private:
   bool planless(const ExpertJobs& j) const;
   void run_jobs(const ExpertJobs& j, void* out, const float* w = nullptr, float* y = nullptr);
+  // The gate+up and down GEMMs over the runner's weights; g1 and g2 bring the grouping (a plan's or
+  // jobs') and, for g2, the row sums.
+  void run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j, void* out);
   const ExpertWeightsGpu<T>& w_;
   int64_t planless_jobs_ = planless_jobs_default();
   bool fused_combine_ = fused_combine_default();
