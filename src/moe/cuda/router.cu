@@ -44,49 +44,47 @@ struct RouterArgs {
 // RouterNorm: the inverse RMS of each of this CTA's rows (at most BM, all of T: router_logits
 // asks for it only up to kRouterNormRows), by the arithmetic of ops.cu's norm kernels in their
 // order: the 256 partials of a 256-thread block (thread q: elements q + 256 c, ascending c), each
-// virtual warp's by warp_sum, then the 8 warp sums by warp_sum. One warp takes a whole row (its
-// lane l runs lane l of all 8 virtual warps: elements l + 32 j), so that the CTA's warps take
-// several rows at once and a row's loads all go out before its first add. Rows of x come from L2
-// (the o projection just wrote them).
+// warp's by warp_sum, then the 8 warp sums by warp_sum -- here each warp of the CTA runs several
+// of those 8 virtual warps. Rows of x come from L2 (the o projection just wrote them).
 template <int BM, int NT>
 __device__ void router_norm_inv(const RouterArgs& p, int64_t m0, float* inv) {
-  constexpr int NW = NT / 32, VW = kRmsThreads / 32, CB = 8;  // virtual warps; c's a pass
+  constexpr int NW = NT / 32, VW = (kRmsThreads / 32) / NW;  // virtual warps per warp
+  static_assert(NT % 32 == 0 && (kRmsThreads / 32) % NW == 0, "router norm: whole virtual warps per warp");
+  __shared__ float part[BM][kRmsThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = warp; r < BM; r += NW) {
-    if (m0 + r >= p.T) {  // (rows past T: zero, as their zero-filled x)
-      if (lane == 0) inv[r] = 0.f;
-      continue;
-    }
+  for (int r = 0; r < BM && m0 + r < p.T; r++) {
     const float* row = p.norm.x + (m0 + r) * p.H;
     float ss[VW];
 #pragma unroll
-    for (int v = 0; v < VW; v++) ss[v] = 0.f;
-    for (int c0 = 0; c0 * kRmsThreads < p.H; c0 += CB) {
-      float x[CB][VW];
+    for (int q = 0; q < VW; q++) ss[q] = 0.f;
+    for (int c0 = 0; c0 * kRmsThreads < p.H; c0 += 8) {
+      float v[VW][8];  // every load of the pass before its first add
 #pragma unroll
-      for (int c = 0; c < CB; c++)
+      for (int q = 0; q < VW; q++)
 #pragma unroll
-        for (int v = 0; v < VW; v++) {
-          const int i = lane + 32 * v + kRmsThreads * (c0 + c);
-          x[c][v] = i < p.H ? row[i] : 0.f;
+        for (int c = 0; c < 8; c++) {
+          const int i = (warp + q * NW) * 32 + lane + kRmsThreads * (c0 + c);
+          v[q][c] = i < p.H ? row[i] : 0.f;
         }
 #pragma unroll
-      for (int c = 0; c < CB; c++)
+      for (int q = 0; q < VW; q++)
 #pragma unroll
-        for (int v = 0; v < VW; v++)
-          if (lane + 32 * v + kRmsThreads * (c0 + c) < p.H) ss[v] = rms_sum_step(ss[v], x[c][v]);
+        for (int c = 0; c < 8; c++)
+          if ((warp + q * NW) * 32 + lane + kRmsThreads * (c0 + c) < p.H) ss[q] = rms_sum_step(ss[q], v[q][c]);
     }
-    // warp_sum leaves every lane the same bits (each butterfly step adds the same two values), so
-    // lane q can hold virtual warp q's sum for the last sum, as block_sum's scratch[q].
-    float t = 0.f;
 #pragma unroll
-    for (int v = 0; v < VW; v++) {
-      const float w = warp_sum(ss[v]);
-      if (lane == v) t = w;
+    for (int q = 0; q < VW; q++) {
+      const float w = warp_sum(ss[q]);
+      if (lane == 0) part[r][warp + q * NW] = w;
     }
-    t = warp_sum(t);
-    if (lane == 0) inv[r] = rms_inv(t, p.H, p.norm.eps);
   }
+  __syncthreads();
+  if (warp == 0)
+    for (int r = 0; r < BM; r++) {
+      const bool real = m0 + r < p.T;  // (rows past T: zero, as their zero-filled x)
+      const float t = warp_sum(real && lane < kRmsThreads / 32 ? part[r][lane] : 0.f);
+      if (lane == 0) inv[r] = real ? rms_inv(t, p.H, p.norm.eps) : 0.f;
+    }
   __syncthreads();
 }
 
