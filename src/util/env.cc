@@ -25,8 +25,6 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_PLANLESS_JOBS", "16 | N",
        "the routed experts of a step with up to N (token, slot) pairs run without the plan kernel, each pair a "
        "one-row group whose GEMM picks its expert's weights (0: always plan; the same bits)"},
-      {"EPMOE_DOWN_STAGES", "8 | 6 | 4",
-       "the pipeline stages of a planless decode step's down GEMM (the same bits; for measuring)"},
       {"EPMOE_FUSED_COMBINE", "1 | 0",
        "0: a planless step's slot-order combine runs as its own kernel after the experts instead of in the "
        "down GEMM's last CTA of each column tile (the same bits; for measuring)"},
@@ -36,12 +34,6 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ROUTER_ROUTES", "0 | 1",
        "1 routes decode steps in the router's last CTA instead of by the route kernel after it (the same bits; "
        "measured slower at 8 sequences, run 23)"},
-      {"EPMOE_ROUTER_EARLY", "1 | 0",
-       "0: the router requests its weights after its PDL wait instead of before it (the same bits; for "
-       "measuring)"},
-      {"EPMOE_ROUTER_NORM", "1 | 0",
-       "0: a decode step's post-attention RMSNorm of a MoE layer runs as its own kernel instead of inside the "
-       "router (the same bits)"},
       {"EPMOE_RMSNORM_REGS", "1 | 0",
        "0 runs RMSNorm on the loop kernel instead of the one that keeps the row in registers (rows up to 4096 "
        "wide; the same bits; for measuring)"},

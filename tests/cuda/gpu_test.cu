@@ -1757,60 +1757,6 @@ TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
   for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
 }
 
-// The router doing a decode step's post-attention norm itself (RouterNorm) against the norm kernel
-// and then the router: the same partials and the same normalised rows (fp32 and bf16), bit for bit
-// -- rows of 1 to 16 tokens, widths for the register norm kernel (up to 4096) and for the loop
-// kernel past it (DeepSeek-V3's 7168), chunks shorter than a k-tile and rows with a wide range of
-// magnitudes (the sum of squares in the norm kernels' order is what keeps the bits).
-void test_router_norm(int64_t T, int H, int E) {
-  const int S = router_chunks(H);
-  const float eps = 1e-6f;
-  std::vector<float> w = randu(size_t(E) * H, 0.05f), nw = randu(size_t(H), 0.5f);
-  for (float& v : nw) v += 1.0f;
-  std::vector<float> x = randu(size_t(T) * H, 2.0f);
-  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 1e-3f;
-  for (size_t i = 5; i < x.size(); i += 131) x[i] *= 40.f;
-  DeviceArray<float> dx, dnw, hf(size_t(T) * H), part(size_t(S) * T * E), mine(size_t(S) * T * E),
-      mf(size_t(T) * H);
-  DeviceArray<bf16> ha(size_t(T) * H), ma(size_t(T) * H), w3;
-  dx.upload(x);
-  dnw.upload(nw);
-  w3.upload(router_split_weights(w, E, H));
-  rmsnorm<bf16>(dx.data(), dnw.data(), eps, T, H, nullptr, hf.data(), ha.data(), stream());
-  router_logits(hf.data(), w3.data(), T, H, E, S, part.data(), stream());
-  const RouterNorm n{dx.data(), dnw.data(), eps, mf.data(), ma.data()};
-  router_logits(nullptr, w3.data(), T, H, E, S, mine.data(), stream(), nullptr, nullptr, &n);
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  auto bits_differ = [](const auto& a, const auto& b) {
-    size_t d = 0;
-    for (size_t i = 0; i < a.size(); i++) d += std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0;
-    return d;
-  };
-  const size_t np = size_t(S) * T * E, nr = size_t(T) * H;
-  const auto want = part.download(np), got = mine.download(np);
-  const auto want_f = hf.download(nr), got_f = mf.download(nr);
-  const auto want_a = ha.download(nr), got_a = ma.download(nr);
-  const size_t dp = bits_differ(want, got), df = bits_differ(want_f, got_f), da = bits_differ(want_a, got_a);
-  char buf[240];
-  std::snprintf(buf, sizeof buf, "router with the norm T=%lld H=%d E=%d: %zu of %zu partials, %zu and %zu of %zu "
-                "normalised values (fp32, bf16) differ from the norm kernel then the router", (long long)T, H, E, dp,
-                want.size(), df, da, want_f.size());
-  check(dp == 0 && df == 0 && da == 0 && std::isfinite(got[0]) && got_f[0] != 0.f, buf);
-}
-
-TEST(GpuRouting, RouterNormIsTheNormKernels) {
-  REQUIRE_GPU();
-  for (int64_t T : {1, 2, 7, 16}) {
-    test_router_norm(T, 2048, 128);  // Qwen3-30B-A3B
-    test_router_norm(T, 64, 60);     // 8 chunks of 24
-    test_router_norm(T, 96, 8);      // 4 chunks of 72
-  }
-  for (int64_t T : {1, 5}) {
-    test_router_norm(T, 4096, 64);  // the register norm kernel's widest row
-    test_router_norm(T, 7168, 256); // the loop kernel (DeepSeek-V3)
-  }
-}
-
 // RouterGpu::run_and_route (decode steps): the router's last CTA routes, against the router then
 // the route kernel -- the same logical ids, replicas and weight bits, launched twice (the counter
 // the last CTA resets) and replayed from a CUDA graph.

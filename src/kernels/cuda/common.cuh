@@ -197,15 +197,6 @@ __host__ __device__ inline bf16 from_f32<bf16>(float x) { return __float2bfloat1
 // outputs are the same bits.
 __device__ inline float slot_sum_step(float acc, float w, float v) { return __fmaf_rn(w, v, acc); }
 
-// The RMSNorm's arithmetic, written once for every kernel that normalises a row (ops.cu's norms, the
-// router's fused norm in moe/cuda/router.cu), so that they give the same bits: a thread of 256 adds
-// the squares of its elements i = thread + 256 c in ascending c (one rounding each), block_sum adds
-// the 256 partials, and each output is w (x inv).
-__device__ inline float rms_sum_step(float ss, float v) { return __fmaf_rn(v, v, ss); }
-__device__ inline float rms_inv(float ss, int H, float eps) { return 1.0f / sqrtf(ss / float(H) + eps); }
-__device__ inline float rms_apply(float w, float v, float inv) { return __fmul_rn(w, __fmul_rn(v, inv)); }
-constexpr int kRmsThreads = 256;  // the threads of a norm's block: the sum's tree
-
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

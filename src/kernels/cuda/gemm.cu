@@ -353,16 +353,6 @@ using Small = TcCfg<16, 64, 1, 4, 6>;
 // Qwen3-30B-A3B's layer: gate+up 18.8 against 19.3 us, down 16.3 against 12.1 -- two CTAs per SM
 // instead of three, and a down GEMM whose early weight requests compete with gate+up's.)
 
-// A decode step's down GEMM in jobs mode with fewer stages (EPMOE_DOWN_STAGES=4 or 6; default 8,
-// Tiny's): it starts while gate+up's CTAs hold most of each SM's shared memory, so smaller CTAs
-// let more of it in to request their weights early (the same bits: stages do not enter the sums).
-using Tiny4 = TcCfg<16, 32, 1, 2, 4>;
-using Tiny6 = TcCfg<16, 32, 1, 2, 6>;
-int jobs_down_stages() {
-  static const int n = env_int("EPMOE_DOWN_STAGES", 8);
-  return n;
-}
-
 template <class Cfg, class TC>
 void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   const int per_group = a.offsets ? std::max(a.rows_hint, 1) : a.M;
@@ -444,10 +434,8 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
                                       a.G % a.row_sum_rows == 0 && a.row_sum_w && a.row_sum_counters),
                    "gemm: row sums need the Store epilogue, whole sets of rows, weights and counters");
       // The tile width of the grouped path (narrow_expert_tiles), so that the two paths split N alike.
-      const bool narrow = a.path == GemmPath::TiledNarrow || (a.path == GemmPath::Auto && narrow_expert_tiles());
-      if (narrow && ep == Epilogue::Store && jobs_down_stages() == 4) launch_tc<Tiny4, TC>(a, ep, stream);
-      else if (narrow && ep == Epilogue::Store && jobs_down_stages() == 6) launch_tc<Tiny6, TC>(a, ep, stream);
-      else if (narrow) launch_tc<Tiny, TC>(a, ep, stream);
+      if (a.path == GemmPath::TiledNarrow || (a.path == GemmPath::Auto && narrow_expert_tiles()))
+        launch_tc<Tiny, TC>(a, ep, stream);
       else launch_tc<Small, TC>(a, ep, stream);
       return;
     }

@@ -22,11 +22,11 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
     for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = xr[i] + moe_residual_value(res, t * H + i, H);
   }
   float ss = 0.f;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) ss = rms_sum_step(ss, r[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += r[i] * r[i];
   ss = block_sum(ss, scratch);
-  const float inv = rms_inv(ss, H, eps);
+  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
   for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    const float v = rms_apply(w[i], r[i], inv);
+    const float v = w[i] * (r[i] * inv);
     if (of) of[t * H + i] = v;
     if (oa) oa[t * H + i] = from_f32<TA>(v);
     if (xo.xf) store_fragment_pair(xo, int(t), i, v, H);
@@ -83,14 +83,14 @@ __global__ void __launch_bounds__(256) rmsnorm_regs_kernel(const float* x, const
   float ss = 0.f;
 #pragma unroll
   for (int c = 0; c < C; c++)
-    if (threadIdx.x + 256 * c < H) ss = rms_sum_step(ss, v[c]);
+    if (threadIdx.x + 256 * c < H) ss += v[c] * v[c];
   ss = block_sum(ss, scratch);
-  const float inv = rms_inv(ss, H, eps);
+  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
 #pragma unroll
   for (int c = 0; c < C; c++) {
     const int i = threadIdx.x + 256 * c;
     if (i >= H) break;
-    const float o = rms_apply(wv[c], v[c], inv);
+    const float o = wv[c] * (v[c] * inv);
     if (of) of[t * H + i] = o;
     if (oa) oa[t * H + i] = from_f32<TA>(o);
     if (xo.xf) store_fragment_pair(xo, int(t), i, o, H);
@@ -106,7 +106,7 @@ void launch_rmsnorm(const float* x, const float* w, float eps, int64_t T, int H,
   EPMOE_ASSERT(!xo.xf || (H % 64 == 0 && (xo.rows == 8 || xo.rows == 16) && T <= xo.rows && !rows),
                "rmsnorm: x fragments need H % 64 == 0, 8 or 16 fragment rows >= T and no row selection (H " +
                    std::to_string(H) + ", T " + std::to_string(T) + ", rows " + std::to_string(xo.rows) + ")");
-  const dim3 grid{unsigned(xo.xf ? std::max<int64_t>(T, xo.rows) : T)}, block{unsigned(kRmsThreads)};
+  const dim3 grid{unsigned(xo.xf ? std::max<int64_t>(T, xo.rows) : T)}, block{256u};
   const int t = int(T);
   if (!regs || H > 4096) launch_pdl(rmsnorm_kernel<TA>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo);
   else if (H <= 1024) launch_pdl(rmsnorm_regs_kernel<TA, 4>, grid, block, 0, s, x, w, eps, H, rows, of, oa, res, t, xo);

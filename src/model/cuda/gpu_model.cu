@@ -762,11 +762,6 @@ struct GpuModel final : LanguageModel {
     }
     const bool bf16_rows = kBf16 && !split_experts && !fp8_experts;
     GpuMoeOps ops(L.router, *L.runner, [&](float* y) { swiglu(L.shared, xin, T_, y); });
-    if (router_norm_) {
-      EPMOE_ASSERT(router_norm_ == &L.post_norm && !replaying_, "gpu model: a norm left to another layer's router");
-      if constexpr (kBf16) ops.norm = RouterNorm{x.data(), router_norm_->data(), cfg.rms_norm_eps, hn_f.data(), hn_a.data()};
-      router_norm_ = nullptr;
-    }
     ops.shared_gate = L.has_shared_gate ? L.shared_gate.data() : nullptr;
     ops.has_shared = !L.shared.empty();
     RouteArgs& ra = ops.ra;
@@ -793,20 +788,6 @@ struct GpuModel final : LanguageModel {
     // fewer), or here where nothing of the kind follows.
     if (accumulate && out == x.data()) pending_moe_ = ops.result;
     else moe_output(ops.result.routed, ops.result.shared, ops.result.gate_logit, T_, H, out, accumulate, s);
-  }
-  // The post-attention norm of layer l. A decode step's MoE layer (bf16, its router in split mode,
-  // up to kRouterNormRows rows, not a replayed routing) leaves it to the router, which writes hn_f
-  // and hn_a as the norm kernel would (RouterNorm): one kernel fewer on the step's chain.
-  // EPMOE_ROUTER_NORM=0 keeps the norm kernel.
-  const DeviceArray<float>* router_norm_ = nullptr;  // set here, taken by the next mlp()
-  void mlp_norm(int l, int64_t T_) {
-    Layer<T>& L = *layers[size_t(l)];
-    router_norm_ = nullptr;
-    if (kBf16 && L.sparse && !replaying_ && !pending_moe_.routed && router_fuses_norm() && L.router.can_norm(T_)) {
-      router_norm_ = &L.post_norm;
-      return;
-    }
-    norm(x.data(), L.post_norm, T_);
   }
   // A MoE layer's output not yet added into x (routed is set): residual_rmsnorm adds it.
   MoeResidual pending_moe_;
@@ -1189,7 +1170,7 @@ struct GpuModel final : LanguageModel {
     void attention(int l) {
       if (T_ > 0) m.attention_block(l, T_, max_ctx);  // (a rank without tokens still joins the MoE layers)
     }
-    void mlp_norm(int l) { m.mlp_norm(l, T_); }
+    void mlp_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->post_norm, T_); }
     void moe(int l, int) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
     void dense_mlp(int l) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
     void layer_done(int) {}  // (--check-numerics checks the logits on the GPU)

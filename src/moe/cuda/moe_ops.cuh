@@ -38,24 +38,16 @@ struct GpuMoeOps {
   cudaStream_t s = nullptr;
   MoeResidual result;            // output(): what the decoder adds into x
 
-  // The decoder's post-attention norm left to the router (decode steps: RouterNorm): x_f32 and rows
-  // are what it writes.
-  RouterNorm norm;
-
   bool replaying() const { return replay; }
-  void replayed_route() {
-    EPMOE_ASSERT(!norm.x, "gpu moe block: a replayed step has no router to do the norm");
-    replica_slots(ra, s);
-  }
+  void replayed_route() { replica_slots(ra, s); }
   RouterGpu::Logits lg{};
   // A decode step's routing is enqueued with its logits (RouterGpu::routes: the router's last CTA
   // routes, one kernel fewer on the step's chain); route() then has nothing left to enqueue.
   bool routed_with_logits = false;
   void router_logits() {
-    const RouterNorm* n = norm.x ? &norm : nullptr;
     routed_with_logits = router.routes(ra, T);
-    if (routed_with_logits) router.run_and_route(x_f32, T, ra, s, n);
-    else lg = router.run(x_f32, T, s, n);
+    if (routed_with_logits) router.run_and_route(x_f32, T, ra, s);
+    else lg = router.run(x_f32, T, s);
   }
   void route() {
     if (routed_with_logits) return;

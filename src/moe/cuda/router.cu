@@ -8,9 +8,6 @@
 #include "kernels/cuda/mma_ptx.cuh"
 #include "moe/cuda/route_softmax.cuh"
 #include "moe/cuda/routing.cuh"
-#include "util/env.h"
-
-#include <string>
 
 namespace epmoe::cuda {
 
@@ -34,59 +31,7 @@ struct RouterArgs {
   bool route = false;
   RouteArgs ra;
   unsigned* done = nullptr;
-  // The weights' first stages are requested before the PDL wait (they depend on no kernel);
-  // false waits first (EPMOE_ROUTER_EARLY=0, for measuring).
-  bool early_w = true;
-  // norm.x set: x is RMSNorm(norm.x) . norm.w, computed here (RouterNorm, routing.cuh).
-  RouterNorm norm;
 };
-
-// RouterNorm: the inverse RMS of each of this CTA's rows (at most BM, all of T: router_logits
-// asks for it only up to kRouterNormRows), by the arithmetic of ops.cu's norm kernels in their
-// order: the 256 partials of a 256-thread block (thread q: elements q + 256 c, ascending c), each
-// warp's by warp_sum, then the 8 warp sums by warp_sum -- here each warp of the CTA runs several
-// of those 8 virtual warps. Rows of x come from L2 (the o projection just wrote them).
-template <int BM, int NT>
-__device__ void router_norm_inv(const RouterArgs& p, int64_t m0, float* inv) {
-  constexpr int NW = NT / 32, VW = (kRmsThreads / 32) / NW;  // virtual warps per warp
-  static_assert(NT % 32 == 0 && (kRmsThreads / 32) % NW == 0, "router norm: whole virtual warps per warp");
-  __shared__ float part[BM][kRmsThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = 0; r < BM && m0 + r < p.T; r++) {
-    const float* row = p.norm.x + (m0 + r) * p.H;
-    float ss[VW];
-#pragma unroll
-    for (int q = 0; q < VW; q++) ss[q] = 0.f;
-    for (int c0 = 0; c0 * kRmsThreads < p.H; c0 += 8) {
-      float v[VW][8];  // every load of the pass before its first add
-#pragma unroll
-      for (int q = 0; q < VW; q++)
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-          const int i = (warp + q * NW) * 32 + lane + kRmsThreads * (c0 + c);
-          v[q][c] = i < p.H ? row[i] : 0.f;
-        }
-#pragma unroll
-      for (int q = 0; q < VW; q++)
-#pragma unroll
-        for (int c = 0; c < 8; c++)
-          if ((warp + q * NW) * 32 + lane + kRmsThreads * (c0 + c) < p.H) ss[q] = rms_sum_step(ss[q], v[q][c]);
-    }
-#pragma unroll
-    for (int q = 0; q < VW; q++) {
-      const float w = warp_sum(ss[q]);
-      if (lane == 0) part[r][warp + q * NW] = w;
-    }
-  }
-  __syncthreads();
-  if (warp == 0)
-    for (int r = 0; r < BM; r++) {
-      const bool real = m0 + r < p.T;  // (rows past T: zero, as their zero-filled x)
-      const float t = warp_sum(real && lane < kRmsThreads / 32 ? part[r][lane] : 0.f);
-      if (lane == 0) inv[r] = real ? rms_inv(t, p.H, p.norm.eps) : 0.f;
-    }
-  __syncthreads();
-}
 
 template <int BM, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p) {
@@ -99,13 +44,9 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   float* sX = reinterpret_cast<float*>(smem_raw);                   // [STAGES][BM][64] fp32
   bf16* sB = reinterpret_cast<bf16*>(sX + STAGES * BM * BK);         // [STAGES][BN][64] swizzled
   bf16* sA = sB + STAGES * BN * BK;                                  // [BM][64] swizzled, this k-tile
-  float* sW = reinterpret_cast<float*>(sA + BM * BK);                // [STAGES][64] the norm's weights
-  __shared__ float s_inv[BM];                                        // the rows' inverse RMS (norm)
-  const bool norm = p.norm.x != nullptr;
-  const float* xsrc = norm ? p.norm.x : p.x;
 
   pdl_trigger();
-  if (!p.early_w) pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
+  pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
   const int n0 = blockIdx.x * BN;
@@ -113,10 +54,18 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   const int s = int(blockIdx.z);
   const int steps = (p.Kc + BK - 1) / BK;  // k-tiles of the chunk (the last one zero-filled past Kc)
 
-  // k-tile kt: K' columns s Kc + kt 64 + [0, 64), those past the chunk zero. The weights (and the
-  // norm's) depend on no kernel; x on the one before.
-  auto load_w = [&](int stage, int kt) {
+  // k-tile kt: K' columns s Kc + kt 64 + [0, 64), those past the chunk zero.
+  auto load_stage = [&](int stage, int kt) {
+    float* dx = sX + stage * BM * BK;
     bf16* db = sB + stage * BN * BK;
+#pragma unroll
+    for (int q = 0; q < X_CH; q++) {
+      const int idx = tid + q * NT, r = idx >> 4, c4 = idx & 15;  // 4 floats at column c4 * 4
+      const int kl = kt * BK + c4 * 4;
+      const int kk = s * p.Kc + kl, h = kk % p.H;
+      const bool ok = m0 + r < p.T && kl < p.Kc;
+      cp_async16(dx + r * BK + c4 * 4, ok ? p.x + (m0 + r) * p.H + h : p.x, ok ? 16 : 0);
+    }
 #pragma unroll
     for (int q = 0; q < B_CH; q++) {
       const int idx = tid + q * NT, r = idx >> 3, c = idx & 7;
@@ -124,56 +73,11 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
       const bool ok = n0 + r < p.E && kl < p.Kc;
       cp_async16(db + swz(r, c), ok ? p.w3 + int64_t(n0 + r) * 3 * p.H + s * p.Kc + kl : p.w3, ok ? 16 : 0);
     }
-    if (norm && tid < BK / 4) {
-      const int kl = kt * BK + tid * 4, h = (s * p.Kc + kl) % p.H;
-      const bool ok = kl < p.Kc;
-      cp_async16(sW + stage * BK + tid * 4, ok ? p.norm.w + h : p.norm.w, ok ? 16 : 0);
-    }
   };
-  auto load_x = [&](int stage, int kt) {
-    float* dx = sX + stage * BM * BK;
-#pragma unroll
-    for (int q = 0; q < X_CH; q++) {
-      const int idx = tid + q * NT, r = idx >> 4, c4 = idx & 15;  // 4 floats at column c4 * 4
-      const int kl = kt * BK + c4 * 4;
-      const int kk = s * p.Kc + kl, h = kk % p.H;
-      const bool ok = m0 + r < p.T && kl < p.Kc;
-      cp_async16(dx + r * BK + c4 * 4, ok ? xsrc + (m0 + r) * p.H + h : xsrc, ok ? 16 : 0);
-    }
-  };
-
-  // The pipeline of cp_async_mainloop, its prologue in two halves: the weights of the first
-  // STAGES - 1 k-tiles (one commit group each) before the wait, their x after it as groups of
-  // their own, so that wait_group<STAGES - 2> at k-tile kt still covers both halves of stage kt.
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; st++) {
-    if (st < steps) load_w(st, st);
-    cp_async_commit();
-  }
-  if (p.early_w) pdl_wait();
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; st++) {
-    if (st < steps) load_x(st, st);
-    cp_async_commit();
-  }
-  if (norm) {
-    router_norm_inv<BM, NT>(p, m0, s_inv);
-    // The normalised rows for the kernels after the router (the experts' rows, the shared expert,
-    // its gate): CTA (0, y, z) writes columns [z, z + 1) H / S of its rows, the norm kernel's values.
-    if (blockIdx.x == 0) {
-      const int per = (p.H + int(gridDim.z) - 1) / int(gridDim.z), h0 = s * per, h1 = min(p.H, h0 + per);
-      for (int r = 0; r < BM && m0 + r < p.T; r++)
-        for (int h = h0 + tid; h < h1; h += NT) {
-          const float o = rms_apply(p.norm.w[h], p.norm.x[(m0 + r) * p.H + h], s_inv[r]);
-          if (p.norm.of) p.norm.of[(m0 + r) * p.H + h] = o;
-          if (p.norm.oa) p.norm.oa[(m0 + r) * p.H + h] = __float2bfloat16_rn(o);
-        }
-    }
-  }
 
   float acc[MI][NI][4];
   ptx::zero_tile(acc);
-  auto compute = [&](int stage, int kt) {
+  ptx::cp_async_mainloop<STAGES>(steps, [&](int st) { load_stage(st, st); }, load_stage, [&](int stage, int kt) {
     // This k-tile's A' columns: x split into bf16 hi (sections 0 and 1 of K') or lo (section 2),
     // router_split's rounding; zero past the chunk, as the split GEMM's zero-filled loads.
     const float* xs = sX + stage * BM * BK;
@@ -184,12 +88,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
       const bool lo = (s * p.Kc + kl) / p.H == 2;
       const float4 v0 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8);
       const float4 v1 = *reinterpret_cast<const float4*>(xs + r * BK + c * 8 + 4);
-      float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      if (norm) {
-        const float* nw = sW + stage * BK + c * 8;
-#pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = rms_apply(nw[e], f[e], s_inv[r]);
-      }
+      const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
       __align__(16) bf16 o[8];
 #pragma unroll
       for (int e = 0; e < 8; e++) {
@@ -202,18 +101,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
     ptx::warp_tile_mmas<MI, NI, BK / 16>(acc, reinterpret_cast<const unsigned char*>(sA),
                                          reinterpret_cast<const unsigned char*>(sB + stage * BN * BK), wm * TM, wn * TN,
                                          lane, ptx::swz_bytes, mma_bf16);
-  };
-  for (int kt = 0; kt < steps; kt++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    const int nk = kt + STAGES - 1;
-    if (nk < steps) {
-      load_x(nk % STAGES, nk);
-      load_w(nk % STAGES, nk);
-    }
-    cp_async_commit();
-    compute(kt % STAGES, kt);
-  }
+  });
   cp_async_wait<0>();
 
   float* out = p.out + int64_t(s) * p.T * p.E;
@@ -249,8 +137,7 @@ template <int BM, int BN, int WM, int WN, int STAGES>
 void launch_router(const RouterArgs& a, cudaStream_t s) {
   EPMOE_ASSERT(!a.route || (a.done && BM >= a.T), "gpu router: routes in its last CTA only one row tile");
   constexpr int BK = 64;
-  constexpr size_t smem =
-      size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2 + size_t(STAGES) * BK * 4;
+  constexpr size_t smem = size_t(STAGES) * BM * BK * 4 + size_t(STAGES) * BN * BK * 2 + size_t(BM) * BK * 2;
   static const bool ready = [] {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(router_kernel<BM, BN, WM, WN, STAGES>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -273,29 +160,12 @@ bool router_routes(const RouteArgs& ra, int64_t T) {
          ra.cfg.top_k <= 32 && !ra.general_kernel;
 }
 
-bool router_early_weights() {
-  static const bool on = !env_off("EPMOE_ROUTER_EARLY");
-  return on;
-}
-
-bool router_fuses_norm() {
-  static const bool on = !env_off("EPMOE_ROUTER_NORM");
-  return on;
-}
-
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
-                   const RouteArgs* route, unsigned* done, const RouterNorm* norm) {
+                   const RouteArgs* route, unsigned* done) {
   if (T == 0) return;
   EPMOE_ASSERT(H % 8 == 0 && (3 * H) % (8 * S) == 0, "gpu router: H a multiple of 8 and 3H of 8 S");
   RouterArgs a;
   a.x = x, a.w3 = w3, a.T = T, a.H = H, a.E = E, a.S = S, a.Kc = 3 * H / S, a.out = out;
-  a.early_w = router_early_weights();
-  if (norm && norm->x) {
-    EPMOE_ASSERT(T <= kRouterNormRows && norm->w && (norm->of || norm->oa),
-                 "gpu router: a fused norm needs <= " + std::to_string(kRouterNormRows) +
-                     " rows, its weights and an output (T " + std::to_string(T) + ")");
-    a.norm = *norm;
-  }
   if (route) {
     EPMOE_ASSERT(router_routes(*route, T) && S <= kMaxRouterParts && route->cfg.num_experts == E,
                  "gpu router: routing in the router's last CTA needs SoftmaxTopK, <= 256 experts and <= 16 rows");

@@ -50,22 +50,6 @@ std::vector<bf16> router_split_weights(const std::vector<float>& w, int E, int H
 // The number of K' chunks for hidden size H (chunks of a multiple of 8 elements).
 int router_chunks(int H);
 
-// The post-attention RMSNorm done by the router of a decode step (RouterGpu::run's norm): x =
-// RMSNorm(norm.x) . norm.w is what the router multiplies, and the router's CTAs also write it to
-// of (fp32) and oa (bf16) for the kernels after it -- the norm kernel's bits (the same arithmetic,
-// common.cuh's rms_*), one kernel fewer on the step's chain. Up to kRouterNormRows rows: each CTA
-// normalises every row of its tile itself.
-struct RouterNorm {
-  const float* x = nullptr;  // [T, H] the residual rows
-  const float* w = nullptr;  // [H]
-  float eps = 0.f;
-  float* of = nullptr;       // [T, H] or nullptr
-  bf16* oa = nullptr;        // [T, H] or nullptr
-};
-constexpr int kRouterNormRows = 16;
-// EPMOE_ROUTER_NORM (default 1): the decoder hands decode steps' post-attention norm to the router.
-bool router_fuses_norm();
-
 // router_split + the split GEMM over S chunks in one kernel (moe/cuda/router.cu), the same bits:
 // x [T, H] fp32, w3 = router_split_weights [E, 3H]; writes the S partials [S][T][E] to out, for
 // route() to add in order.
@@ -74,9 +58,8 @@ bool router_fuses_norm();
 // kernel leaves zeroed.
 constexpr int kRouterRoutesRows = 16;
 bool router_routes(const RouteArgs& ra, int64_t T);
-// norm: x is RMSNorm(norm->x) (above; x itself is then not read).
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
-                   const RouteArgs* route = nullptr, unsigned* done = nullptr, const RouterNorm* norm = nullptr);
+                   const RouteArgs* route = nullptr, unsigned* done = nullptr);
 
 // EPMOE_ROUTER_ROUTES=1: decode steps route in the router's last CTA (RouterGpu::routes). Opt-in
 // until a GPU run has checked it (written in run 22 without a device: docs/gpu.md, "Not done").
@@ -110,17 +93,14 @@ struct RouterGpu {
   // can_route: the shapes allow it; routes: and EPMOE_ROUTER_ROUTES=1 asks for it.
   bool can_route(const RouteArgs& ra, int64_t T) const { return split && router_routes(ra, T); }
   bool routes(const RouteArgs& ra, int64_t T) const { return route_in_router() && can_route(ra, T); }
-  void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s, const RouterNorm* norm = nullptr) {
+  void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s) {
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
-    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data(), norm);
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data());
   }
-  // The norm can be the router's (split mode, up to kRouterNormRows rows).
-  bool can_norm(int64_t T) const { return split && T >= 1 && T <= kRouterNormRows; }
   DeviceArray<unsigned> done;  // the last-CTA counter of run_and_route
-  Logits run(const float* x, int64_t T, cudaStream_t s, const RouterNorm* norm = nullptr) {
+  Logits run(const float* x, int64_t T, cudaStream_t s) {
     GemmArgs g;
     g.N = E;
-    EPMOE_ASSERT(!norm || !norm->x || can_norm(T), "gpu router: a fused norm in f32 mode or past its rows");
     if (!split) {
       full.reserve(size_t(std::max<int64_t>(T, 1)) * size_t(E));
       g.A = x, g.lda = H, g.B = w32.data(), g.ldb = H, g.M = int(T), g.K = H, g.C = full.data(), g.ldc = E;
@@ -128,7 +108,7 @@ struct RouterGpu {
       return {full.data(), 1, 0};
     }
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
-    router_logits(x, w3.data(), T, H, E, S, part.data(), s, nullptr, nullptr, norm);
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s);
     return {part.data(), S, int64_t(T) * E};
   }
   DeviceArray<float> full;  // [T, E] (f32 mode)
