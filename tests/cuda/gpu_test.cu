@@ -2063,97 +2063,90 @@ TEST(GpuExperts, RunnerRowCountOnTheDevice) {
 }
 
 // A decode step's jobs without the plan (ExpertRunnerGpu::set_planless_jobs): each (token, slot) a
-// group of one row whose GEMM picks its expert's weights from the routing's ids, the jobs of one
-// expert sharing an m-tile (16 at a time), and the slot-order combine folded into the down GEMM
-// (run_and_combine). Every output row must be the planned run's bits and the combined rows
-// combine_slots' bits over them -- also on a second launch, which finds the counters the first one
-// left; a row whose expert is another rank's must stay untouched. One token to 128 jobs, experts
-// repeated within and across tokens, up to ~43 jobs of one expert (three tiles).
+// group of one row whose GEMM picks its expert's weights from the routing's ids, and the slot-order
+// combine folded into the down GEMM (run_and_combine). Every output row must be the planned run's
+// bits and the combined rows combine_slots' bits over them -- also on a second launch, which finds
+// the counters the first one left; a row whose expert is another rank's must stay untouched. One
+// token and a few, with repeated experts.
 TEST(GpuExperts, PlanlessJobsAreThePlansBits) {
   REQUIRE_GPU();
-  const int H = 128, I = 96;
-  struct Case {
-    int T, K, P, p0, n_local;
-  };
-  std::vector<Case> cases;
-  for (int T : {1, 2, 3, 8, 16})
-    for (int K : {4, 8}) cases.push_back({T, K, 10, 0, 10}), cases.push_back({T, K, 10, 3, 5});
-  cases.push_back({32, 4, 3, 0, 3});  // 128 jobs over three experts: several tiles each
-  cases.push_back({32, 4, 6, 2, 3});
-  for (const auto& [T, K, P, p0, n_local] : cases) {
-    ExpertWeightsGpu<bf16> w;
-    w.H = H, w.I = I, w.p0 = p0, w.n_local = n_local;
-    w.w1.upload(to_dev_type<bf16>(randu(size_t(n_local) * 2 * I * H, 0.2f)));
-    w.w2.upload(to_dev_type<bf16>(randu(size_t(n_local) * H * I, 0.2f)));
-    DeviceArray<bf16> dx;
-    dx.upload(to_dev_type<bf16>(randu(size_t(T) * H)));
-    std::vector<int32_t> phys(size_t(T) * K);
-    for (auto& q : phys) q = int32_t(rng() % P);  // repeats within and across tokens
-    phys[0] = p0;                                 // at least one job served here
-    DeviceArray<int32_t> dp;
-    dp.upload(phys);
-    DeviceArray<float> dw;
-    dw.upload(randu(size_t(T) * K));
-    // The jobs the single-GPU backend hands its experts.
-    MoeTokens tok;
-    tok.device = Device::Cuda;
-    tok.act = DType::BF16;
-    tok.T = T, tok.H = H, tok.K = K;
-    tok.x = dx.data();
-    tok.physical = dp.data();
-    tok.weights = dw.data();
-    const ExpertJobs j = token_jobs(tok);
-    const size_t n = size_t(T) * K * H;
-    struct Out {
-      std::vector<uint16_t> rows;
-      std::vector<uint32_t> y;
-    };
-    // planless 0: the plan, then the backend's own combine; else the jobs and the fused combine.
-    auto run = [&](int64_t planless, int launches) {
-      ExpertRunnerGpu<bf16> runner(w);
-      runner.set_planless_jobs(planless);
-      runner.set_fused_combine(true);
-      DeviceArray<bf16> out(n);
-      DeviceArray<float> y(size_t(T) * H);
-      Out o{std::vector<uint16_t>(n), std::vector<uint32_t>(size_t(T) * H)};
-      for (int l = 0; l < launches; l++) {
-        EPMOE_CUDA_CHECK(cudaMemset(out.data(), 0x7f, n * sizeof(bf16)));  // untouched rows stay 0x7f7f
-        EPMOE_CUDA_CHECK(cudaMemset(y.data(), 0xff, size_t(T) * H * sizeof(float)));
-        EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-        const bool fused = runner.run_and_combine(j, out.data(), dw.data(), y.data());
-        EXPECT_EQ(fused, planless > 0);
-        if (!fused) {
-          runner.run(j, out.data());
-          combine_slots(out.data(), nullptr, dw.data(), T, H, K, 1.0f, y.data(), stream());
+  const int H = 128, I = 96, P = 10;
+  for (const auto& [p0, n_local] : {std::pair{0, P}, std::pair{3, 5}})
+    for (int T : {1, 2, 3})
+      for (int K : {4, 8}) {
+        ExpertWeightsGpu<bf16> w;
+        w.H = H, w.I = I, w.p0 = p0, w.n_local = n_local;
+        w.w1.upload(to_dev_type<bf16>(randu(size_t(n_local) * 2 * I * H, 0.2f)));
+        w.w2.upload(to_dev_type<bf16>(randu(size_t(n_local) * H * I, 0.2f)));
+        DeviceArray<bf16> dx;
+        dx.upload(to_dev_type<bf16>(randu(size_t(T) * H)));
+        std::vector<int32_t> phys(size_t(T) * K);
+        for (auto& q : phys) q = int32_t(rng() % P);  // repeats within and across tokens
+        phys[0] = p0;                                 // at least one job served here
+        DeviceArray<int32_t> dp;
+        dp.upload(phys);
+        DeviceArray<float> dw;
+        dw.upload(randu(size_t(T) * K));
+        // The jobs the single-GPU backend hands its experts.
+        MoeTokens tok;
+        tok.device = Device::Cuda;
+        tok.act = DType::BF16;
+        tok.T = T, tok.H = H, tok.K = K;
+        tok.x = dx.data();
+        tok.physical = dp.data();
+        tok.weights = dw.data();
+        const ExpertJobs j = token_jobs(tok);
+        const size_t n = size_t(T) * K * H;
+        struct Out {
+          std::vector<uint16_t> rows;
+          std::vector<uint32_t> y;
+        };
+        // planless 0: the plan, then the backend's own combine; else the jobs and the fused combine.
+        auto run = [&](int64_t planless, int launches) {
+          ExpertRunnerGpu<bf16> runner(w);
+          runner.set_planless_jobs(planless);
+          runner.set_fused_combine(true);
+          DeviceArray<bf16> out(n);
+          DeviceArray<float> y(size_t(T) * H);
+          Out o{std::vector<uint16_t>(n), std::vector<uint32_t>(size_t(T) * H)};
+          for (int l = 0; l < launches; l++) {
+            EPMOE_CUDA_CHECK(cudaMemset(out.data(), 0x7f, n * sizeof(bf16)));  // untouched rows stay 0x7f7f
+            EPMOE_CUDA_CHECK(cudaMemset(y.data(), 0xff, size_t(T) * H * sizeof(float)));
+            EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+            const bool fused = runner.run_and_combine(j, out.data(), dw.data(), y.data());
+            EXPECT_EQ(fused, planless > 0);
+            if (!fused) {
+              runner.run(j, out.data());
+              combine_slots(out.data(), nullptr, dw.data(), T, H, K, 1.0f, y.data(), stream());
+            }
+            EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+          }
+          EPMOE_CUDA_CHECK(cudaMemcpy(o.rows.data(), out.data(), n * sizeof(bf16), cudaMemcpyDeviceToHost));
+          EPMOE_CUDA_CHECK(cudaMemcpy(o.y.data(), y.data(), o.y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+          return o;
+        };
+        const Out planned = run(0, 1);
+        for (int launches : {1, 2}) {
+          const Out jobs = run(int64_t(T) * K, launches);
+          int served = 0, differ = 0, differ_y = 0;
+          for (size_t r = 0; r < size_t(T) * K; r++) {
+            const bool here = phys[r] >= p0 && phys[r] < p0 + n_local;
+            served += here;
+            for (int h = 0; h < H; h++) {
+              const size_t i = r * H + size_t(h);
+              differ += planned.rows[i] != jobs.rows[i];
+              if (!here) EXPECT_EQ(jobs.rows[i], 0x7f7f) << "row " << r << " of another rank's expert was written";
+            }
+            if (here) EXPECT_NE(jobs.rows[r * H], 0x7f7f) << "served row " << r << " not written";
+          }
+          for (size_t i = 0; i < planned.y.size(); i++) differ_y += planned.y[i] != jobs.y[i];
+          EXPECT_NE(jobs.y[0], 0xffffffffu) << "combined row 0 not written";
+          EXPECT_GT(served, 0);
+          EXPECT_EQ(differ, 0) << "T " << T << " K " << K << " experts [" << p0 << ", " << p0 + n_local << ")";
+          EXPECT_EQ(differ_y, 0) << "combined rows, T " << T << " K " << K << " experts [" << p0 << ", "
+                                 << p0 + n_local << "), launches " << launches;
         }
-        EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
       }
-      EPMOE_CUDA_CHECK(cudaMemcpy(o.rows.data(), out.data(), n * sizeof(bf16), cudaMemcpyDeviceToHost));
-      EPMOE_CUDA_CHECK(cudaMemcpy(o.y.data(), y.data(), o.y.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      return o;
-    };
-    const Out planned = run(0, 1);
-    for (int launches : {1, 2}) {
-      const Out jobs = run(int64_t(T) * K, launches);
-      int served = 0, differ = 0, differ_y = 0;
-      for (size_t r = 0; r < size_t(T) * K; r++) {
-        const bool here = phys[r] >= p0 && phys[r] < p0 + n_local;
-        served += here;
-        for (int h = 0; h < H; h++) {
-          const size_t i = r * H + size_t(h);
-          differ += planned.rows[i] != jobs.rows[i];
-          if (!here) EXPECT_EQ(jobs.rows[i], 0x7f7f) << "row " << r << " of another rank's expert was written";
-        }
-        if (here) EXPECT_NE(jobs.rows[r * H], 0x7f7f) << "served row " << r << " not written";
-      }
-      for (size_t i = 0; i < planned.y.size(); i++) differ_y += planned.y[i] != jobs.y[i];
-      EXPECT_NE(jobs.y[0], 0xffffffffu) << "combined row 0 not written";
-      EXPECT_GT(served, 0);
-      EXPECT_EQ(differ, 0) << "T " << T << " K " << K << " experts [" << p0 << ", " << p0 + n_local << ")";
-      EXPECT_EQ(differ_y, 0) << "combined rows, T " << T << " K " << K << " experts [" << p0 << ", "
-                             << p0 + n_local << "), launches " << launches;
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -45,93 +45,41 @@ struct TcCfg {
   static_assert((BM * 8) % NT == 0 && (BN * 8) % NT == 0, "chunks per thread");
 };
 
-// Jobs mode (GemmArgs::job_expert): the jobs of one expert share a CTA -- in ascending order, BM
-// at a time, each such tile run by the CTA of its first job; the CTAs of the others exit. Every
-// warp finds them alike from ballots over the (at most kMaxJobs) ids, so no plan is written and no
-// barrier is needed until the tile's job list goes into `rows`. Returns the tile's job count (its
-// jobs in rows[0, n)), 0 when job g does not begin a tile. One expert's rows in one m-tile give
-// each row the bits it has alone (no GEMM's row depends on another).
-constexpr int kMaxJobs = kGemmMaxJobs;
-__device__ inline unsigned below(int k) { return k <= 0 ? 0u : k >= 32 ? ~0u : (1u << k) - 1u; }
-template <int BM>
-__device__ int job_tile(const GemmArgs& p, int g, int* rows) {
-  const int lane = threadIdx.x & 31, e = p.job_expert[g];
-  int id[kMaxJobs / 32];
-#pragma unroll
-  for (int w = 0; w < kMaxJobs / 32; w++) id[w] = 32 * w + lane < p.G ? p.job_expert[32 * w + lane] : -1;
-  unsigned mine[kMaxJobs / 32];
-  int before = 0, from_g = 0;
-#pragma unroll
-  for (int w = 0; w < kMaxJobs / 32; w++) {
-    const unsigned m = __ballot_sync(0xffffffffu, id[w] == e);
-    before += __popc(m & below(g - 32 * w));
-    mine[w] = m & ~below(g - 32 * w);
-    from_g += __popc(mine[w]);
-  }
-  if (before % BM != 0) return 0;
-  const int n = from_g < BM ? from_g : BM;
-  if (int(threadIdx.x) < n) {
-    int k = int(threadIdx.x);  // this thread's job: the k-th of e's jobs from g on
-#pragma unroll
-    for (int w = 0; w < kMaxJobs / 32; w++) {
-      const int c = __popc(mine[w]);
-      if (k >= 0 && k < c) {
-        unsigned m = mine[w];
-        for (int i = 0; i < k; i++) m &= m - 1;
-        rows[threadIdx.x] = 32 * w + __ffs(m) - 1;
-      }
-      k -= c;
-    }
-  }
-  __syncthreads();
-  return n;
-}
-
-// GemmArgs::row_sum_out: this CTA's C rows (jobs rows[0, n), columns n0 .. n0 + BN) are stored;
-// for each job's token s, the last CTA of the (s, N-tile) to arrive adds the R rows of s in
-// ascending order. The classic last-block pattern: every thread's stores, a fence, then a counter
-// per job; the last arrival of a token fences again and reads the others' rows from L2
-// (ld.global.cg: never a stale L1 line). A CTA that stored none of its job's row (another rank's
-// expert) still arrives for it.
-template <class TC, int BM>
-__device__ void row_sum_tiles(const GemmArgs& p, const int* rows, int n, int n0, int BN) {
-  __shared__ int last_of[BM];  // the token whose sum this CTA adds, per job, or -1
-  const int R = p.row_sum_rows;
+// GemmArgs::row_sum_out: this CTA's C tile (columns n0 .. n0 + BN of job `job`) is stored; the
+// last CTA of the (s, N-tile) to arrive adds the R rows of s in ascending order. The classic
+// last-block pattern: every thread's stores, a fence, then one counter; the last reader fences
+// again and reads the others' rows from L2 (ld.global.cg: never a stale L1 line).
+template <class TC>
+__device__ void row_sum_tile(const GemmArgs& p, int job, int n0, int BN) {
+  __shared__ int last;
+  const int R = p.row_sum_rows, s = job / R;
   __threadfence();
   __syncthreads();
-  if (int(threadIdx.x) < n) {
-    const int s = rows[threadIdx.x] / R;
+  if (threadIdx.x == 0) {
     int32_t* count = p.row_sum_counters + int64_t(s) * gridDim.x + blockIdx.x;
-    const bool last = atomicAdd(count, 1) == R - 1;
-    if (last) *count = 0;  // every job of this (s, N-tile) has arrived: the next launch starts at zero
-    last_of[threadIdx.x] = last ? s : -1;
+    last = atomicAdd(count, 1) == R - 1;
+    if (last) *count = 0;  // every CTA of this (s, N-tile) has arrived: the next launch starts at zero
   }
   __syncthreads();
-  bool any = false;
-  for (int i = 0; i < n; i++) any |= last_of[i] >= 0;
-  if (!any) return;
+  if (!last) return;
   __threadfence();
-  for (int i = 0; i < n; i++) {
-    const int s = last_of[i];
-    if (s < 0) continue;
-    const TC* C = static_cast<const TC*>(p.C) + int64_t(s) * R * p.ldc;
-    const float* w = p.row_sum_w + int64_t(s) * R;
-    for (int c = threadIdx.x; c < BN && n0 + c < p.N; c += blockDim.x) {
-      const int col = n0 + c;
-      float acc = 0.f;
-      // Eight rows' loads go out before their adds: an add waits for its load, and a load issued
-      // after it would wait with it.
-      for (int r0 = 0; r0 < R; r0 += 8) {
-        float wv[8], cv[8];
+  const TC* C = static_cast<const TC*>(p.C) + int64_t(s) * R * p.ldc;
+  const float* w = p.row_sum_w + int64_t(s) * R;
+  for (int c = threadIdx.x; c < BN && n0 + c < p.N; c += blockDim.x) {
+    const int n = n0 + c;
+    float acc = 0.f;
+    // Eight rows' loads go out before their adds: an add waits for its load, and a load issued
+    // after it would wait with it.
+    for (int r0 = 0; r0 < R; r0 += 8) {
+      float wv[8], cv[8];
 #pragma unroll
-        for (int q = 0; q < 8; q++)
-          if (r0 + q < R) wv[q] = w[r0 + q], cv[q] = to_f32(__ldcg(C + int64_t(r0 + q) * p.ldc + col));
+      for (int q = 0; q < 8; q++)
+        if (r0 + q < R) wv[q] = w[r0 + q], cv[q] = to_f32(__ldcg(C + int64_t(r0 + q) * p.ldc + n));
 #pragma unroll
-        for (int q = 0; q < 8; q++)
-          if (r0 + q < R) acc = slot_sum_step(acc, wv[q], cv[q]);
-      }
-      p.row_sum_out[int64_t(s) * p.row_sum_ld + col] = acc;
+      for (int q = 0; q < 8; q++)
+        if (r0 + q < R) acc = slot_sum_step(acc, wv[q], cv[q]);
     }
+    p.row_sum_out[int64_t(s) * p.row_sum_ld + n] = acc;
   }
 }
 
@@ -156,33 +104,19 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
     if (early_b) pdl_wait();
     return;
   }
-  const int row_begin = ct.row_begin, group = ct.group;
+  const int row_begin = ct.row_begin, rows = ct.rows, group = ct.group;
   const int m_first = ct.m_first, m_end = ct.m_end, m_step = ct.m_step;
   const int n0 = blockIdx.x * BN;
   const int K = p.K, KT = (K + BK - 1) / BK;
   const bf16* A = static_cast<const bf16*>(p.A);
-  // A job's weights are its expert's (GemmArgs::job_expert), and the jobs of one expert share the
-  // CTA of the first of them (job_tile; before any copy is requested: the others exit). A job
-  // served elsewhere writes nothing.
-  __shared__ int job_row[BM];
-  int rows = ct.rows;
+  // A job's weights are its expert's (GemmArgs::job_expert); a job served elsewhere writes nothing.
   const int b_group = p.job_expert ? p.job_expert[group] - p.job_expert_base : group;
-  if (p.job_expert) {
-    if (b_group < 0 || b_group >= p.job_experts) {
-      if (early_b) pdl_wait();
-      // (Its rows are another rank's: it stores none, but its row sum still counts on its arrival.)
-      if constexpr (!SWIGLU)
-        if (p.row_sum_out) {
-          if (threadIdx.x == 0) job_row[0] = group;
-          row_sum_tiles<TC, BM>(p, job_row, 1, blockIdx.x * BN, BN);
-        }
-      return;
-    }
-    rows = job_tile<BM>(p, group, job_row);
-    if (rows == 0) {
-      if (early_b) pdl_wait();
-      return;
-    }
+  if (p.job_expert && (b_group < 0 || b_group >= p.job_experts)) {
+    if (early_b) pdl_wait();
+    // (Its rows are another rank's: it stores none, but its row sum still counts on its arrival.)
+    if constexpr (!SWIGLU)
+      if (p.row_sum_out) row_sum_tile<TC>(p, group, blockIdx.x * BN, BN);
+    return;
   }
   const bf16* B = static_cast<const bf16*>(p.B) + int64_t(b_group) * p.b_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -235,7 +169,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
       a_ok[i] = m0 + r < rows;
       int src = row_begin + m0 + r;
       if (a_ok[i] && p.a_rows) src = p.a_rows[src];
-      else if (a_ok[i] && p.job_expert) src = job_row[m0 + r] / p.job_a_div;
+      else if (p.job_expert) src /= p.job_a_div;
       a_src[i] = A + int64_t(a_ok[i] ? src : 0) * p.lda + c * 8;
       a_off[i] = swz(r, c);
       a_col[i] = c * 8;
@@ -269,11 +203,10 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
     cp_async_wait<0>();
     __syncthreads();  // the next m-tile's copies overwrite these stages
 
-    ptx::store_warp_tile<TC, SWIGLU>(p, acc, row_begin, rows, m0, wm * TM, n0 + wn * TN, lane,
-                                     p.job_expert ? job_row : nullptr);
+    ptx::store_warp_tile<TC, SWIGLU>(p, acc, row_begin, rows, m0, wm * TM, n0 + wn * TN, lane);
   }
   if constexpr (!SWIGLU)
-    if (p.row_sum_out) row_sum_tiles<TC, BM>(p, job_row, rows, n0, BN);
+    if (p.row_sum_out) row_sum_tile<TC>(p, group, n0, BN);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,10 +359,8 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
                      gemm_tile_m(a.rows_hint) == Small::BM,
                  "gemm: a tile list laid out for the wgmma tile height, forced onto the mma.sync kernel");
     if (a.job_expert) {
-      EPMOE_ASSERT(!a.offsets && !a.tiles && !a.a_rows && a.M == 1 && a.job_a_div >= 1 && a.path != GemmPath::Wgmma &&
-                       a.G <= kMaxJobs,
-                   "gemm: jobs are at most 128 groups of one row on the mma.sync tile kernel, without offsets, tiles "
-                   "or a_rows (G " + std::to_string(a.G) + ")");
+      EPMOE_ASSERT(!a.offsets && !a.tiles && !a.a_rows && a.M == 1 && a.job_a_div >= 1 && a.path != GemmPath::Wgmma,
+                   "gemm: jobs are groups of one row on the mma.sync tile kernel, without offsets, tiles or a_rows");
       EPMOE_ASSERT(!a.row_sum_out || (ep == Epilogue::Store && !a.accumulate && !a.c_rows && a.row_sum_rows > 0 &&
                                       a.G % a.row_sum_rows == 0 && a.row_sum_w && a.row_sum_counters),
                    "gemm: row sums need the Store epilogue, whole sets of rows, weights and counters");

@@ -23,10 +23,6 @@ namespace epmoe::cuda {
 
 enum class Epilogue { Store, SwiGLU };
 
-// The most jobs a jobs-mode GEMM takes (GemmArgs::job_expert): its CTAs find their expert's jobs
-// by ballots over all the ids, four warp-wide words.
-constexpr int kGemmMaxJobs = 128;
-
 // Which bf16 kernel (all give the same bits): Auto picks by rows per group; the tests and the
 // benchmarks force the mma.sync tile kernel (Tiled), that kernel with 32-column tiles where it
 // would take 64-column ones (TiledNarrow: twice the CTAs, each streaming half the weight rows), or
@@ -66,14 +62,12 @@ struct GemmArgs {
   int max_tiles = 0;
   GemmPath path = GemmPath::Auto;
   // Grouped by job instead of by expert (a decode step's few (token, slot) jobs, with no plan):
-  // G <= kGemmMaxJobs groups of M = 1 row (offsets, tiles and a_rows null); job g's A row is g /
-  // job_a_div (gate+up: K, the token; down: 1, h's row g), its C row g, its weights those of group
-  // job_expert[g] - job_expert_base; a job whose expert is outside [0, job_experts) is not this
-  // rank's and writes nothing. The jobs of one expert share an m-tile (BM at a time, in job order:
-  // the CTA of a tile's first job runs it, the others exit), so an expert two tokens chose is read
-  // once, as with a plan. The ids are read after the PDL wait unless plan_precedes_a (the GEMM
-  // before waited for the kernel that wrote them). mma.sync tile kernel only; a row's bits are the
-  // grouped path's (the same kernel, rows of a tile independent).
+  // G groups of M = 1 row (offsets, tiles and a_rows null), group g is job g, its A row g /
+  // job_a_div (gate+up: K, the token; down: 1, h's row g), its C row g (or c_rows[g]), its weights
+  // those of group job_expert[g] - job_expert_base; a job whose expert is outside [0,
+  // job_experts) is not this rank's and writes nothing. The ids are read after the PDL wait unless
+  // plan_precedes_a (the GEMM before waited for the kernel that wrote them). mma.sync tile kernel
+  // only; a row's bits are the grouped path's (the same kernel, one row a tile either way).
   const int32_t* job_expert = nullptr;
   int job_expert_base = 0, job_experts = 0, job_a_div = 1;
   // Jobs mode, Store epilogue, no c_rows: after its stores, the weighted sum of every R =

@@ -148,7 +148,7 @@ __device__ inline void warp_tile_mmas(float (&acc)[MI][NI][4], const unsigned ch
 // by c_rows, through store_pair; the warp's first row and column in the tile are row0, col0.
 template <class TC, bool SWIGLU, int MI, int NI>
 __device__ inline void store_warp_tile(const GemmArgs& p, const float (&acc)[MI][NI][4], int row_begin, int rows, int m0,
-                                       int row0, int col0, int lane, const int* row_map = nullptr) {
+                                       int row0, int col0, int lane) {
 #pragma unroll
   for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -156,8 +156,7 @@ __device__ inline void store_warp_tile(const GemmArgs& p, const float (&acc)[MI]
       const int lr = row0 + mi * 16 + (lane >> 2) + h * 8;
       if (m0 + lr >= rows) continue;
       const int r = row_begin + m0 + lr;
-      // (row_map: the C rows of the tile's rows, a jobs-mode CTA's job list)
-      const int64_t orow = row_map ? row_map[m0 + lr] : p.c_rows ? p.c_rows[r] : r;
+      const int64_t orow = p.c_rows ? p.c_rows[r] : r;
 #pragma unroll
       for (int ni = 0; ni < NI; ni++)
         store_pair<TC, SWIGLU>(p, orow, col0 + ni * 8 + (lane & 3) * 2, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);

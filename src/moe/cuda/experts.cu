@@ -3,14 +3,14 @@
 #include "kernels/cuda/ops.cuh"
 #include "util/env.h"
 
-#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
 namespace epmoe::cuda {
 
 // A decode step's jobs run without a plan up to this many (token, slot) pairs: EPMOE_PLANLESS_JOBS
-// (0: always plan; at most kGemmMaxJobs).
+// (0: always plan). Past a few tokens, two jobs of one expert read its weights twice where the plan
+// gives them one tile.
 int planless_jobs_default() {
   static const int n = env_int("EPMOE_PLANLESS_JOBS", 16);
   return n;
@@ -23,8 +23,7 @@ bool fused_combine_default() {
 
 template <class T>
 bool ExpertRunnerGpu<T>::planless(const ExpertJobs& j) const {
-  return std::is_same_v<T, bf16> && j.rows > 0 && j.rows * j.K <= std::min<int64_t>(planless_jobs_, kGemmMaxJobs) &&
-         !j.compact && !j.one_per_row &&
+  return std::is_same_v<T, bf16> && j.rows > 0 && j.rows * j.K <= planless_jobs_ && !j.compact && !j.one_per_row &&
          !j.rows_dev && !j.row_base && j.phys_stride == j.K && w_.n_local > 0;
 }
 

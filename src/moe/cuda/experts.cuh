@@ -37,10 +37,9 @@ class ExpertRunnerGpu final : public ExpertRunner {
   void run(const ExpertJobs& j, void* out) override;
   // For tests and benchmarks: the per-expert offsets of the last plan.
   const int32_t* offsets() const { return plan_.offsets.data(); }
-  // Up to this many (token, slot) jobs of a token_jobs set (bf16; at most kGemmMaxJobs) run without
-  // a plan: each job is a group of one row whose weights the GEMM picks from its expert id, the jobs
-  // of one expert in one m-tile (GemmArgs::job_expert), so a decode step's chain loses the plan
-  // kernel. 0: always plan. Default EPMOE_PLANLESS_JOBS (16).
+  // Up to this many (token, slot) jobs of a token_jobs set (bf16) run without a plan: each job is a
+  // group of one row whose weights the GEMM picks from its expert id (GemmArgs::job_expert), so a
+  // decode step's chain loses the plan kernel. 0: always plan. Default EPMOE_PLANLESS_JOBS (16).
   void set_planless_jobs(int64_t n) { planless_jobs_ = n; }
   // Planless jobs fold the backend's combine into the down GEMM (GemmArgs::row_sum_out): one
   // kernel fewer on a decode step's chain. Default EPMOE_FUSED_COMBINE (1).
