@@ -1,6 +1,7 @@
 #include "moe/cuda/experts.cuh"
 
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/split_linear.cuh"
 #include "util/env.h"
 
 #include <cstring>
@@ -14,6 +15,13 @@ namespace epmoe::cuda {
 int planless_jobs_default() {
   static const int n = env_int("EPMOE_PLANLESS_JOBS", 16);
   return n;
+}
+
+// EPMOE_EXPERTS_EVICT_FIRST: a decode step's expert weights (up to kSplitGemvMaxRows tokens) are
+// loaded with an L2 evict_first hint (GemmArgs::b_evict_first, l2_prefetch.cuh).
+static bool experts_evict_first(int64_t tokens) {
+  static const bool on = env_int("EPMOE_EXPERTS_EVICT_FIRST", 0) != 0;
+  return on && tokens <= kSplitGemvMaxRows;
 }
 
 bool fused_combine_default() {
@@ -57,6 +65,7 @@ void ExpertRunnerGpu<T>::run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j
   g2.C = out;
   g2.ldc = w_.H;
   g2.plan_precedes_a = true;  // g1 waited for the plan (or the routing) before letting g2 start
+  g1.b_evict_first = g2.b_evict_first = experts_evict_first(j.rows);
   gemm<T, T>(g2, Epilogue::Store, stream());
 }
 
