@@ -7,10 +7,15 @@
 
 namespace epmoe::cuda {
 
-int l2_prefetch_mask() {
-  static const int m = int(env_int("EPMOE_L2_PREFETCH", 0));
+namespace {
+int& prefetch_mask() {
+  static int m = int(env_int("EPMOE_L2_PREFETCH", 0));
   return m;
 }
+}  // namespace
+
+int l2_prefetch_mask() { return prefetch_mask(); }
+void set_l2_prefetch_mask(int mask) { prefetch_mask() = mask; }
 
 namespace {
 

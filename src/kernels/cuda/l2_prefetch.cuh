@@ -26,6 +26,7 @@ namespace epmoe::cuda {
 // chosen experts' down weights after the route, while gate+up streams its own.
 // EPMOE_L2_PREFETCH_CHUNK: bytes a thread requests at once (a multiple of 16).
 int l2_prefetch_mask();
+void set_l2_prefetch_mask(int mask);  // tests: every mask gives the same bits
 
 // The side stream and its two events, one per model. request() forks from `main` where the chain
 // stands now: the prefetch kernel starts once the last kernel queued on main has completed and

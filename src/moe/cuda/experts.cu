@@ -19,10 +19,13 @@ int planless_jobs_default() {
 
 // EPMOE_EXPERTS_EVICT_FIRST: a decode step's expert weights (up to kSplitGemvMaxRows tokens) are
 // loaded with an L2 evict_first hint (GemmArgs::b_evict_first, l2_prefetch.cuh).
-static bool experts_evict_first(int64_t tokens) {
-  static const bool on = env_int("EPMOE_EXPERTS_EVICT_FIRST", 0) != 0;
-  return on && tokens <= kSplitGemvMaxRows;
+static bool& evict_first_on() {
+  static bool on = env_int("EPMOE_EXPERTS_EVICT_FIRST", 0) != 0;
+  return on;
 }
+bool experts_evict_first() { return evict_first_on(); }
+void set_experts_evict_first(bool on) { evict_first_on() = on; }
+static bool experts_evict_first(int64_t tokens) { return evict_first_on() && tokens <= kSplitGemvMaxRows; }
 
 bool fused_combine_default() {
   static const bool on = !env_off("EPMOE_FUSED_COMBINE");
