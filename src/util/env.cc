@@ -58,13 +58,6 @@ const std::vector<EnvVar>& env_table() {
        "cp.async instead of bulk copies), v4 the one before (x as the MMA's A operand, 8 columns per warp), v3 that "
        "one with the weights prefetched into registers instead of the shared-memory ring (same bits)"},
       // Launchers
-      {"EPMOE_L2_PREFETCH", "0 | mask",
-       "decode steps request weights into L2 from a side stream: 1 the o projection's after the input norm, 2 the next "
-       "layer's q/k/v after the o projection, 4 the router's, 8 the o projection's after q/k/v, 16 the chosen experts' "
-       "down weights after the route (kernels/cuda/l2_prefetch.cuh; the same bits)"},
-      {"EPMOE_L2_PREFETCH_CHUNK", "8 | KB", "bytes one thread of the L2 prefetch requests at once, in KB"},
-      {"EPMOE_EXPERTS_EVICT_FIRST", "0 | 1",
-       "1 loads a decode step's expert weights with an L2 evict_first hint (the same bits)"},
       {"EPMOE_WORLD_SIZE", "unset | N", "ranks of a GPU run started by scripts/gpu-launch.sh (unset: mpirun's, or 1)"},
       {"EPMOE_RANK", "0 | r", "this process's rank under scripts/gpu-launch.sh"},
       {"EPMOE_NCCL_ID_FILE", "path", "where rank 0 leaves the NCCL unique id for the others (scripts/gpu-launch.sh)"},

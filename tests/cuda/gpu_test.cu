@@ -43,7 +43,6 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemm_fp8.cuh"
 #include "kernels/cuda/kernel_trace.h"
-#include "kernels/cuda/l2_prefetch.cuh"
 #include "kernels/cuda/split_linear.cuh"
 #include "engine/sampling.h"
 #include "kernels/cuda/attention.cuh"
@@ -3100,68 +3099,6 @@ TEST(GpuGraph, DecodeMatchesEager) {
   REQUIRE_GPU();
   for (bool f32 : {false, true}) test_graph_decode("qwen3moe-tiny", f32);
   test_graph_decode("qwen3moe-tiny-mixed-bf16", false);  // bf16 experts: the benchmark's runner
-}
-
-// The L2 prefetch (kernels/cuda/l2_prefetch.cuh: a side stream forked from the step's chain,
-// joined at its end) and the experts' evict_first hint change where bytes come from, never a bit:
-// with all of it on, graph decode equals eager decode and captures and replays as without it (a
-// branch left unjoined would fail the capture and leave the model eager), and the logits of a
-// decode run equal those with all of it off. The bf16 fixture, where split_gemv takes the
-// projections and the experts read bf16 rows: the paths that prefetch.
-TEST(GpuGraph, L2PrefetchKeepsTheBitsAndTheGraphs) {
-  REQUIRE_GPU();
-  const int mask0 = cuda::l2_prefetch_mask();
-  const bool evict0 = cuda::experts_evict_first();
-  struct Restore {
-    int m;
-    bool e;
-    ~Restore() { cuda::set_l2_prefetch_mask(m), cuda::set_experts_evict_first(e); }
-  } restore{mask0, evict0};
-  const std::string name = "qwen3moe-tiny-mixed-bf16";
-  // Graph decode of three sequences, then one: every step's logits, and the graph counters.
-  auto decode = [&](int mask, bool evict, GpuGraphStats& st) {
-    cuda::set_l2_prefetch_mask(mask);
-    cuda::set_experts_evict_first(evict);
-    GraphTwins tw(name, false, GpuFp8Compute::Dequant);
-    LanguageModel& m = *tw.m[1];
-    const int64_t V = tw.cfg.vocab_size;
-    std::vector<Sequence> seqs;
-    for (uint64_t b = 0; b < 3; b++) seqs.push_back(m.new_sequence(b));
-    std::vector<float> all;
-    auto step = [&](const std::vector<int>& which, size_t ntok, int no) {
-      std::vector<Sequence*> ps;
-      std::vector<std::vector<int32_t>> tokens;
-      for (int b : which) {
-        ps.push_back(&seqs[size_t(b)]);
-        std::vector<int32_t> t(ntok);
-        for (size_t i = 0; i < ntok; i++) t[i] = int32_t((int64_t(no) * 31 + b * 7 + int64_t(i) * 13 + 3) % V);
-        tokens.push_back(t);
-      }
-      for (const auto& row : m.forward(ps, tokens, *tw.be[1], false)) all.insert(all.end(), row.begin(), row.end());
-    };
-    const GpuGraphStats s0 = gpu_graph_stats(m);
-    step({0, 1, 2}, 9, 0);
-    for (int no = 1; no <= 6; no++) step({0, 1, 2}, 1, no);
-    for (int no = 7; no <= 10; no++) step({1}, 1, no);
-    const GpuGraphStats s1 = gpu_graph_stats(m);
-    st.captures = s1.captures - s0.captures;
-    st.replays = s1.replays - s0.replays;
-    return all;
-  };
-  GpuGraphStats off{}, on{};
-  const std::vector<float> a = decode(0, false, off);
-  const std::vector<float> b = decode(1 | 2 | 4 | 16, true, on);
-  const std::vector<float> c = decode(8, false, on);  // (the o projection's after q/k/v)
-  check(!a.empty() && same_bits(a, b) && same_bits(a, c),
-        name + ": decode logits with the L2 prefetch and evict_first == without (" + std::to_string(a.size()) +
-            " values)");
-  check(off.captures == 2 && off.replays == 8, name + ": without the prefetch, B = 3 and B = 1 captured, 8 replays");
-  check(on.captures == off.captures && on.replays == off.replays,
-        name + ": with the prefetch, the same captures and replays (" + std::to_string(on.captures) + ", " +
-            std::to_string(on.replays) + ")");
-  cuda::set_l2_prefetch_mask(1 | 2 | 4 | 16);
-  cuda::set_experts_evict_first(true);
-  test_graph_decode(name, false);  // graph == eager with both prefetching
 }
 
 TEST(GpuGraph, LatentAttentionDecodeMatchesEager) {

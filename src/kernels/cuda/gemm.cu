@@ -134,8 +134,6 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
     b_off[i] = swz(r, c);
     b_col[i] = c * 8;
   }
-  const bool evict_first = p.b_evict_first;
-  const uint64_t b_policy = evict_first ? ptx::evict_first_policy() : 0;
   auto load_b = [&](int stage, int kt) {
     const int k0 = kt * BK;
     const int kb = p.b_k_twice ? (kt >> 1) * BK : k0;
@@ -143,8 +141,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
 #pragma unroll
     for (int i = 0; i < B_CH; i++) {
       const bool ok = b_ok[i] && k0 + b_col[i] < K;
-      if (evict_first) ptx::cp_async16_hint(db + b_off[i], ok ? b_src[i] + kb : B, ok ? 16 : 0, b_policy);
-      else cp_async16(db + b_off[i], ok ? b_src[i] + kb : B, ok ? 16 : 0);
+      cp_async16(db + b_off[i], ok ? b_src[i] + kb : B, ok ? 16 : 0);
     }
   };
   // B of the first STAGES - 1 k-tiles in flight before the wait, one commit group each; the A

@@ -84,10 +84,6 @@ struct GemmArgs {
   // Store epilogue, fp32 C: C += the result (+ bias) -- the residual add after a projection, with
   // add_inplace's arithmetic (x + y rounded once).
   bool accumulate = false;
-  // mma.sync tile kernel: B's copies carry an L2 evict_first hint -- weights read once in the step
-  // (a decode step's experts), so that they replace each other in L2 rather than the projection
-  // weights l2_prefetch.cuh requested ahead. Never where B tiles are read again by another m-tile.
-  bool b_evict_first = false;
 };
 
 // The m-tile height the bf16 GEMM uses for rows_hint rows per group (plan() lays tiles out for it).

@@ -20,17 +20,6 @@ __device__ inline uint32_t smem_u32(const void* p) { return uint32_t(__cvta_gene
 __device__ inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
 }
-// The same with an L2 eviction policy (createpolicy below): the experts' weights, read once a step,
-// marked to be replaced first so that they do not push out what l2_prefetch.cuh requested.
-__device__ inline void cp_async16_hint(void* smem, const void* gmem, int src_bytes, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "r"(src_bytes), "l"(policy));
-}
-__device__ inline uint64_t evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
 __device__ inline void cp_async4(void* smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
 }

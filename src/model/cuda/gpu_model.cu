@@ -13,7 +13,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
-#include "kernels/cuda/l2_prefetch.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/split_linear.cuh"
 #include "ep/cuda/plan_combine.cuh"
@@ -275,7 +274,6 @@ struct GpuModel final : LanguageModel {
 
   // Decode steps as CUDA graphs (model/cuda/decode_graphs.cuh).
   DecodeGraphs graphs{true};
-  L2Prefetcher l2pf;  // EPMOE_L2_PREFETCH (l2_prefetch.cuh)
 
   void init_shapes(const ModelConfig& c, const Placement& p, int r) {
     graphs.set(!env_off("EPMOE_CUDA_GRAPH"));
@@ -785,23 +783,6 @@ struct GpuModel final : LanguageModel {
     ops.act = bf16_rows ? DType::BF16 : DType::F32;
     ops.routed_out = routed.data(), ops.shared_out = shared_out.data(), ops.gate_out = gate.data();
     ops.s = s;
-    // EPMOE_L2_PREFETCH bit 16: the chosen experts' down weights into L2 while gate+up runs.
-    struct DownPrefetch {
-      GpuModel* m;
-      Layer<T>* L;
-      int64_t T_;
-      const int32_t* phys;
-    } down_pf{this, &L, T_, ra.physical};
-    if constexpr (kBf16)
-      if ((l2_prefetch_mask() & 16) && bf16_rows && T_ > 0 && T_ <= kSplitGemvMaxRows && !L.experts.w2.empty()) {
-        ops.after_route = [](void* c) {
-          auto* d = static_cast<DownPrefetch*>(c);
-          const ExpertWeightsGpu<T>& w = d->L->experts;
-          d->m->l2pf.request_experts(d->phys, int(d->T_) * d->m->K, w.p0, w.n_local, w.w2.data(),
-                                     size_t(w.H) * size_t(w.I) * sizeof(T), stream());
-        };
-        ops.after_route_ctx = &down_pf;
-      }
     run_moe_block(ops, backend);
     // Added into the residual x by the next layer's input norm (residual_rmsnorm, one launch
     // fewer), or here where nothing of the kind follows.
@@ -1016,7 +997,6 @@ struct GpuModel final : LanguageModel {
     if constexpr (kBf16) {
       split_linear(L.qkv_s, hn_f.data(), H, T_, xs, qkv.data(), bias, Epilogue::Store, s, false, qkv_x_given_);
       qkv_x_given_ = false;
-      if (!mla && (l2_prefetch_mask() & 8)) prefetch_split(L.o_s, T_);
       const bool o_given = rope_and_attend(L, l, T_, max_ctx, ctx_f.data(), producer_splits(L.o_s, T_));
       split_linear(L.o_s, ctx_f.data(), qd, T_, xs, residual_out(T_), nullptr, Epilogue::Store, s, add_in_epilogue(T_),
                    o_given);
@@ -1069,31 +1049,6 @@ struct GpuModel final : LanguageModel {
   // EPMOE_NORM_SPLITS decision, for the norm and attention): {} where split_gemv does not take it.
   static XFragments producer_splits(const SplitWeight& W, int64_t T_) {
     return norm_splits() ? split_gemv_x_fragments(W, T_) : XFragments{};
-  }
-
-  // A decode step's projection weights (what split_gemv reads for T_ rows), requested into L2
-  // from the side stream from here on (l2_prefetch.cuh): the bits do not change.
-  void prefetch_split(const SplitWeight& W, int64_t T_) {
-    if constexpr (kBf16) {
-      if (T_ <= 0 || !split_gemv_fits(W, T_)) return;
-      const DeviceArray<uint32_t>& f = W.frag16.empty() ? W.frag : W.frag16;
-      if (!f.empty()) l2pf.request(f.data(), f.capacity() * sizeof(uint32_t), stream());
-    }
-  }
-  // After layer l's input norm (bit 1; bit 8: after its q/k/v projection instead, attention_block):
-  // its o projection, read after q/k/v and attention; its router's weights (bit 4). After its o projection (bit 2): layer l + 1's q/k/v, read after the
-  // post-attention norm, the router, the route and the experts.
-  void prefetch_after_norm(int l, int64_t T_) {
-    const int mask = l2_prefetch_mask();
-    if (!mask || mla) return;
-    Layer<T>& L = *layers[size_t(l)];
-    if (mask & 1) prefetch_split(L.o_s, T_);
-    if constexpr (kBf16)
-      if ((mask & 4) && L.sparse && !L.router.w3.empty() && T_ > 0 && T_ <= kSplitGemvMaxRows)
-        l2pf.request(L.router.w3.data(), L.router.w3.capacity() * sizeof(bf16), stream());
-  }
-  void prefetch_after_o(int l, int64_t T_) {
-    if ((l2_prefetch_mask() & 2) && !mla && size_t(l + 1) < layers.size()) prefetch_split(layers[size_t(l + 1)]->qkv_s, T_);
   }
 
   // The input norm of layer l: unless EPMOE_NORM_SPLITS=0, a bf16 model's decode step (split_gemv
@@ -1213,13 +1168,9 @@ struct GpuModel final : LanguageModel {
     A2ABackend& backend;
     void attention_norm(int l) { m.attention_norm(l, T_); }
     void attention(int l) {
-      m.prefetch_after_norm(l, T_);
       if (T_ > 0) m.attention_block(l, T_, max_ctx);  // (a rank without tokens still joins the MoE layers)
     }
-    void mlp_norm(int l) {
-      m.prefetch_after_o(l, T_);
-      m.norm(m.x.data(), m.layers[size_t(l)]->post_norm, T_);
-    }
+    void mlp_norm(int l) { m.norm(m.x.data(), m.layers[size_t(l)]->post_norm, T_); }
     void moe(int l, int) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
     void dense_mlp(int l) { m.mlp(l, T_, backend, m.x.data(), /*accumulate=*/true); }
     void layer_done(int) {}  // (--check-numerics checks the logits on the GPU)
@@ -1238,7 +1189,6 @@ struct GpuModel final : LanguageModel {
     }
     StepOps ops{*this, T_, max_ctx, backend};
     run_decoder_layers(cfg, ops);
-    l2pf.join(s);  // (a captured step ends with its branches joined)
     flush_moe(T_);  // (the final norm reads selected rows only)
     if (R == 0) return;
     // The rows whose logits are wanted (selected before the layers) are normalised, through lm_head.

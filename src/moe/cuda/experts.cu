@@ -1,7 +1,6 @@
 #include "moe/cuda/experts.cuh"
 
 #include "kernels/cuda/ops.cuh"
-#include "kernels/cuda/split_linear.cuh"
 #include "util/env.h"
 
 #include <cstring>
@@ -16,16 +15,6 @@ int planless_jobs_default() {
   static const int n = env_int("EPMOE_PLANLESS_JOBS", 16);
   return n;
 }
-
-// EPMOE_EXPERTS_EVICT_FIRST: a decode step's expert weights (up to kSplitGemvMaxRows tokens) are
-// loaded with an L2 evict_first hint (GemmArgs::b_evict_first, l2_prefetch.cuh).
-static bool& evict_first_on() {
-  static bool on = env_int("EPMOE_EXPERTS_EVICT_FIRST", 0) != 0;
-  return on;
-}
-bool experts_evict_first() { return evict_first_on(); }
-void set_experts_evict_first(bool on) { evict_first_on() = on; }
-static bool experts_evict_first(int64_t tokens) { return evict_first_on() && tokens <= kSplitGemvMaxRows; }
 
 bool fused_combine_default() {
   static const bool on = !env_off("EPMOE_FUSED_COMBINE");
@@ -68,7 +57,6 @@ void ExpertRunnerGpu<T>::run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j
   g2.C = out;
   g2.ldc = w_.H;
   g2.plan_precedes_a = true;  // g1 waited for the plan (or the routing) before letting g2 start
-  g1.b_evict_first = g2.b_evict_first = experts_evict_first(j.rows);
   gemm<T, T>(g2, Epilogue::Store, stream());
 }
 

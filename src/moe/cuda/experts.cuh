@@ -18,10 +18,6 @@ namespace epmoe::cuda {
 
 int planless_jobs_default();   // EPMOE_PLANLESS_JOBS (experts.cu)
 bool fused_combine_default();  // EPMOE_FUSED_COMBINE (experts.cu)
-// A decode step's expert weights loaded with an L2 evict_first hint (GemmArgs::b_evict_first):
-// EPMOE_EXPERTS_EVICT_FIRST; the setter for tests (the same bits either way).
-bool experts_evict_first();
-void set_experts_evict_first(bool on);
 
 template <class T>
 struct ExpertWeightsGpu {

@@ -49,18 +49,12 @@ struct GpuMoeOps {
     if (routed_with_logits) router.run_and_route(x_f32, T, ra, s);
     else lg = router.run(x_f32, T, s);
   }
-  // Called once the routing is enqueued (ra.physical is written by the last kernel on s): the
-  // decoder's L2 prefetch of the chosen experts' weights (l2_prefetch.cuh).
-  void (*after_route)(void* ctx) = nullptr;
-  void* after_route_ctx = nullptr;
   void route() {
-    if (!routed_with_logits) {
-      ra.logits = lg.ptr;
-      ra.parts = lg.parts;
-      ra.part_stride = lg.stride;
-      cuda::route(ra, s);
-    }
-    if (after_route) after_route(after_route_ctx);
+    if (routed_with_logits) return;
+    ra.logits = lg.ptr;
+    ra.parts = lg.parts;
+    ra.part_stride = lg.stride;
+    cuda::route(ra, s);
   }
   MoeTokens tokens() const {
     MoeTokens tok;
