@@ -2149,6 +2149,140 @@ TEST(GpuExperts, PlanlessJobsAreThePlansBits) {
       }
 }
 
+// A decode step's routing left to the expert GEMMs (PendingRouting, GemmArgs::job_route): the ids,
+// logical ids and weight bits the route kernel writes, and the expert rows and combined rows of the
+// jobs run on the route kernel's routing -- with the fused combine and without it (run(), then the
+// backend's combine), launched twice (the row-sum counters the last CTAs reset). Logits with exact
+// ties between two experts, a token whose experts all tie and a token with a NaN logit (routed by
+// the rounds, not the ranks: every probability is NaN).
+void test_jobs_route(int E, int K, int parts, bool renorm, int T, bool nan_token) {
+  const int H = 128, I = 96;
+  ExpertWeightsGpu<bf16> w;
+  w.H = H, w.I = I, w.p0 = 0, w.n_local = E;
+  w.w1.upload(to_dev_type<bf16>(randu(size_t(E) * 2 * I * H, 0.2f)));
+  w.w2.upload(to_dev_type<bf16>(randu(size_t(E) * H * I, 0.2f)));
+  DeviceArray<bf16> dx;
+  dx.upload(to_dev_type<bf16>(randu(size_t(T) * H)));
+  std::vector<float> logits = randu(size_t(parts) * T * E, 2.0f);
+  auto at = [&](int p, int t, int e) -> float& { return logits[(size_t(p) * T + size_t(t)) * E + size_t(e)]; };
+  for (int p = 0; p < parts; p++) at(p, 0, E - 1) = at(p, 0, 1);  // an exact tie
+  if (T > 1)
+    for (int p = 0; p < parts; p++)
+      for (int e = 0; e < E; e++) at(p, T - 1, e) = 0.25f;  // every expert ties
+  if (nan_token) at(parts - 1, 0, E / 2) = std::nanf("");
+  DeviceArray<float> dl;
+  dl.upload(logits);
+  RoutingConfig c;
+  c.kind = RoutingKind::SoftmaxTopK;
+  c.num_experts = E;
+  c.top_k = K;
+  c.norm_topk_prob = renorm;
+  const size_t TK = size_t(T) * K, n = TK * H;
+  struct Out {
+    std::vector<int32_t> ids, logical;
+    std::vector<uint32_t> w, y;
+    std::vector<uint16_t> rows;
+  };
+  // pend: the GEMMs route; else route(), then the jobs on its routing.
+  auto run = [&](bool pend, bool fused, int launches) {
+    DeviceArray<int32_t> ids(TK), logical(TK);
+    DeviceArray<float> wts(TK), y(size_t(T) * H);
+    DeviceArray<bf16> out(n);
+    ExpertRunnerGpu<bf16> runner(w);
+    runner.set_planless_jobs(int64_t(TK));
+    runner.set_fused_combine(fused);
+    check(runner.can_route_jobs(T, K, E), "the runner routes " + std::to_string(T) + " tokens' jobs");
+    PendingRouting pr;
+    pr.logits = dl.data(), pr.parts = parts, pr.part_stride = int64_t(T) * E, pr.E = E, pr.K = K;
+    pr.renormalize = renorm, pr.physical = ids.data(), pr.logical = logical.data(), pr.weights = wts.data();
+    MoeTokens tok;
+    tok.device = Device::Cuda;
+    tok.act = DType::BF16;
+    tok.T = T, tok.H = H, tok.K = K;
+    tok.x = dx.data();
+    tok.physical = ids.data();
+    tok.weights = wts.data();
+    tok.pending = pend ? &pr : nullptr;
+    for (int l = 0; l < launches; l++) {
+      EPMOE_CUDA_CHECK(cudaMemset(ids.data(), 0xff, TK * 4));
+      EPMOE_CUDA_CHECK(cudaMemset(logical.data(), 0xff, TK * 4));
+      EPMOE_CUDA_CHECK(cudaMemset(wts.data(), 0xff, TK * 4));
+      EPMOE_CUDA_CHECK(cudaMemset(out.data(), 0x7f, n * sizeof(bf16)));
+      EPMOE_CUDA_CHECK(cudaMemset(y.data(), 0xff, size_t(T) * H * sizeof(float)));
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      if (!pend) {
+        RouteArgs a;
+        a.cfg = c;
+        a.logits = dl.data(), a.parts = parts, a.part_stride = int64_t(T) * E, a.T = T, a.identity = true;
+        a.logical = logical.data(), a.physical = ids.data(), a.weights = wts.data();
+        route(a, stream());
+      }
+      const ExpertJobs j = token_jobs(tok);
+      check((j.route != nullptr) == pend, "token_jobs carries the pending routing");
+      if (!runner.run_and_combine(j, out.data(), wts.data(), y.data())) {
+        check(!fused, "the fused combine runs planless jobs");
+        runner.run(j, out.data());
+        combine_slots(out.data(), nullptr, wts.data(), T, H, K, 1.0f, y.data(), stream());
+      }
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    Out o{ids.download(TK), logical.download(TK), std::vector<uint32_t>(TK), std::vector<uint32_t>(size_t(T) * H),
+          std::vector<uint16_t>(n)};
+    EPMOE_CUDA_CHECK(cudaMemcpy(o.w.data(), wts.data(), TK * 4, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(o.y.data(), y.data(), o.y.size() * 4, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(o.rows.data(), out.data(), n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    return o;
+  };
+  // Equal bits, or NaN on both sides (a NaN token's weights and rows).
+  auto same_f32 = [](const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+      float fa, fb;
+      std::memcpy(&fa, &a[i], 4), std::memcpy(&fb, &b[i], 4);
+      differ += a[i] != b[i] && !(std::isnan(fa) && std::isnan(fb));
+    }
+    return differ;
+  };
+  const std::string name = "E " + std::to_string(E) + " top-" + std::to_string(K) + " partials " +
+                           std::to_string(parts) + (renorm ? " renorm" : "") + " T " + std::to_string(T) +
+                           (nan_token ? " (a NaN token)" : "");
+  for (bool fused : {true, false}) {
+    const Out want = run(false, fused, 1);
+    // (A NaN token's rounds can run out of untaken experts: slots of expert -1, served nowhere.)
+    bool in_range = true;
+    for (int32_t id : want.ids) in_range &= id >= (nan_token ? -1 : 0) && id < E;
+    check(in_range && want.ids == want.logical, name + ": the route kernel chose experts");
+    for (int launches : {1, 2}) {
+      const Out got = run(true, fused, launches);
+      const std::string what = name + (fused ? ", fused combine" : ", combine kernel") + ", launches " +
+                               std::to_string(launches);
+      check(got.ids == want.ids && got.logical == want.logical, what + ": the GEMMs' experts are the route kernel's");
+      check(same_f32(got.w, want.w) == 0, what + ": the GEMMs' weights are the route kernel's bits");
+      check(got.rows == want.rows, what + ": the expert rows are the same bits");
+      check(same_f32(got.y, want.y) == 0 && got.y[0] != 0xffffffffu, what + ": the combined rows are the same bits");
+    }
+  }
+}
+
+TEST(GpuExperts, JobsRouteThemselvesAsTheRouteKernel) {
+  REQUIRE_GPU();
+  for (int T : {1, 2}) {
+    test_jobs_route(128, 8, 16, true, T, false);  // Qwen3-30B-A3B's decode step, the split router's partials
+    test_jobs_route(60, 4, 1, false, T, false);   // Qwen2-MoE's 60 experts
+    test_jobs_route(8, 2, 4, true, T, false);     // Mixtral
+    test_jobs_route(128, 4, 1, false, T, false);
+    test_jobs_route(33, 3, 2, false, T, false);
+  }
+  test_jobs_route(128, 8, 16, true, 2, true);
+  test_jobs_route(8, 2, 1, false, 1, true);
+  // Not offered where the jobs would need the plan.
+  const ExpertWeightsGpu<bf16> w{128, 96, 0, 8, {}, {}};
+  ExpertRunnerGpu<bf16> runner(w);
+  runner.set_planless_jobs(16);
+  check(runner.can_route_jobs(2, 8, 128) && !runner.can_route_jobs(3, 8, 128), "up to the planless bound only");
+  check(!runner.can_route_jobs(1, 8, 256), "not past 128 experts");
+}
+
 // ---------------------------------------------------------------------------------------------
 // FP8 on the tensor cores.
 
