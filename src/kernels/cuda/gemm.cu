@@ -102,8 +102,11 @@ __device__ int route_job_r(const GemmArgs::JobRoute& r, int job, unsigned char* 
   __syncthreads();  // every thread has read the scratch before the stages' copies overwrite it
   return e;
 }
+// Not inlined: the routing's code and registers stay out of the main loop's schedule, which is then
+// the one of the GEMM that reads its ids (an inlined routing changed ptxas's register allocation
+// of the whole kernel).
 template <int NT>
-__device__ int route_job(const GemmArgs::JobRoute& r, int job, unsigned char* scratch) {
+__device__ __noinline__ int route_job(const GemmArgs::JobRoute& r, int job, unsigned char* scratch) {
   if (r.E <= 32) return route_job_r<1, NT>(r, job, scratch);
   if (r.E <= 64) return route_job_r<2, NT>(r, job, scratch);
   return route_job_r<4, NT>(r, job, scratch);
