@@ -25,23 +25,6 @@ namespace epmoe {
 
 class Group;
 
-// A routing the experts compute themselves (a GPU decode step on one process: the expert GEMMs
-// route their own jobs, one kernel fewer on the step's chain): SoftmaxTopK of the router's logits
-// (partial p of token t at logits + p * part_stride + t * E, summed in order), physical =
-// logical. MoeTokens::physical and ::weights are then outputs, written by the experts' first
-// kernel on the stream and read by nothing before it. Only a backend whose routes_in_experts() is
-// true, with a runner whose can_route_jobs() is, is handed one.
-struct PendingRouting {
-  const float* logits = nullptr;
-  int parts = 1;
-  int64_t part_stride = 0;
-  int E = 0, K = 0;
-  bool renormalize = false;  // norm_topk_prob
-  int32_t* physical = nullptr;  // [T, K] (= MoeTokens::physical)
-  int32_t* logical = nullptr;   // [T, K] or nullptr
-  float* weights = nullptr;     // [T, K] (= MoeTokens::weights)
-};
-
 struct MoeTokens {
   Device device = Device::Cpu;  // where x, physical, weights and y live
   DType act = DType::F32;       // element type of x and of the expert output rows (BF16: GPUs only)
@@ -51,7 +34,6 @@ struct MoeTokens {
   const void* x = nullptr;            // [T, H]
   const int32_t* physical = nullptr;  // [T, K] physical expert of each slot (replica chosen)
   const float* weights = nullptr;     // [T, K] top-k weights, fp32
-  const PendingRouting* pending = nullptr;  // physical and weights not written yet: see PendingRouting
 };
 
 // The work a backend hands to the expert side: source rows, each with K physical expert ids
@@ -75,7 +57,6 @@ struct ExpertJobs {
   bool compact = false;
   bool one_per_row = false;
   int32_t* row_base = nullptr;
-  const PendingRouting* route = nullptr;  // phys not written yet: the runner routes (can_route_jobs)
 };
 
 // The jobs of this rank's own tokens, read in place, one output row per (token, slot) at
@@ -88,7 +69,6 @@ inline ExpertJobs token_jobs(const MoeTokens& in) {
   j.phys_stride = in.K;
   j.rows = in.T;
   j.K = in.K;
-  j.route = in.pending;
   return j;
 }
 
@@ -110,10 +90,6 @@ class ExpertRunner {
   virtual bool run_and_combine(const ExpertJobs& /*jobs*/, void* /*out*/, const float* /*w*/, float* /*y*/) {
     return false;
   }
-  // True: token_jobs of `rows` tokens with top-K of E experts may come with their routing pending
-  // (ExpertJobs::route), which run() and run_and_combine() then compute and write before anything
-  // reads it.
-  virtual bool can_route_jobs(int64_t /*rows*/, int /*K*/, int /*E*/) const { return false; }
 };
 
 enum class CombineMode {
@@ -135,9 +111,6 @@ class A2ABackend {
   // (on peers or downloads) and no host-side sizes that change from step to step. The GPU model
   // replays its decode steps as graphs only through such a backend.
   virtual bool graph_capturable() const { return false; }
-  // True when run() hands its tokens to the runner as token_jobs before anything else reads their
-  // routing, so that a routing pending in MoeTokens (PendingRouting) may reach it.
-  virtual bool routes_in_experts() const { return false; }
 
  private:
   inline static std::atomic<uint64_t> next_uid_{0};

@@ -21,10 +21,8 @@ namespace epmoe {
 //   bool replaying();            the step's routing is given (routing replay, R3): no router runs
 //   void replayed_route();       the given top-k ids and weights (checked) -> a replica per (token, slot)
 //   void router_logits();        [T, E] logits = x . router^T with fp32 accuracy (top-k is sensitive to rounding)
-//   void route(bool pend);       logits -> the family's top-k ids and weights (moe/routing.h) -> a replica
-//                                per (token, slot) (Placement::choose); captured when the step asks.
-//                                pend: the backend takes a routing pending in its tokens (A2ABackend::
-//                                routes_in_experts), which the ops may leave to the expert runner
+//   void route();                logits -> the family's top-k ids and weights (moe/routing.h) -> a replica
+//                                per (token, slot) (Placement::choose); captured when the step asks
 //   MoeTokens tokens();          the rows, replicas and weights as the backend reads them
 //   ExpertRunner& experts();     the routed experts this rank holds, on its device
 //   float* routed();             where the backend writes the combined [T, H] output (fp32)
@@ -38,7 +36,7 @@ void run_moe_block(Ops& ops, A2ABackend& backend) {
     ops.replayed_route();
   } else {
     ops.router_logits();
-    ops.route(backend.routes_in_experts());
+    ops.route();
   }
   backend.run(ops.tokens(), ops.experts(), ops.routed());
   if (ops.has_shared_expert()) ops.shared_expert();

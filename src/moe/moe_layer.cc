@@ -58,7 +58,7 @@ struct MoeLayer::CpuOps {
     logits.resize(static_cast<size_t>(T * E));
     matmul(x, T, m.w_.router, logits.data(), m.compute_);
   }
-  void route(bool /*pend: the CPU's runners always get their routing computed*/) {
+  void route() {
     StageScope stage(Stage::Router);
     r = epmoe::route(m.routing_, logits.data(), T, m.w_.correction_bias.empty() ? nullptr : m.w_.correction_bias.data());
     choose_replicas();

@@ -31,9 +31,6 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ROUTE_BLOCK", "1 | 0",
        "0 routes SoftmaxTopK one warp per token instead of one block per token, a thread per expert (the same "
        "bits; for measuring)"},
-      {"EPMOE_EXPERTS_ROUTE", "1 | 0",
-       "0: a single-GPU decode step's SoftmaxTopK routing runs as the route kernel instead of inside the "
-       "expert GEMMs that read it (the same bits; for measuring)"},
       {"EPMOE_ROUTER_ROUTES", "0 | 1",
        "1 routes decode steps in the router's last CTA instead of by the route kernel after it (the same bits; "
        "measured slower at 8 sequences, run 23)"},

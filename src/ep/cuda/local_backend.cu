@@ -18,8 +18,6 @@ class CudaLocalBackend final : public A2ABackend {
   std::string name() const override { return "local"; }
   Device device() const override { return Device::Cuda; }
   bool graph_capturable() const override { return true; }  // kernels only, sizes from the host's T
-  // The runner gets the tokens as token_jobs first; the combine below reads the weights after it.
-  bool routes_in_experts() const override { return true; }
   void run(const MoeTokens& in, ExpertRunner& experts, float* y) override {
     EPMOE_ASSERT(in.device == Device::Cuda && experts.device() == Device::Cuda,
                  "the cuda local backend runs tokens and experts of the GPU");

@@ -7,7 +7,6 @@
 
 #include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
-#include "kernels/cuda/softmax_topk.cuh"
 
 namespace epmoe::cuda {
 
@@ -84,37 +83,7 @@ __device__ void row_sum_tile(const GemmArgs& p, int job, int n0, int BN) {
   }
 }
 
-// GemmArgs::job_route: job `job`'s expert, routed by the CTA (all NT threads) in `scratch` (the
-// stages' shared memory, before any copy into it); the writing CTA also leaves the token's routing.
-template <int R, int NT>
-__device__ int route_job_r(const GemmArgs::JobRoute& r, int job, unsigned char* scratch) {
-  auto& s = *reinterpret_cast<SoftmaxTopkScratch<R, NT>*>(scratch);
-  const int K = r.top_k, t = job / K, k = job - t * K;
-  softmax_topk_row<R, NT>(r.logits + int64_t(t) * r.E, r.parts, r.part_stride, r.E, K, s);
-  if (r.ids && k == 0 && blockIdx.x == 0 && int(threadIdx.x) < K) {
-    const int j = threadIdx.x;
-    const int64_t at = int64_t(t) * K + j;
-    r.ids[at] = s.id[j];
-    if (r.logical) r.logical[at] = s.id[j];
-    if (r.weights) r.weights[at] = softmax_topk_weight(s.w, K, j, r.renormalize);
-  }
-  const int e = s.id[k];
-  __syncthreads();  // every thread has read the scratch before the stages' copies overwrite it
-  return e;
-}
-// Not inlined: the routing's code and registers stay out of the main loop's schedule, which is then
-// the one of the GEMM that reads its ids (an inlined routing changed ptxas's register allocation
-// of the whole kernel).
-template <int NT>
-__device__ __noinline__ int route_job(const GemmArgs::JobRoute& r, int job, unsigned char* scratch) {
-  if (r.E <= 32) return route_job_r<1, NT>(r, job, scratch);
-  if (r.E <= 64) return route_job_r<2, NT>(r, job, scratch);
-  return route_job_r<4, NT>(r, job, scratch);
-}
-
-// ROUTE: the instance that routes its jobs (GemmArgs::job_route) -- its own kernel, so that the
-// routing's registers (an expert's 16 partials in flight) stay out of every other GEMM's.
-template <class Cfg, class TC, bool SWIGLU, bool ROUTE = false>
+template <class Cfg, class TC, bool SWIGLU>
 __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const GemmArgs p) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, NT = Cfg::NT, STAGES = Cfg::STAGES;
   constexpr int TM = Cfg::TM, TN = Cfg::TN, MI = Cfg::MI, NI = Cfg::NI, A_CH = Cfg::A_CH, B_CH = Cfg::B_CH;
@@ -141,9 +110,7 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_CTAS) tc_gemm_kernel(const G
   const int K = p.K, KT = (K + BK - 1) / BK;
   const bf16* A = static_cast<const bf16*>(p.A);
   // A job's weights are its expert's (GemmArgs::job_expert); a job served elsewhere writes nothing.
-  int b_group = group;
-  if constexpr (ROUTE) b_group = route_job<NT>(p.job_route, group, smem_raw) - p.job_expert_base;
-  else if (p.job_expert) b_group = p.job_expert[group] - p.job_expert_base;
+  const int b_group = p.job_expert ? p.job_expert[group] - p.job_expert_base : group;
   if (p.job_expert && (b_group < 0 || b_group >= p.job_experts)) {
     if (early_b) pdl_wait();
     // (Its rows are another rank's: it stores none, but its row sum still counts on its arrival.)
@@ -329,16 +296,15 @@ void launch_tc(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
   }
   // More than 48 KB of dynamic shared memory must be asked for once per kernel (and device).
   static const bool ready = [] {
-    for (auto k : {tc_gemm_kernel<Cfg, TC, true>, tc_gemm_kernel<Cfg, TC, false>, tc_gemm_kernel<Cfg, TC, true, true>,
-                   tc_gemm_kernel<Cfg, TC, false, true>})
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<Cfg, TC, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<Cfg, TC, false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
     return true;
   }();
   (void)ready;
-  const bool swiglu = ep == Epilogue::SwiGLU, route = a.job_route.logits != nullptr;
-  const auto kernel = route ? (swiglu ? tc_gemm_kernel<Cfg, TC, true, true> : tc_gemm_kernel<Cfg, TC, false, true>)
-                            : (swiglu ? tc_gemm_kernel<Cfg, TC, true> : tc_gemm_kernel<Cfg, TC, false>);
-  launch_pdl(kernel, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
+  if (ep == Epilogue::SwiGLU) launch_pdl(tc_gemm_kernel<Cfg, TC, true>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
+  else launch_pdl(tc_gemm_kernel<Cfg, TC, false>, grid, dim3(Cfg::NT), Cfg::SMEM, stream, a);
 }
 
 // Dense GEMMs of at most 16 rows (a decode step's projections) on the wgmma kernel instead of the
@@ -398,15 +364,6 @@ void gemm(const GemmArgs& a, Epilogue ep, cudaStream_t stream) {
       EPMOE_ASSERT(!a.row_sum_out || (ep == Epilogue::Store && !a.accumulate && !a.c_rows && a.row_sum_rows > 0 &&
                                       a.G % a.row_sum_rows == 0 && a.row_sum_w && a.row_sum_counters),
                    "gemm: row sums need the Store epilogue, whole sets of rows, weights and counters");
-      const GemmArgs::JobRoute& r = a.job_route;
-      EPMOE_ASSERT(!r.logits || (r.E >= 1 && r.E <= 128 && r.top_k >= 1 && r.top_k <= std::min(r.E, 32) &&
-                                 r.parts >= 1 && r.parts <= kMaxLogitParts && a.G % r.top_k == 0),
-                   "gemm: jobs routed by the GEMM need 1..128 experts, top-k <= min(E, 32), 1..16 logit partials "
-                   "and whole tokens of jobs (E " + std::to_string(r.E) + ", top-k " + std::to_string(r.top_k) +
-                       ", partials " + std::to_string(r.parts) + ", jobs " + std::to_string(a.G) + ")");
-      static_assert(sizeof(SoftmaxTopkScratch<4, Tiny::NT>) <= size_t(Tiny::SMEM) &&
-                        sizeof(SoftmaxTopkScratch<4, Small::NT>) <= size_t(Small::SMEM),
-                    "the routing scratch fits the stages");
       // The tile width of the grouped path (narrow_expert_tiles), so that the two paths split N alike.
       if (a.path == GemmPath::TiledNarrow || (a.path == GemmPath::Auto && narrow_expert_tiles()))
         launch_tc<Tiny, TC>(a, ep, stream);

@@ -70,24 +70,6 @@ struct GemmArgs {
   // only; a row's bits are the grouped path's (the same kernel, one row a tile either way).
   const int32_t* job_expert = nullptr;
   int job_expert_base = 0, job_experts = 0, job_a_div = 1;
-  // Jobs mode, the routing not computed yet (job_route.logits set): each CTA finds its job's expert
-  // itself -- the softmax top-k of its token's logits (softmax_topk_row, the route kernel's bits),
-  // physical = logical -- instead of reading job_expert, so a decode step's chain loses the route
-  // kernel. Job g is (token g / top_k, slot g % top_k). With `ids` set, the CTA of each token's
-  // first job and N-tile 0 writes the token's routing (ids, logical, weights) for what follows:
-  // the gate+up GEMM, after its PDL wait; the down GEMM after it (plan_precedes_a: the logits were
-  // complete before gate+up let it start) reads none of them before its wait but the row sums'
-  // weights, after it.
-  struct JobRoute {
-    const float* logits = nullptr;  // partial p of token t: logits + p * part_stride + t * E
-    int parts = 1;
-    int64_t part_stride = 0;
-    int E = 0, top_k = 0;     // E <= 128
-    bool renormalize = false;  // the chosen weights divided by their sum (norm_topk_prob)
-    int32_t* ids = nullptr;      // [T, top_k] (the physical ids, = job_expert's array) or nullptr
-    int32_t* logical = nullptr;  // [T, top_k] or nullptr
-    float* weights = nullptr;    // [T, top_k] or nullptr
-  } job_route;
   // Jobs mode, Store epilogue, no c_rows: after its stores, the weighted sum of every R =
   // row_sum_rows consecutive C rows into one fp32 row of row_sum_out (ld row_sum_ld):
   // out[s, n] = sum over r ascending of row_sum_w[s R + r] * C[s R + r, n], each step

@@ -1,7 +1,6 @@
 #include "moe/cuda/experts.cuh"
 
 #include "kernels/cuda/ops.cuh"
-#include "moe/cuda/routing.cuh"
 #include "util/env.h"
 
 #include <cstring>
@@ -29,12 +28,6 @@ bool ExpertRunnerGpu<T>::planless(const ExpertJobs& j) const {
 }
 
 template <class T>
-bool ExpertRunnerGpu<T>::can_route_jobs(int64_t rows, int K, int E) const {
-  return std::is_same_v<T, bf16> && rows > 0 && rows * K <= planless_jobs_ && w_.n_local > 0 && E >= 1 && E <= 128 &&
-         K >= 1 && K <= std::min(E, 32);
-}
-
-template <class T>
 bool ExpertRunnerGpu<T>::run_and_combine(const ExpertJobs& j, void* out, const float* w, float* y) {
   if (!fused_combine_ || !planless(j)) return false;
   run_jobs(j, out, w, y);
@@ -42,7 +35,7 @@ bool ExpertRunnerGpu<T>::run_and_combine(const ExpertJobs& j, void* out, const f
 }
 
 template <class T>
-void ExpertRunnerGpu<T>::run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j, void* out, bool early_down) {
+void ExpertRunnerGpu<T>::run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j, void* out) {
   h_.reserve(size_t(j.rows * j.K) * size_t(w_.I));
   g1.A = j.x;
   g1.lda = j.x_stride;
@@ -63,8 +56,7 @@ void ExpertRunnerGpu<T>::run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j
   g2.K = w_.I;
   g2.C = out;
   g2.ldc = w_.H;
-  // g1 waited for the plan (or the routing) before letting g2 start -- unless g1 writes the ids.
-  g2.plan_precedes_a = early_down;
+  g2.plan_precedes_a = true;  // g1 waited for the plan (or the routing) before letting g2 start
   gemm<T, T>(g2, Epilogue::Store, stream());
 }
 
@@ -80,25 +72,6 @@ void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w
     g->job_experts = w_.n_local;
   }
   g1.job_a_div = j.K;  // (g2's A row is h's row g)
-  // EPMOE_EXPERTS_ROUTE=2: only gate+up routes; the down GEMM reads the ids it wrote after its wait.
-  const bool down_routes = !j.route || experts_route() != 2;
-  if (const PendingRouting* r = j.route) {
-    // Both GEMMs route each job themselves; gate+up writes the routing (ids, weights) for the
-    // down GEMM's row sums and whatever reads it after the layer.
-    EPMOE_ASSERT(r->physical == j.phys && r->K == j.K, "experts: a pending routing of other jobs");
-    for (GemmArgs* g : {&g1, &g2}) {
-      if (g == &g2 && !down_routes) continue;
-      g->job_route.logits = r->logits;
-      g->job_route.parts = r->parts;
-      g->job_route.part_stride = r->part_stride;
-      g->job_route.E = r->E;
-      g->job_route.top_k = r->K;
-      g->job_route.renormalize = r->renormalize;
-    }
-    g1.job_route.ids = r->physical;
-    g1.job_route.logical = r->logical;
-    g1.job_route.weights = r->weights;
-  }
   if (y) {
     // A counter per (token, 32-column tile), zeroed once: every launch leaves them at zero.
     const size_t counters = size_t(j.rows) * size_t(ceil_div(w_.H, 32));
@@ -112,13 +85,12 @@ void ExpertRunnerGpu<T>::run_jobs(const ExpertJobs& j, void* out, const float* w
     g2.row_sum_ld = w_.H;
     g2.row_sum_counters = row_sum_counters_.data();
   }
-  run_gemms(g1, g2, j, out, down_routes);
+  run_gemms(g1, g2, j, out);
 }
 
 template <class T>
 void ExpertRunnerGpu<T>::run(const ExpertJobs& j, void* out) {
   if (planless(j)) return run_jobs(j, out);
-  EPMOE_ASSERT(!j.route, "experts: a routing left pending for jobs that need the plan (can_route_jobs was false)");
   // bf16: one CTA per (m-tile, N-tile), from a tile list the plan writes.
   if (!plan_.make(j, w_.p0, w_.n_local, std::is_same_v<T, bf16>)) return;
   GemmArgs g1, g2;

@@ -45,18 +45,13 @@ class ExpertRunnerGpu final : public ExpertRunner {
   // kernel fewer on a decode step's chain. Default EPMOE_FUSED_COMBINE (1).
   bool run_and_combine(const ExpertJobs& j, void* out, const float* w, float* y) override;
   void set_fused_combine(bool on) { fused_combine_ = on; }
-  // Planless jobs (bf16) may come with their routing pending: both GEMMs route each job themselves
-  // (GemmArgs::job_route), gate+up writes the routing.
-  bool can_route_jobs(int64_t rows, int K, int E) const override;
 
  private:
   bool planless(const ExpertJobs& j) const;
   void run_jobs(const ExpertJobs& j, void* out, const float* w = nullptr, float* y = nullptr);
   // The gate+up and down GEMMs over the runner's weights; g1 and g2 bring the grouping (a plan's or
   // jobs') and, for g2, the row sums.
-  // early_down: the down GEMM's grouping was complete before gate+up started (not where gate+up
-  // writes the ids).
-  void run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j, void* out, bool early_down = true);
+  void run_gemms(GemmArgs g1, GemmArgs g2, const ExpertJobs& j, void* out);
   const ExpertWeightsGpu<T>& w_;
   int64_t planless_jobs_ = planless_jobs_default();
   bool fused_combine_ = fused_combine_default();

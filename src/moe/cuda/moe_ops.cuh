@@ -49,29 +49,12 @@ struct GpuMoeOps {
     if (routed_with_logits) router.run_and_route(x_f32, T, ra, s);
     else lg = router.run(x_f32, T, s);
   }
-  // A decode step's SoftmaxTopK routing left to the expert GEMMs (PendingRouting), where the backend
-  // takes it (pend) and the runner can: the route kernel leaves the step's chain.
-  PendingRouting pending;
-  bool pending_on = false;
-  void route(bool pend) {
+  void route() {
     if (routed_with_logits) return;
     ra.logits = lg.ptr;
     ra.parts = lg.parts;
     ra.part_stride = lg.stride;
-    const RoutingConfig& c = ra.cfg;
-    pending_on = pend && experts_route() > 0 && ra.identity && c.kind == RoutingKind::SoftmaxTopK &&
-                 c.top_k <= std::min(c.num_experts, 32) && c.num_experts <= 128 &&
-                 runner.can_route_jobs(T, c.top_k, c.num_experts);
-    if (!pending_on) return cuda::route(ra, s);
-    pending.logits = ra.logits;
-    pending.parts = ra.parts;
-    pending.part_stride = ra.part_stride;
-    pending.E = c.num_experts;
-    pending.K = c.top_k;
-    pending.renormalize = c.norm_topk_prob;
-    pending.physical = ra.physical;
-    pending.logical = ra.logical;
-    pending.weights = ra.weights;
+    cuda::route(ra, s);
   }
   MoeTokens tokens() const {
     MoeTokens tok;
@@ -83,7 +66,6 @@ struct GpuMoeOps {
     tok.x = rows;
     tok.physical = ra.physical;
     tok.weights = ra.weights;
-    tok.pending = pending_on ? &pending : nullptr;
     return tok;
   }
   ExpertRunner& experts() { return runner; }

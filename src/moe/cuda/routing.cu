@@ -173,11 +173,6 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
 
 }  // namespace
 
-int experts_route() {
-  static const int mode = env_int("EPMOE_EXPERTS_ROUTE", 1);
-  return mode;
-}
-
 bool route_in_router() {
   static const bool on = env_on("EPMOE_ROUTER_ROUTES");
   return on;

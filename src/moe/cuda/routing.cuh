@@ -61,12 +61,6 @@ bool router_routes(const RouteArgs& ra, int64_t T);
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
                    const RouteArgs* route = nullptr, unsigned* done = nullptr);
 
-// A decode step's SoftmaxTopK routing computed by the expert GEMMs that read it (PendingRouting,
-// GemmArgs::job_route) where the backend and the runner take it: EPMOE_EXPERTS_ROUTE=1 both GEMMs
-// route (the down GEMM before its PDL wait), 2 gate+up alone (the down GEMM reads the ids after its
-// wait), 0 the route kernel.
-int experts_route();
-
 // EPMOE_ROUTER_ROUTES=1: decode steps route in the router's last CTA (RouterGpu::routes). Opt-in
 // until a GPU run has checked it (written in run 22 without a device: docs/gpu.md, "Not done").
 bool route_in_router();
