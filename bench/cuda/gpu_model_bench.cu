@@ -165,6 +165,32 @@ void print_trace(const std::vector<cuda::KernelTrace>& traces, int layers, int B
     std::printf("| %s | %ld | %.1f | %.2f | %.1f%% |\n", order[k].c_str(), n, med[k], med[k] / layers,
                 100.0 * med[k] / total);
   }
+  // The same by position in a layer, so that kernels of one name apart (gate+up and down, the q/k/v
+  // and o projections, the two norms) show apart: the layer's period P is the shortest with which the
+  // middle half of the names repeats; position j's figure is the median over every layer and step.
+  const size_t n = names.size();
+  size_t P = 0;
+  for (size_t q = 1; q <= 128 && 2 * q < n / 2 && !P; q++) {
+    bool same = true;
+    for (size_t i = n / 4; i + q < 3 * n / 4 && same; i++) same = names[i] == names[i + q];
+    if (same) P = q;
+  }
+  if (!P) {
+    std::printf("\n(no repeating layer in the trace: no per-position table)\n");
+    return;
+  }
+  const size_t i0 = n / 4;  // (a layer's kernels from an arbitrary one of them: names tell which)
+  std::printf("\nper position in a layer (%zu kernels a layer, from kernel %zu of the step), us: median, worst\n", P, i0);
+  std::printf("| position | kernel | median | worst |\n|---|---|---|---|\n");
+  for (size_t j = 0; j < P; j++) {
+    std::vector<double> v;
+    for (const cuda::KernelTrace& t : traces)
+      for (size_t i = (i0 + j) % P; i + 1 < t.stamps.size(); i += P)
+        if (t.names[i] == names[i0 + j] && i >= P && i + 2 * P < t.stamps.size())  // (not the first or last layers)
+          v.push_back(double(t.stamps[i + 1] - t.stamps[i]) / 1e3);
+    if (v.empty()) continue;
+    std::printf("| %zu | %s | %.2f | %.2f |\n", j, names[i0 + j].c_str(), median(v), *std::max_element(v.begin(), v.end()));
+  }
 }
 
 }  // namespace

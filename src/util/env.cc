@@ -31,9 +31,10 @@ const std::vector<EnvVar>& env_table() {
       {"EPMOE_ROUTE_BLOCK", "1 | 0",
        "0 routes SoftmaxTopK one warp per token instead of one block per token, a thread per expert (the same "
        "bits; for measuring)"},
-      {"EPMOE_ROUTER_ROUTES", "0 | 1",
-       "1 routes decode steps in the router's last CTA instead of by the route kernel after it (the same bits; "
-       "measured slower at 8 sequences, run 23)"},
+      {"EPMOE_ROUTER_ROUTES", "0 | 1 | 2 | 3",
+       "who routes a decode step instead of the route kernel after the router (the same bits): 1 the router's "
+       "last CTA (measured slower at 8 sequences, run 23), 2 the router run as one cluster whose CTA t routes "
+       "row t, 3 that cluster with its weights asked for before its PDL wait"},
       {"EPMOE_RMSNORM_REGS", "1 | 0",
        "0 runs RMSNorm on the loop kernel instead of the one that keeps the row in registers (rows up to 4096 "
        "wide; the same bits; for measuring)"},

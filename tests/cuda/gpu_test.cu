@@ -1757,10 +1757,12 @@ TEST(GpuRouting, OneKernelRouterIsTheSplitGemm) {
   for (int64_t T : {5, 2100}) test_router_logits(T, 96, 8);    // 4 chunks of 72: two k-tiles
 }
 
-// RouterGpu::run_and_route (decode steps): the router's last CTA routes, against the router then
-// the route kernel -- the same logical ids, replicas and weight bits, launched twice (the counter
-// the last CTA resets) and replayed from a CUDA graph.
-void test_router_routes(int64_t T, int H, int E, int K, bool renorm, int replicas) {
+// RouterGpu::run_and_route (decode steps): the router's last CTA -- or, in the cluster forms, CTA t
+// of the router's one cluster -- routes, against the router then the route kernel: the same
+// logical ids, replicas and weight bits, launched twice (the counter the last CTA resets) and
+// replayed from a CUDA graph.
+void test_router_routes(int64_t T, int H, int E, int K, bool renorm, int replicas,
+                        RouterRouting form = RouterRouting::LastCta) {
   RoutingConfig c;
   c.kind = RoutingKind::SoftmaxTopK;
   c.num_experts = E;
@@ -1796,7 +1798,9 @@ void test_router_routes(int64_t T, int H, int E, int K, bool renorm, int replica
     return ra;
   };
   RouteArgs two = args(0), one = args(1);
-  check(router.can_route(one, T), "the router can route " + std::to_string(T) + " rows itself");
+  const std::string how = form == RouterRouting::LastCta ? "last CTA" : form == RouterRouting::Cluster ? "cluster"
+                                                                                                       : "cluster, early weights";
+  check(router.can_route(one, T, form), "the router can route " + std::to_string(T) + " rows itself (" + how + ")");
   const RouterGpu::Logits l = router.run(dx.data(), T, stream());
   two.logits = l.ptr, two.parts = l.parts, two.part_stride = l.stride;
   route(two, stream());
@@ -1806,20 +1810,20 @@ void test_router_routes(int64_t T, int H, int E, int K, bool renorm, int replica
     const auto gl = lg[1].download(size_t(T) * K), gp = ph[1].download(size_t(T) * K);
     const auto gw = wt[1].download(size_t(T) * K);
     check(gl == want_l && gp == want_p && std::memcmp(gw.data(), want_w.data(), gw.size() * 4) == 0,
-          "router + route in one launch == router, route (" + what + "): T " + std::to_string(T) + " E " +
+          "router + route in one launch (" + how + ") == router, route (" + what + "): T " + std::to_string(T) + " E " +
               std::to_string(E) + " top-" + std::to_string(K) + (renorm ? " renorm" : "") + " replicas " +
               std::to_string(replicas));
   };
   for (int rep = 0; rep < 2; rep++) {
     EPMOE_CUDA_CHECK(cudaMemset(wt[1].data(), 0xff, size_t(T) * K * 4));
-    router.run_and_route(dx.data(), T, one, stream());
+    router.run_and_route(dx.data(), T, one, stream(), form);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     same(rep == 0 ? "first launch" : "second launch");
   }
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   EPMOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-  router.run_and_route(dx.data(), T, one, stream());
+  router.run_and_route(dx.data(), T, one, stream(), form);
   EPMOE_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
   EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int rep = 0; rep < 3; rep++) {
@@ -1846,6 +1850,30 @@ TEST(GpuRouting, RouterRoutesInItsLastCta) {
   check(!router_routes(ra, 17), "not above 16 rows (the route kernel spreads them)");
   ra.cfg.kind = RoutingKind::SigmoidGroupLimited;
   check(!router_routes(ra, 1), "not for group-limited routing");
+}
+
+// The cluster forms (EPMOE_ROUTER_ROUTES=2, 3): a cluster of S = 16 chunk CTAs must fit an H100 /
+// H200 (a GPC of 16 SMs), so every shape here runs the cluster kernel.
+TEST(GpuRouting, RouterClusterRoutesAsTheRouteKernel) {
+  REQUIRE_GPU();
+  for (RouterRouting form : {RouterRouting::Cluster, RouterRouting::ClusterEarly}) {
+    for (int64_t T : {1, 2, 8, 16}) test_router_routes(T, 2048, 128, 8, true, 0, form);  // S = 16
+    test_router_routes(3, 2048, 128, 8, true, 5, form);                                   // replicas
+    test_router_routes(5, 64, 60, 4, false, 3, form);                                     // S = 8
+    test_router_routes(1, 96, 8, 2, true, 0, form);                                       // S = 4
+    test_router_routes(4, 4096, 128, 8, false, 0, form);                                  // 12 k-tiles a chunk
+    RouteArgs ra;
+    ra.cfg.kind = RoutingKind::SoftmaxTopK;
+    ra.cfg.num_experts = 128;
+    ra.cfg.top_k = 8;
+    check(!router_cluster_routes(ra, 17, 2048, form), "not above the 16 chunks (a CTA routes a row)");
+    check(!router_cluster_routes(ra, 5, 96, form), "not above the 4 chunks of H = 96");
+    ra.cfg.num_experts = 256;
+    check(!router_cluster_routes(ra, 1, 2048, form), "not above 128 experts (a thread an expert)");
+    ra.cfg.num_experts = 128;
+    ra.cfg.kind = RoutingKind::SigmoidGroupLimited;
+    check(!router_cluster_routes(ra, 1, 2048, form), "not for group-limited routing");
+  }
 }
 
 TEST(GpuRouting, SoftmaxRegisterKernelIsTheGeneralKernel) {

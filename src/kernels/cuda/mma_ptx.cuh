@@ -232,4 +232,25 @@ __device__ inline void bulk_copy_g2s(uint32_t smem, const void* gmem, uint32_t b
                : "memory");
 }
 
+// Thread-block clusters (sm_90): this CTA's rank in its cluster; a shared::cta address mapped into
+// CTA `rank`'s shared memory (distributed shared memory); a store of two floats there; and the
+// cluster-wide barrier whose arrive releases this thread's stores and whose wait acquires the
+// others' (every thread of every CTA of the cluster arrives).
+__device__ inline uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ inline uint32_t cluster_map(uint32_t smem, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem), "r"(rank));
+  return out;
+}
+__device__ inline void cluster_store2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 }  // namespace epmoe::cuda::ptx

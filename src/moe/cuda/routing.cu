@@ -173,11 +173,6 @@ __global__ void router_split_kernel(const float* x, int64_t T, int H, int S, bf1
 
 }  // namespace
 
-bool route_in_router() {
-  static const bool on = env_on("EPMOE_ROUTER_ROUTES");
-  return on;
-}
-
 namespace {
 
 // EPMOE_ROUTE_BLOCK=0: SoftmaxTopK one warp per token (route_softmax_kernel), for measuring.

@@ -56,14 +56,24 @@ int router_chunks(int H);
 // route (decode steps, router_routes): the router's last CTA also routes the T rows -- route()'s
 // SoftmaxTopK over those partials, the same bits -- with ra's outputs; done: a zeroed counter the
 // kernel leaves zeroed.
+// Who routes a decode step's rows (EPMOE_ROUTER_ROUTES; RouterGpu::routes):
+//   Kernel        the route kernel after the router (route(); the default)
+//   LastCta       the router's last CTA (1; run 22, measured slower at 8 sequences in run 23)
+//   Cluster       the router as one thread-block cluster of its S chunk CTAs, CTA t routing row t
+//                 from the partials the others send to its shared memory (2; issue 33, run 36)
+//   ClusterEarly  the same with the router's first weight stages asked for before its PDL wait (3)
+// Every form gives route()'s ids, replicas and weight bits (GpuRouting tests).
+enum class RouterRouting { Kernel, LastCta, Cluster, ClusterEarly };
+RouterRouting router_routing();
+void set_router_routing(RouterRouting r);  // (tests and benchmarks)
 constexpr int kRouterRoutesRows = 16;
-bool router_routes(const RouteArgs& ra, int64_t T);
+bool router_routes(const RouteArgs& ra, int64_t T);  // LastCta's shapes
+// The cluster forms' shapes: SoftmaxTopK over <= 128 experts, top-k <= 32, T <= the router's
+// chunks, and a GPU on which a cluster of that many CTAs fits.
+bool router_cluster_routes(const RouteArgs& ra, int64_t T, int H, RouterRouting form);
 void router_logits(const float* x, const bf16* w3, int64_t T, int H, int E, int S, float* out, cudaStream_t s,
-                   const RouteArgs* route = nullptr, unsigned* done = nullptr);
-
-// EPMOE_ROUTER_ROUTES=1: decode steps route in the router's last CTA (RouterGpu::routes). Opt-in
-// until a GPU run has checked it (written in run 22 without a device: docs/gpu.md, "Not done").
-bool route_in_router();
+                   const RouteArgs* route = nullptr, unsigned* done = nullptr,
+                   RouterRouting form = RouterRouting::LastCta);
 
 // The router of a MoE layer: logits [T, E] in fp32 from the normalised rows (fp32).
 // bf16 mode: the split-bf16 tensor-core GEMM above (fp32-grade logits, batch-invariant);
@@ -91,11 +101,22 @@ struct RouterGpu {
   // Decode steps (router_routes: SoftmaxTopK, up to 16 rows, split mode): the logits and the
   // routing of ra in one launch, the routing by the router's last CTA (moe/cuda/router.cu).
   // can_route: the shapes allow it; routes: and EPMOE_ROUTER_ROUTES=1 asks for it.
-  bool can_route(const RouteArgs& ra, int64_t T) const { return split && router_routes(ra, T); }
-  bool routes(const RouteArgs& ra, int64_t T) const { return route_in_router() && can_route(ra, T); }
+  // form: router_routing() unless a test names one.
+  bool can_route(const RouteArgs& ra, int64_t T, RouterRouting form = RouterRouting::LastCta) const {
+    if (!split) return false;
+    if (form == RouterRouting::LastCta) return router_routes(ra, T);
+    return router_cluster_routes(ra, T, H, form);
+  }
+  bool routes(const RouteArgs& ra, int64_t T) const {
+    const RouterRouting form = router_routing();
+    return form != RouterRouting::Kernel && can_route(ra, T, form);
+  }
   void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s) {
+    run_and_route(x, T, ra, s, router_routing());
+  }
+  void run_and_route(const float* x, int64_t T, const RouteArgs& ra, cudaStream_t s, RouterRouting form) {
     part.reserve(size_t(S) * size_t(std::max<int64_t>(T, 1)) * size_t(E));
-    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data());
+    router_logits(x, w3.data(), T, H, E, S, part.data(), s, &ra, done.data(), form);
   }
   DeviceArray<unsigned> done;  // the last-CTA counter of run_and_route
   Logits run(const float* x, int64_t T, cudaStream_t s) {
