@@ -249,6 +249,10 @@ __device__ inline uint32_t cluster_map(uint32_t smem, uint32_t rank) {
 __device__ inline void cluster_store2(uint32_t addr, float a, float b) {
   asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
+// A CTA may touch another's shared memory only once that one runs: every thread arrives (relaxed) as
+// its CTA starts, and waits -- for the whole cluster's arrival -- before its first remote access.
+__device__ inline void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ inline void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 __device__ inline void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }

@@ -46,6 +46,7 @@ __device__ void cluster_route(const RouterArgs& p, const float (&acc)[MI][NI][4]
   __shared__ SoftmaxTopkScratch<BN / 32, NT> sm;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp / WN, wn = warp % WN;
   const uint32_t mine = ptx::smem_u32(part + s * BN);
+  ptx::cluster_wait();  // (the arrival at the kernel's start: every CTA of the cluster runs)
 #pragma unroll
   for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -88,6 +89,7 @@ __global__ void __launch_bounds__(WM * WN * 32) router_kernel(const RouterArgs p
   bf16* sA = sB + STAGES * BN * BK;                                  // [BM][64] swizzled, this k-tile
 
   static_assert(!EARLY_B || CLUSTER, "router: early weights only in the cluster form");
+  if constexpr (CLUSTER) ptx::cluster_arrive_relaxed();  // (cluster_route waits for it)
   pdl_trigger();
   if constexpr (!EARLY_B) pdl_wait();  // (PDL, common.cuh) x is the previous kernel's output
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
