@@ -19,6 +19,7 @@
 //                   [--steps N (32)] [--peak-tflops F (989)] [--profile-step 0|1 (0)]
 //                   [--kv-cache-dtype bf16|fp32 (bf16: what serve gives a bf16 checkpoint)]
 //                   [--split-gemv-ring -1|0|8|16|32 (-1: chosen per weight; 0: split_gemv v3)]
+//                   [--split-gemv-ring-wide -1|8|16|32 (the o projection's)] [--split-gemv-early N|-1]
 // --profile-step 1: one eager decode step of each batch size (the first timed one, graph off)
 // between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (scripts/gpu-decode-profile.sh).
@@ -239,6 +240,12 @@ int main(int argc, char** argv) {
           throw std::runtime_error("--trace 1 needs a build with -DEPMOE_KERNEL_TRACE=ON (scripts/gpu-package.sh TRACE=1)");
       } else if (k == "--peak-tflops") {
         peak_tflops = std::stod(v);
+      } else if (k == "--split-gemv-ring-wide" || k == "--split-gemv-early") {
+        // split_gemv v6: the ring of the o projection (K >= 4096) alone, 8/16/32 blocks; how many
+        // ring chunks a warp asks for before its PDL wait (-1: all) -- the same bits.
+        cuda::SplitGemvConfig c = cuda::split_gemv_config();
+        (k == "--split-gemv-early" ? c.early : c.ring_wide) = std::stoi(v);
+        cuda::set_split_gemv_config(c);
       } else if (k == "--split-gemv-ring") {
         // The decode projections' split_gemv ring: -1 chosen per weight (default), 8/16/32 blocks
         // (one warp per CTA), 0 v3 (register prefetch) -- the same bits, to compare in one process.
@@ -251,7 +258,7 @@ int main(int argc, char** argv) {
       } else {
         throw std::runtime_error("unknown flag " + k +
                                  " (flags: --out, --layers, --batches, --prefill, --steps, --peak-tflops, --profile-step, "
-                                 "--kv-cache-dtype, --split-gemv-ring, --trace)");
+                                 "--kv-cache-dtype, --split-gemv-ring, --split-gemv-ring-wide, --split-gemv-early, --trace)");
       }
     }
     const double read_bw = measure_read_bandwidth();

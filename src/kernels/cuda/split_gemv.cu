@@ -402,7 +402,8 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_wide_kernel(const GemmA
 // lane's shared loads before lane 0's fence.proxy.async, which orders them before the bulk copy's
 // writes (the async proxy). The bits are v5's: the same wide_mma_block, blocks in ascending order.
 template <bool SWIGLU, bool ROWS16, int RING, int CH, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmArgs p, const uint32_t* xf, int T) {
+__global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmArgs p, const uint32_t* xf, int T,
+                                                                     int early) {
   extern __shared__ uint4 ring_smem[];
   constexpr int XA = ROWS16 ? 2 : 4;  // blocks of x's fragments ahead in registers
   constexpr int SLOTS = RING / CH;
@@ -421,14 +422,17 @@ __global__ void __launch_bounds__(WARPS * 32) split_gemv_bulk_kernel(const GemmA
     ptx::mbar_arrive_tx(bar, bytes);
     ptx::bulk_copy_g2s(ring_addr + uint32_t(slot * CH * 2048), wg + int64_t(c) * CH * 2048, bytes, bar);
   };
-  // The weights depend on no earlier kernel: the ring is asked for before the wait.
+  // The weights depend on no earlier kernel: the ring is asked for before the wait (its first
+  // `early` chunks; the rest right after it).
   if (lane == 0) {
     for (int s = 0; s < SLOTS; s++) ptx::mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int c = 0; c < SLOTS && c < nch; c++) ask(c);
+    for (int c = 0; c < SLOTS && c < nch && c < early; c++) ask(c);
   }
   __syncwarp();
   pdl_wait();
+  if (lane == 0)
+    for (int c = early; c < SLOTS && c < nch; c++) ask(c);
   const XBlocks<ROWS16> x(xf, T, nblk, lane);  // (the MMA's B operand: x^T)
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc8[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xr[XA][4], xr8[XA][4];
@@ -502,27 +506,33 @@ template <bool WIDE, bool SWIGLU, bool ROWS16, int RING, int WARPS>
 void launch_ring_warps(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
   constexpr int kCols = WIDE ? 16 : 8;  // output columns per warp
   using Kernel = void (*)(GemmArgs, const uint32_t*, int);
-  // The kernels of this shape: v4, or v5 and v6 with either chunk.
-  constexpr int kKernels = WIDE ? 3 : 1;
-  Kernel kernels[kKernels];
+  using BulkKernel = void (*)(GemmArgs, const uint32_t*, int, int);
+  // The kernels of this shape: v4, or v5, and v6 with either chunk.
+  Kernel kernel = nullptr;
+  BulkKernel bulk[2] = {nullptr, nullptr};
   if constexpr (WIDE) {
-    kernels[0] = split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>;
-    kernels[1] = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, 4, WARPS>;
-    kernels[2] = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, 8, WARPS>;
+    kernel = split_gemv_wide_kernel<SWIGLU, ROWS16, RING, WARPS>;
+    bulk[0] = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, 4, WARPS>;
+    bulk[1] = split_gemv_bulk_kernel<SWIGLU, ROWS16, RING, 8, WARPS>;
   } else {
-    kernels[0] = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
+    kernel = split_gemv_ring_kernel<SWIGLU, ROWS16, RING, WARPS>;
   }
   constexpr size_t smem = size_t(WARPS) * RING * kCols * 128;
   // (Raised once for each, at the first call: an eager step, before any graph captures them.)
   static const bool raised = [&] {
-    for (Kernel k : kernels)
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    for (BulkKernel k : bulk)
+      if (k) EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)raised;
-  const Kernel kernel = kernels[!WIDE || g_config.version < 6 ? 0 : g_config.chunk == 8 ? 2 : 1];
   const dim3 grid(unsigned(ceil_div(g.N, kCols * WARPS)));
-  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
+  if (WIDE && g_config.version >= 6) {
+    const int early = g_config.early < 0 ? RING : g_config.early;  // (chunks: at most RING / 4)
+    launch_pdl(bulk[g_config.chunk == 8 ? 1 : 0], grid, dim3(WARPS * 32), smem, s, g, xf, T, early);
+  } else {
+    launch_pdl(kernel, grid, dim3(WARPS * 32), smem, s, g, xf, T);
+  }
   EPMOE_CUDA_LAUNCHED();
 }
 
@@ -545,8 +555,9 @@ void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, i
 // chunks of 8 slower at every ring).
 template <bool WIDE, bool SWIGLU, bool ROWS16>
 void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int ring = g_config.ring > 0       ? g_config.ring
-                   : g_config.version >= 6 ? 8
+  const int ring = g_config.ring > 0                                            ? g_config.ring
+                   : g_config.version >= 6 && g.K >= 4096 && g_config.ring_wide > 0 ? g_config.ring_wide
+                   : g_config.version >= 6                                          ? 8
                    : WIDE                  ? (g.K >= 4096 ? 16 : 8)
                                            : (g.K >= 2048 ? 32 : 16);
   const int warps = g_config.ring > 0 ? g_config.warps : 1;
@@ -598,7 +609,8 @@ void set_split_gemv_config(SplitGemvConfig c) {
                    (c.warps == 1 || c.warps == 2 || c.warps == 4) &&
                    (c.ring == -1 || c.ring == 0 || c.ring == 8 || c.ring == 16 || c.ring == 32) &&
                    (c.version == 3 || c.ring != 0) && (c.version < 5 || c.warps * c.ring <= 64) &&
-                   (c.chunk == 4 || c.chunk == 8),
+                   (c.chunk == 4 || c.chunk == 8) &&
+                   (c.ring_wide == -1 || c.ring_wide == 8 || c.ring_wide == 16 || c.ring_wide == 32) && c.early >= -1,
                "split_gemv: version 3/4/5/6, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
                "ring <= 64 for v5 and v6), chunk 4/8, got v" +
                    std::to_string(c.version) + " " + std::to_string(c.depth) + "/" + std::to_string(c.warps) + "/" +
