@@ -552,12 +552,15 @@ void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, i
 // rows: q/k/v 11.9 / 12.9 us with 8 against 12.5 / 13.5 with 16; o 19.2 / 20.0 with either, 19.7 /
 // 20.5 with 32). v6: 8 blocks in two chunks of 4 (run 29, H100, one row: q/k/v 12.3 us with 8 or
 // with the auto choice of v5, 12.8 with 16, 15.1 with 32; o 15.9 with 8, 16.1 with 16, 17.2 with 32;
-// chunks of 8 slower at every ring).
+// chunks of 8 slower at every ring). v6 with K >= 4096 (the o projection) and two rows or more: 16
+// (run 36, H100, 48 layers in the graph: 8 sequences 11.16 / 11.20 ms against 11.39 / 11.38 with 8;
+// one sequence level or 0.03 ms slower with 16, so one row keeps 8; the ring does not enter the bits).
 template <bool WIDE, bool SWIGLU, bool ROWS16>
 void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int ring = g_config.ring > 0                                            ? g_config.ring
-                   : g_config.version >= 6 && g.K >= 4096 && g_config.ring_wide > 0 ? g_config.ring_wide
-                   : g_config.version >= 6                                          ? 8
+  const int wide_ring = g_config.ring_wide > 0 ? g_config.ring_wide : T >= 2 ? 16 : 8;
+  const int ring = g_config.ring > 0                             ? g_config.ring
+                   : g_config.version >= 6 && g.K >= 4096        ? wide_ring
+                   : g_config.version >= 6                       ? 8
                    : WIDE                  ? (g.K >= 4096 ? 16 : 8)
                                            : (g.K >= 2048 ? 32 : 16);
   const int warps = g_config.ring > 0 ? g_config.warps : 1;

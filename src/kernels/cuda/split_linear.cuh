@@ -90,9 +90,9 @@ struct SplitGemvConfig {
   // EPMOE_SPLIT_GEMV=v3 / v4 / v5 chooses at start-up (pack_fragments packs the chosen layout).
   int version = 6;
   int chunk = 4;
-  // v6 (issue 33, run 36; for measuring): the ring of a weight with K >= 4096 (the o projection) when
-  // ring is -1 (8, 16 or 32; -1: as the others), and how many of a warp's first ring chunks are asked
-  // for before the PDL wait (-1: all of them; the rest right after it).
+  // v6 (issue 33, run 36): the ring of a weight with K >= 4096 (the o projection) when ring is -1
+  // (8, 16 or 32; -1: 16 from two rows, 8 for one), and, for measuring, how many of a warp's first
+  // ring chunks are asked for before the PDL wait (-1: all of them; the rest right after it).
   int ring_wide = -1;
   int early = -1;
 };
