@@ -245,7 +245,7 @@ bool cluster_fits(int S) {
     cfg.numAttrs = 1;
     int clusters = 0;
     const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, k, &cfg);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // (an unsupported size: not an error, no)
+    if (e != cudaSuccess) (void)cudaGetLastError();  // (a size this GPU cannot run: the form is off, no error)
     fits[S] = e == cudaSuccess && clusters >= 1 ? 1 : -1;
   }
   return fits[S] > 0;
