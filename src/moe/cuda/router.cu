@@ -263,10 +263,10 @@ RouterRouting router_routing() { return g_router_routing; }
 void set_router_routing(RouterRouting r) { g_router_routing = r; }
 
 bool router_cluster_routes(const RouteArgs& ra, int64_t T, int H, RouterRouting form) {
+  // (The last-CTA form's shapes, and a CTA a row, a thread an expert.)
   const int S = router_chunks(H);
-  if (!(form == RouterRouting::Cluster || form == RouterRouting::ClusterEarly) || T < 1 || T > S ||
-      ra.cfg.kind != RoutingKind::SoftmaxTopK || ra.cfg.num_experts > kClusterBN || ra.cfg.top_k > 32 ||
-      ra.cfg.top_k > ra.cfg.num_experts || ra.general_kernel)
+  if (!(form == RouterRouting::Cluster || form == RouterRouting::ClusterEarly) || !router_routes(ra, T) || T > S ||
+      ra.cfg.num_experts > kClusterBN || ra.cfg.top_k > ra.cfg.num_experts)
     return false;
   return form == RouterRouting::ClusterEarly ? cluster_fits<true>(S) : cluster_fits<false>(S);
 }
