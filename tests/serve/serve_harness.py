@@ -11,6 +11,7 @@ The server listens on a free port (--port 0) and prints it; the harness reads it
 `text_model()` makes (once per work folder) a tiny random Qwen3-MoE with the fixture tokenizer's
 3000-token vocabulary, so that text goes in and text comes out.
 """
+import atexit
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -124,6 +126,13 @@ class Server:
             cmd = ["mpirun", "--oversubscribe", "-np", str(self.ranks)] + cmd + ["--threads", "1"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1")
+        if DEVICE != "cuda" and self.ranks > 1:
+            # Open MPI's session directories in a folder of this server's own: concurrent mpiruns
+            # sharing $TMPDIR/ompi.<host>.<uid>/ race on its removal (mpi_session_base in
+            # tests/common/run.h says how). Open MPI 4 reads orte_tmpdir_base, 5 prte_tmpdir_base.
+            session = tempfile.mkdtemp(prefix="epmoe-ompi-")
+            atexit.register(shutil.rmtree, session, True)
+            env.update(OMPI_MCA_orte_tmpdir_base=session, PRTE_MCA_prte_tmpdir_base=session)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         found = threading.Event()
