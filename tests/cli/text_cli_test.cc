@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "common/golden.h"
 #include "common/run.h"
@@ -56,19 +57,26 @@ TEST(TokenizeCli, BadJsonlLineIsBadInput) {
   EXPECT_NE(r.output.find(in + ":2"), std::string::npos) << r.output;
 }
 
-// A tiny random Qwen3-MoE with the fixture tokenizer's 3000-token vocabulary.
+// A tiny random Qwen3-MoE with the fixture tokenizer's 3000-token vocabulary, made once. The
+// tests that use it run as processes of their own, often at once (ctest -j): each builds into a
+// folder of its own and renames it into place, so no test reads a model another is still writing
+// (the folder is there only once its tokenizer is in it).
 std::string text_model() {
+  namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "/text_model";
-  if (std::filesystem::exists(dir + "/model.safetensors.index.json")) return dir;
+  if (fs::exists(dir + "/tokenizer.json")) return dir;
   auto cfg = nlohmann::json::parse(std::ifstream(test::fixture("qwen3moe-tiny") + "/config.json"));
   cfg["vocab_size"] = 3000;
   cfg["eos_token_id"] = 2;  // <|im_end|> in the fixture tokenizer
-  const std::string cfg_path = ::testing::TempDir() + "/text_model_config.json";
+  const std::string mine = dir + ".tmp" + std::to_string(getpid()), cfg_path = mine + ".config.json";
   std::ofstream(cfg_path) << cfg.dump();
-  auto r = test::run_command(test::epmoe() + " synth --like " + cfg_path + " --dtype f32 --out " + dir);
+  auto r = test::run_command(test::epmoe() + " synth --like " + cfg_path + " --dtype f32 --out " + mine);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::filesystem::copy_file(kTok + "/tokenizer.json", dir + "/tokenizer.json",
-                             std::filesystem::copy_options::overwrite_existing);
+  fs::copy_file(kTok + "/tokenizer.json", mine + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  std::error_code ec;
+  fs::rename(mine, dir, ec);  // (fails where another test's is there already: theirs is the same)
+  fs::remove_all(mine, ec);
+  fs::remove(cfg_path, ec);
   return dir;
 }
 

@@ -45,11 +45,15 @@ def text_model():
     cfg = json.load(open(os.path.join(DATA, "qwen3moe-tiny", "config.json")))
     cfg["vocab_size"] = 3000
     cfg["eos_token_id"] = 2
-    cfg_path = os.path.join(WORK, "text_model_config.json")
-    json.dump(cfg, open(cfg_path, "w"))
+    # (This process's own config file: tests that start at once each write one; a shared name could
+    # be truncated by one while another's synth reads it.)
+    cfg_path = os.path.join(WORK, "text_model_config.%d.json" % os.getpid())
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
     tmp = out + ".tmp%d" % os.getpid()
     subprocess.run([EPMOE, "synth", "--like", cfg_path, "--dtype", "f32", "--out", tmp], check=True,
                    stdout=subprocess.DEVNULL)
+    os.remove(cfg_path)
     shutil.copy(os.path.join(DATA, "bpe-tokenizer", "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
     try:
         os.rename(tmp, out)
