@@ -555,14 +555,19 @@ void launch_ring(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s, i
 // chunks of 8 slower at every ring). v6 with K >= 4096 (the o projection) and two rows or more: 16
 // (run 36, H100, 48 layers in the graph: 8 sequences 11.16 / 11.20 ms against 11.39 / 11.38 with 8;
 // one sequence level or 0.03 ms slower with 16, so one row keeps 8; the ring does not enter the bits).
+int ring_for(bool wide, int K, int T) {
+  if (g_config.ring > 0) return g_config.ring;
+  if (g_config.version >= 6) {
+    if (K < 4096) return 8;
+    return g_config.ring_wide > 0 ? g_config.ring_wide : T >= 2 ? 16 : 8;
+  }
+  if (wide) return K >= 4096 ? 16 : 8;
+  return K >= 2048 ? 32 : 16;
+}
+
 template <bool WIDE, bool SWIGLU, bool ROWS16>
 void launch_shape(const GemmArgs& g, const uint32_t* xf, int T, cudaStream_t s) {
-  const int wide_ring = g_config.ring_wide > 0 ? g_config.ring_wide : T >= 2 ? 16 : 8;
-  const int ring = g_config.ring > 0                             ? g_config.ring
-                   : g_config.version >= 6 && g.K >= 4096        ? wide_ring
-                   : g_config.version >= 6                       ? 8
-                   : WIDE                  ? (g.K >= 4096 ? 16 : 8)
-                                           : (g.K >= 2048 ? 32 : 16);
+  const int ring = ring_for(WIDE, g.K, T);
   const int warps = g_config.ring > 0 ? g_config.warps : 1;
   switch (ring) {
     case 8: return launch_ring<WIDE, SWIGLU, ROWS16, 8>(g, xf, T, s, warps);
@@ -615,9 +620,10 @@ void set_split_gemv_config(SplitGemvConfig c) {
                    (c.chunk == 4 || c.chunk == 8) &&
                    (c.ring_wide == -1 || c.ring_wide == 8 || c.ring_wide == 16 || c.ring_wide == 32) && c.early >= -1,
                "split_gemv: version 3/4/5/6, depth 4/8/16, warps 1/2/4, ring -1/0/8/16/32 (not 0 past v3; warps x "
-               "ring <= 64 for v5 and v6), chunk 4/8, got v" +
-                   std::to_string(c.version) + " " + std::to_string(c.depth) + "/" + std::to_string(c.warps) + "/" +
-                   std::to_string(c.ring) + "/" + std::to_string(c.chunk));
+               "ring <= 64 for v5 and v6), chunk 4/8, ring_wide -1/8/16/32, early >= -1, got v" +
+                   std::to_string(c.version) + " depth " + std::to_string(c.depth) + " warps " +
+                   std::to_string(c.warps) + " ring " + std::to_string(c.ring) + " chunk " + std::to_string(c.chunk) +
+                   " ring_wide " + std::to_string(c.ring_wide) + " early " + std::to_string(c.early));
   g_config = c;
 }
 
