@@ -42,10 +42,15 @@ for cfg in tests/data/*/config.json; do
 done
 gen_same=0 gen_differ=0
 for name in qwen3moe-tiny deepseek-v3-tiny; do
+  # (A run that fails, or prints nothing, is a failure: two empty outputs must not read as the same tokens.)
   for side in old new; do
     bin=$old extra="" envs=""; [[ $side == new ]] && bin=$new extra=${NEW_ARGS:-} envs=${NEW_ENV:-}
-    env $envs timeout 120 "$bin" generate --device $device --model tests/data/$name --prompt-ids 3,17,5,9 --max-new-tokens 24 $extra \
-      2>/dev/null | tail -2 > "$tmp/gen.$side"
+    if ! env $envs timeout 120 "$bin" generate --device $device --model tests/data/$name --prompt-ids 3,17,5,9 \
+        --max-new-tokens 24 $extra 2> "$tmp/gen.$side.log" | tail -2 > "$tmp/gen.$side" || [[ ! -s $tmp/gen.$side ]]; then
+      echo "generate $name: the $side binary failed: $(tail -1 "$tmp/gen.$side.log")"
+      failed=$((failed + 1))
+      continue 2
+    fi
   done
   if cmp -s "$tmp/gen.old" "$tmp/gen.new"; then echo "generate $name: same tokens"; gen_same=$((gen_same + 1))
   else echo "generate $name: DIFFERENT"; gen_differ=$((gen_differ + 1)); fi
