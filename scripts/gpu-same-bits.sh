@@ -58,5 +58,5 @@ done
 rm -rf "$tmp"
 # The verdict last, in one line: a caller that keeps only the tail of the output still has it.
 verdict=SAME; ((differ + gen_differ + failed > 0)) && verdict=DIFFERENT
-echo "same-bits $verdict: logits files identical $same, different $differ, failed $failed; generate same $gen_same, different $gen_differ"
+echo "same-bits $verdict: logits files identical $same, different $differ; generate same $gen_same, different $gen_differ; failed runs $failed"
 ((differ == 0 && gen_differ == 0 && failed == 0))
