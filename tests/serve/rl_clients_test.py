@@ -22,7 +22,6 @@ import math
 import os
 import re
 import struct
-import subprocess
 import sys
 import time
 
@@ -31,7 +30,7 @@ import httpx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_harness import EPMOE, WORK, Server, second_weights, text_model  # noqa: E402
+from serve_harness import WORK, Server, second_weights, synth_once, text_model  # noqa: E402
 
 VOCAB = 3000
 CONTEXT = 4096  # max_position_embeddings of the harness's text model
@@ -616,22 +615,10 @@ async def slime_weight_sync(slime, url, v2):
 
 def odd_checkpoint(model):
     """The model's architecture with 16 experts instead of 8 (a checkpoint the server must refuse)."""
-    out = os.path.join(WORK, "text_model_16_experts")
-    if os.path.exists(os.path.join(out, "config.json")):
-        return out
     cfg = json.load(open(os.path.join(model, "config.json")))
     assert cfg["num_experts"] == 8, cfg["num_experts"]
     cfg["num_experts"] = 16
-    path = os.path.join(WORK, "text_model_16_experts_config.json")
-    json.dump(cfg, open(path, "w"))
-    tmp = out + ".tmp%d" % os.getpid()
-    subprocess.run([EPMOE, "synth", "--like", path, "--dtype", "f32", "--out", tmp], check=True,
-                   stdout=subprocess.DEVNULL)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        subprocess.run(["rm", "-rf", tmp])
-    return out
+    return synth_once(os.path.join(WORK, "text_model_16_experts"), cfg)
 
 
 @section("refused update")

@@ -36,25 +36,25 @@ START_TIMEOUT = 120
 STOP_TIMEOUT = 60
 
 
-def text_model():
-    """A tiny random Qwen3-MoE (vocabulary 3000, eos 2 = <|im_end|>) with tokenizer.json."""
-    out = os.path.join(WORK, "text_model")
-    if os.path.exists(os.path.join(out, "tokenizer.json")):
+def synth_once(out, cfg, *args, tokenizer=None):
+    """A random checkpoint of config `cfg` (a dict) in the folder `out`, made once per work folder.
+
+    Tests that start at once (ctest -j) may each find it missing: each writes its own config file
+    and synthesizes into its own folder, then renames that into place (the first rename wins, the
+    others' copies are removed), so no test reads a half-written model or config.
+    """
+    if os.path.exists(os.path.join(out, "config.json")):
         return out
     os.makedirs(WORK, exist_ok=True)
-    cfg = json.load(open(os.path.join(DATA, "qwen3moe-tiny", "config.json")))
-    cfg["vocab_size"] = 3000
-    cfg["eos_token_id"] = 2
-    # (This process's own config file: tests that start at once each write one; a shared name could
-    # be truncated by one while another's synth reads it.)
-    cfg_path = os.path.join(WORK, "text_model_config.%d.json" % os.getpid())
+    tmp = out + ".tmp%d" % os.getpid()
+    cfg_path = tmp + ".config.json"
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    tmp = out + ".tmp%d" % os.getpid()
-    subprocess.run([EPMOE, "synth", "--like", cfg_path, "--dtype", "f32", "--out", tmp], check=True,
+    subprocess.run([EPMOE, "synth", "--like", cfg_path, "--dtype", "f32", *args, "--out", tmp], check=True,
                    stdout=subprocess.DEVNULL)
     os.remove(cfg_path)
-    shutil.copy(os.path.join(DATA, "bpe-tokenizer", "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+    if tokenizer:
+        shutil.copy(tokenizer, os.path.join(tmp, "tokenizer.json"))
     try:
         os.rename(tmp, out)
     except OSError:  # another test made it meanwhile
@@ -62,21 +62,21 @@ def text_model():
     return out
 
 
+def text_model():
+    """A tiny random Qwen3-MoE (vocabulary 3000, eos 2 = <|im_end|>) with tokenizer.json."""
+    cfg = json.load(open(os.path.join(DATA, "qwen3moe-tiny", "config.json")))
+    cfg["vocab_size"] = 3000
+    cfg["eos_token_id"] = 2
+    return synth_once(os.path.join(WORK, "text_model"), cfg,
+                      tokenizer=os.path.join(DATA, "bpe-tokenizer", "tokenizer.json"))
+
+
 def second_weights(model):
     """The same architecture with other random weights (for update_weights_from_disk)."""
-    out = os.path.join(WORK, os.path.basename(model.rstrip("/")) + "_v2")
-    if os.path.exists(os.path.join(out, "config.json")):
-        return out
-    tmp = out + ".tmp%d" % os.getpid()
-    subprocess.run([EPMOE, "synth", "--like", os.path.join(model, "config.json"), "--dtype", "f32", "--seed", "7",
-                    "--out", tmp], check=True, stdout=subprocess.DEVNULL)
-    if os.path.exists(os.path.join(model, "tokenizer.json")):
-        shutil.copy(os.path.join(model, "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    tok = os.path.join(model, "tokenizer.json")
+    return synth_once(os.path.join(WORK, os.path.basename(model.rstrip("/")) + "_v2"),
+                      json.load(open(os.path.join(model, "config.json"))), "--seed", "7",
+                      tokenizer=tok if os.path.exists(tok) else None)
 
 
 class Checks:
